@@ -1,0 +1,198 @@
+"""The ``reportgen`` command line: parse arguments, call the library, print with rich."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from reportgen import __version__, catalog
+from reportgen.errors import UserError
+
+GIB = 2**30
+DEFAULT_RESULTS = Path("results")
+DEFAULT_DOCS = Path("docs")
+
+
+def add_setup_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of one TrainingSetup, shared by ``estimate``, ``measure`` and ``advise``."""
+    from reportgen.setup import Attention, LoraTargets, Method, Offload, Optimizer, Precision, Quant, Sharding
+
+    def choices(enum):
+        return [m.value for m in enum]
+
+    p.add_argument("--model", required=True, help="catalog name (see `reportgen models`) or path to a config.json")
+    p.add_argument("--gpu", required=True, help="catalog name (see `reportgen gpus`)")
+    p.add_argument("--method", choices=choices(Method), default="full")
+    p.add_argument("--precision", choices=choices(Precision), default="bf16-mixed")
+    p.add_argument("--optimizer", choices=choices(Optimizer), default="adamw")
+    p.add_argument("--batch", type=int, default=1, help="micro-batch size per GPU")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    p.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
+    p.add_argument("--attn", choices=choices(Attention), default="sdpa")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--lora-targets", choices=choices(LoraTargets), default="all-linear")
+    p.add_argument("--quant", choices=choices(Quant), default="nf4")
+    p.add_argument("--double-quant", action="store_true")
+    p.add_argument("--offload", choices=choices(Offload), default="none")
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--sharding", choices=choices(Sharding), default="none")
+
+
+SETUP_FIELDS = ("method", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "lora_rank",
+                "lora_alpha", "lora_targets", "quant", "double_quant", "offload", "gpus", "sharding")
+
+
+def setup_from_args(args: argparse.Namespace):
+    from reportgen.setup import TrainingSetup
+
+    try:
+        return TrainingSetup(**{f: getattr(args, f) for f in SETUP_FIELDS})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "setup"
+        raise UserError(f"{flag}: {err['msg']}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reportgen", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"reportgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("estimate", help="memory, time and fit of one setup (no GPU, no torch needed)")
+    add_setup_flags(p)
+    p.add_argument("--train-tokens", type=float, default=1e8, help="tokens to train, for hours and dollars")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+
+    p = sub.add_parser("sweep", help="estimate (and measure, if the sweep asks) every case of a sweep file")
+    p.add_argument("file", type=Path)
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results directory")
+    p.add_argument("--docs", type=Path, default=DEFAULT_DOCS, help="site source directory to render into")
+    p.add_argument("--force", action="store_true", help="recompute cases whose inputs did not change")
+    p.add_argument("--no-render", action="store_true", help="do not render the site pages afterwards")
+    p.add_argument("--measure", action="store_true", help="also measure on this machine's GPU")
+    p.add_argument("--shard", default=None, help="I/N: measure only every N-th case starting at I (0-based)")
+
+    sub.add_parser("models", help="list the model catalog")
+    sub.add_parser("gpus", help="list the GPU catalog")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+        if exc.hint:
+            Console(stderr=True).print(f"  [yellow]hint:[/] {exc.hint}", highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: finished results are saved; rerun to continue", file=sys.stderr)
+        return 130
+
+
+# ----- commands ----------------------------------------------------------------------------------
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from reportgen.estimate import estimate
+
+    setup = setup_from_args(args)
+    model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
+    est = estimate(model, gpu, setup, train_tokens=int(args.train_tokens))
+    if args.format == "json":
+        print(json.dumps(est.as_dict(), indent=2, sort_keys=True))
+        return 0
+    from reportgen.views.terminal import print_estimate
+
+    print_estimate(est, model, gpu)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from reportgen.runner import run_estimates
+    from reportgen.sweep import load_sweep
+
+    console = Console(stderr=True)
+    sweep = load_sweep(args.file)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=not console.is_terminal) as bar:
+        task = bar.add_task(f"estimating {sweep.name}", total=len(sweep.cases))
+
+        def progress(cases):
+            for case in cases:
+                yield case
+                bar.advance(task)
+
+        stats = run_estimates(sweep, args.results, force=args.force, progress=progress)
+    console.print(f"{sweep.name}: {len(sweep.cases)} cases, {stats.written} written, {stats.skipped} unchanged, "
+                  f"{stats.failed} failed in {time.perf_counter() - t0:.1f} s -> {args.results / sweep.name}")
+    if args.measure or sweep.spec.measure.enabled:
+        from reportgen.measure.runner import measure_sweep
+
+        measure_sweep(sweep, args.results, shard=args.shard, force=args.force, console=console)
+    if not args.no_render:
+        from reportgen.report.render import render_all
+
+        pages = render_all(args.results, args.docs)
+        console.print(f"rendered {len(pages)} pages into {args.docs}")
+    return 1 if stats.failed else 0
+
+
+def wide_console():
+    """Tables of the catalogs stay unwrapped when piped (rich assumes 80 columns there)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    table = Table(title="model catalog (reportgen estimate --model NAME)")
+    for col in ("name", "hf repo", "family", "params", "layers", "hidden", "heads/kv", "vocab", "tied"):
+        table.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left")
+    for name in catalog.model_names():
+        m = catalog.load_model(name)
+        table.add_row(name, m.hf_repo, m.model_type, f"{m.total_params:,}", str(m.num_layers), str(m.hidden_size),
+                      f"{m.num_heads}/{m.num_kv_heads}", f"{m.vocab_size:,}", "yes" if m.tie_word_embeddings else "no")
+    wide_console().print(table)
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    table = Table(title="GPU catalog (datasheet peaks, dense; see reportgen/catalog/gpus.yaml for sources)")
+    for col in ("name", "GPU", "memory", "GB/s", "fp32", "tf32", "fp16", "bf16", "host link", "$/h"):
+        table.add_column(col)
+    for key in catalog.gpu_names():
+        g = catalog.load_gpu(key)
+
+        def tf(d):
+            v = g.peak_tflops.get(d)
+            return "-" if v is None else f"{v:g}" + ("*" if d in g.derived else "")
+
+        table.add_row(key, g.name, f"{g.memory_bytes / GIB:.1f} GiB", f"{g.memory_bandwidth_gbs:g}", tf("fp32"),
+                      tf("tf32"), tf("fp16"), tf("bf16"), g.host_link,
+                      "-" if g.price_usd_per_hour is None else f"{g.price_usd_per_hour:.2f}")
+    console = wide_console()
+    console.print(table)
+    console.print("TFLOP/s; * derived by reportgen, not published (see the catalog notes)")
+    return 0
+
+
+COMMANDS = {"estimate": cmd_estimate, "sweep": cmd_sweep, "models": cmd_models, "gpus": cmd_gpus}

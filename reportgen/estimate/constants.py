@@ -1,0 +1,54 @@
+"""Named constants of the estimator that are assumptions or calibrations, each with its source.
+
+Constants marked ASSUMED are placeholders until the measured results under ``results/`` allow a
+fit; ``scripts/calibrate.py`` prints the fit and its held-out error, and a changed constant names
+the fit's commit in its comment.
+"""
+
+from __future__ import annotations
+
+MIB = 2**20
+
+#: cuBLAS workspace per handle that PyTorch allocates through its caching allocator (so it counts
+#: in ``memory_allocated``): 32 MiB on sm90 (Hopper), else 4096 KiB * 2 + 16 KiB * 8.
+#: Source: PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``.
+CUBLAS_WORKSPACE_HOPPER = 32 * MIB
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+#: handles in use during a training step: the main thread (forward, optimizer) and the autograd
+#: engine's device thread (backward) each get their own. ASSUMED from the handle pool's per-thread
+#: design; to be checked against measurements.
+CUBLAS_HANDLES = 2
+
+#: The CUDA context (driver state, loaded kernels) that nvidia-smi counts but PyTorch's allocator
+#: does not. ASSUMED: 500 MiB, the middle of the 300-600 MiB seen with lazy module loading
+#: (default since CUDA 11.7 / PyTorch 1.13); replace by the median of measured
+#: ``device_used - peak_reserved``.
+CUDA_CONTEXT_BYTES = 500 * MIB
+
+#: The caching allocator rounds every block up to 512 bytes and keeps freed blocks for reuse;
+#: transient tensors of changing sizes leave parts of its segments unused. ASSUMED: reserved exceeds
+#: the allocated peak by this fraction of the step's transient bytes (activations, logits,
+#: gradients), plus one 20 MiB large-pool segment (``CUDACachingAllocator.cpp`` ``kLargeBuffer``)
+#: and one 2 MiB small-pool segment per stream.
+FRAGMENTATION_OF_TRANSIENT = 0.10
+ALLOCATOR_SEGMENTS_BYTES = 2 * (20 * MIB + 2 * MIB)
+
+#: Time model: the fraction of datasheet peak FLOP/s that a training step of Hugging Face
+#: transformers reaches on large matmuls. ASSUMED until fitted: 0.45 on data-center parts (typical
+#: MFU reported for eager-mode HF training, e.g. torchtitan's H100 table reaches 0.4-0.5 with
+#: compile), 0.55 on consumer parts whose lower peaks are easier to approach.
+MATMUL_EFFICIENCY = {"datacenter": 0.45, "consumer": 0.55}
+#: fraction of datasheet memory bandwidth reached by streaming kernels. ASSUMED 0.8 (typical
+#: STREAM-like results; the device tool measured ~3.0 TB/s of 3.35 on an H100, i.e. 0.9).
+BANDWIDTH_EFFICIENCY = 0.8
+#: fraction of the host link's datasheet bandwidth reached by pinned copies. ASSUMED 0.8.
+HOST_LINK_EFFICIENCY = 0.8
+#: fixed cost per optimizer step and per micro-batch (kernel launches, Python). ASSUMED.
+STEP_OVERHEAD_S = 0.010
+MICRO_BATCH_OVERHEAD_S = 0.005
+#: bytes moved per element by one dequantization of a 4-bit weight: read 0.5, write 2 (bf16),
+#: and the matmul reads the 2 bytes back (bitsandbytes ``dequantize_4bit`` then ``F.linear``).
+QLORA_DEQUANT_BYTES_PER_PARAM = 0.5 + 2 + 2
+#: host RAM per parameter a CPU optimizer step handles per second. ASSUMED: 1e9 params/s
+#: (DeepSpeed's CPU Adam reports ~1e9 params/s on a many-core host).
+CPU_ADAM_PARAMS_PER_S = 1.0e9

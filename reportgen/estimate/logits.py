@@ -1,0 +1,54 @@
+"""Logits and loss: the ``tokens x vocab`` tensors at the end of the forward pass.
+
+transformers' ``ForCausalLMLoss`` (``loss/loss_utils.py``) upcasts the logits with
+``logits.float()`` and calls ``F.cross_entropy``, i.e. ``log_softmax`` (which saves its fp32
+output) and ``nll_loss``. With a 128k-256k vocabulary these tensors outweigh a whole layer's
+activations. Per token, with ``c`` the compute dtype's bytes and ``V`` the vocabulary:
+
+* saved for backward: the fp32 log-softmax output (``4V``) and the int64 targets (8 bytes);
+  Gemma 2's final soft-capping adds ``tanh``'s output (``cV``).
+* live at the loss in the forward pass: the ``lm_head`` output (``cV``), its fp32 copy (``4V``,
+  the same tensor when ``c = 4``) and the log-softmax output.
+* live at the start of the backward pass: the saved log-softmax output, ``nll_loss``'s gradient
+  and ``log_softmax``'s gradient, all fp32: ``12V`` (PyTorch ``LogSoftmax`` backward kernel needs
+  the output, the incoming and the outgoing gradient at once).
+
+``fused`` stands for a chunked linear-cross-entropy kernel (Liger-Kernel
+``fused_linear_cross_entropy.py``): the logits of one chunk of tokens exist at a time, with the
+chunk size Liger picks: ``next_pow2(ceil(T / ceil(V / h)))`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from reportgen.estimate.dtypes import Dtypes
+from reportgen.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LogitsMemory:
+    saved: int  # kept for backward until the loss's backward ran
+    forward_live: int  # everything live at the loss in the forward pass (includes ``saved``)
+    backward_live: int  # live during the loss's backward (replaces ``saved``)
+
+
+def logits_memory(model: ModelSpec, dt: Dtypes, tokens: int, fused: bool = False) -> LogitsMemory:
+    v, c = model.vocab_size, dt.compute
+    if fused:
+        chunk = _liger_chunk_tokens(tokens, v, model.hidden_size)
+        work = chunk * v * (c + 4)  # one chunk's logits and their fp32 softmax/gradient
+        grad_in = tokens * model.hidden_size * c  # grad of the hidden states, filled chunk by chunk
+        return LogitsMemory(saved=grad_in, forward_live=grad_in + work, backward_live=grad_in)
+    soft = c * v if model.final_logit_softcapping else 0
+    saved = tokens * (4 * v + 8 + soft) + 4  # + nll_loss's fp32 total_weight
+    head_out = c * v if c != 4 else 0  # with fp32 compute .float() returns the same tensor
+    forward_live = saved + tokens * (head_out + 4 * v)
+    backward_live = tokens * (12 * v + soft + 8)
+    return LogitsMemory(saved=saved, forward_live=forward_live, backward_live=backward_live)
+
+
+def _liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+    inc = math.ceil(vocab / hidden)
+    return 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc)))))

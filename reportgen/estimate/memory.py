@@ -1,0 +1,219 @@
+"""Peak GPU memory of one training step, from the memory terms and a timeline of the step.
+
+A plain sum of all terms overstates the peak: activations are freed layer by layer during the
+backward pass while gradients appear layer by layer, and autocast's weight copies die with the
+layer's backward. This module walks the moments where the peak can fall and takes the largest:
+
+1. ``forward-end``: at the loss, all saved activations, all autocast copies and the loss's
+   forward tensors (``logits.py``) are live.
+2. ``loss-backward``: the cross-entropy backward's fp32 ``tokens x vocab`` tensors.
+3. ``backward-top`` / ``backward-bottom``: the first and the last decoder layer's backward, with
+   the gradients produced so far, that layer's recomputed activations under checkpointing, and
+   the backward's working tensors.
+4. ``optimizer-step``: all gradients, the optimizer states and the optimizer's temporaries.
+
+Steady state is assumed (the harness resets the peak after warm-up): optimizer states exist
+from the first ``step()`` on; ``zero_grad(set_to_none=True)`` frees gradients after each step,
+but gradient accumulation keeps them during the next micro-batches' forward passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reportgen.estimate import activations as act
+from reportgen.estimate import constants as K
+from reportgen.estimate import params as P
+from reportgen.estimate.dtypes import Dtypes, dtypes_for
+from reportgen.estimate.logits import logits_memory
+from reportgen.hardware import GpuSpec
+from reportgen.model import ModelSpec
+from reportgen.setup import Attention, Method, Offload, Optimizer, Sharding, TrainingSetup
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    terms: dict[str, int]  # one key per term, bytes on one GPU
+    peak_allocated: int
+    peak_reserved: int
+    device_total: int
+    peak_phase: str
+    phases: dict[str, int]  # allocated bytes at each moment of the timeline
+    host_ram: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "device_total": self.device_total, "host_ram": self.host_ram}
+
+
+def effective_attention(model: ModelSpec, setup: TrainingSetup) -> tuple[Attention, str | None]:
+    """transformers refuses SDPA for attention soft-capping (``sdpa_attention_forward``):
+    Gemma 2 trains with eager attention unless FlashAttention-2 is installed."""
+    if model.attn_logit_softcapping and setup.attn == Attention.sdpa:
+        return Attention.eager, (f"{model.name}: attention soft-capping is not supported by SDPA in "
+                                 "transformers; estimated with eager attention")
+    return setup.attn, None
+
+
+def cublas_workspace_bytes(gpu: GpuSpec) -> int:
+    """cuBLAS workspaces allocated through PyTorch's caching allocator (``constants.py``)."""
+    per = K.CUBLAS_WORKSPACE_HOPPER if gpu.is_hopper_or_newer else K.CUBLAS_WORKSPACE_OTHER
+    return K.CUBLAS_HANDLES * per
+
+
+def layer_param_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Bytes of one decoder layer's trainable parameters (= its gradients)."""
+    if setup.method == Method.full:
+        per = sum(lin.params for lin in model.layer_linears()) + model.norms_per_layer * model.hidden_size
+        return per * dt.base
+    return P.lora_params(model, setup) // model.num_layers * dt.adapter
+
+
+def largest_quantized_linear(model: ModelSpec) -> int:
+    return max(lin.in_features * lin.out_features for lin in model.layer_linears())
+
+
+def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention) -> int:
+    """Tensors alive only inside one layer's backward: the incoming and outgoing gradient of the
+    residual stream, the MLP's intermediate gradients (gate, up, product: three ``T x I``), and the
+    attention kernel's gradients: SDPA's dq, dk, dv plus FlashAttention-2's fp32 dq accumulator;
+    eager's fp32 and 16-bit gradients of the ``s x s`` probabilities. Under autocast, the 16-bit
+    gradient of the largest weight before it is added to the fp32 ``.grad``."""
+    t = setup.batch * setup.seq
+    h, i, c = model.hidden_size, model.intermediate_size * max(1, model.experts_per_token), dt.compute
+    nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
+    work = t * (2 * dt.stream * h + 3 * c * i)
+    if attn == Attention.sdpa:
+        work += t * (c * hd * (nq + 2 * nkv) + 4 * nq * hd)
+    else:
+        work += setup.batch * nq * setup.seq * setup.seq * (4 + c)
+    if dt.master_copy:
+        work += largest_quantized_linear(model) * c
+    return work
+
+
+def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Temporaries of ``optimizer.step()``: none for fused AdamW (one kernel updates in place,
+    ``torch/optim/adamw.py`` ``_fused_adamw``), bitsandbytes 8-bit (in-place blockwise kernel) and
+    foreach SGD (in-place ``_foreach_add_``). transformers' Adafactor upcasts a 16-bit parameter
+    and its gradient to fp32 and builds the full-size ``grad**2`` update: about three fp32 copies
+    of the largest trainable tensor."""
+    if setup.optimizer != Optimizer.adafactor:
+        return 0
+    largest = max((shape[0] * (shape[1] if len(shape) > 1 else 1) * (shape[2] if len(shape) > 2 else 1))
+                  for shape, _ in P.trainable_shapes(model, setup))
+    return 3 * 4 * largest
+
+
+def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> MemoryEstimate:
+    dt = dtypes_for(setup)
+    notes: list[str] = []
+    attn, note = effective_attention(model, setup)
+    if note:
+        notes.append(note)
+    if model.num_experts and setup.is_peft and setup.lora_targets.value == "all-linear":
+        notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
+
+    n = setup.gpus
+    fsdp = setup.sharding == Sharding.fsdp
+    tokens = setup.batch * setup.seq
+
+    # --- parameter-side terms (whole model) --------------------------------------------------
+    weights = P.weights_bytes(model, setup, dt)
+    quant = P.quant_constants_bytes(model, setup)
+    adapters = P.adapter_bytes(model, setup, dt)
+    grads = P.gradient_bytes(model, setup, dt)
+    states, states_managed = P.optimizer_state_bytes(model, setup, dt)
+    g_layer = layer_param_bytes(model, setup, dt)
+    g_head = model.vocab_size * model.hidden_size * dt.base if setup.method == Method.full else 0
+
+    # --- placement: sharding and offload ---------------------------------------------------
+    host = 0
+    unsharded = 0  # FSDP all-gathers one layer's parameters (and prefetches the next)
+    # FSDP gathers a layer in the compute dtype (MixedPrecisionPolicy(param_dtype=...)), so mixed
+    # precision needs no autocast copies of its own
+    layer_params = sum(lin.params for lin in model.layer_linears())
+    layer_weight_bytes = layer_params // 2 if setup.method == Method.qlora else layer_params * dt.compute
+    w_dev, g_dev, s_dev = weights + quant + adapters, grads, states
+    if fsdp:
+        w_dev, g_dev, s_dev = w_dev // n, g_dev // n, s_dev // n
+        unsharded = 2 * layer_weight_bytes
+    if setup.offload == Offload.optimizer:
+        # torchao CPUOffloadOptimizer: states (and an fp32 copy of trainable params) on the host
+        host += s_dev + P.trainable_params(model, setup) * 4 // (n if fsdp else 1)
+        s_dev = 0
+    elif setup.offload == Offload.params:
+        # FSDP CPUOffload(offload_params=True): parameters, gradients and states on the host; the
+        # GPU holds the all-gathered layers in flight and each layer's gradient until it moves out
+        host += w_dev + g_dev + s_dev
+        w_dev, g_dev, s_dev = 0, 0, 0
+        unsharded = 2 * layer_weight_bytes + model.vocab_size * model.hidden_size * dt.compute
+    ddp_buckets = grads if setup.sharding == Sharding.ddp else 0
+    workspace = cublas_workspace_bytes(gpu)
+
+    # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
+    fixed = act.fixed_activations(model, setup, dt)
+    if setup.grad_ckpt:
+        stack = act.all_layers(model, setup, dt)
+        recompute = act.layer_activations(model, setup, dt, attn=attn).bytes
+    else:
+        stack = act.all_layers(model, setup, dt, attn=attn)
+        recompute = 0
+    bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
+        model, setup, dt, first_layer=True, attn=attn).bytes
+    lm = logits_memory(model, dt, tokens)
+    gathered = fsdp or setup.offload == Offload.params
+    c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
+    c_head = 0 if gathered else P.autocast_copy_bytes_head(model, setup, dt)
+    copies_fwd = model.num_layers * c_layer + c_head  # all cached until the autocast region ends
+    copies_held = (0 if setup.grad_ckpt else model.num_layers * c_layer) + c_head
+    dequant = largest_quantized_linear(model) * dt.compute if setup.method == Method.qlora else 0
+    fwd_work = tokens * dt.compute * model.intermediate_size + dequant
+    bwd_work = backward_working_bytes(model, setup, dt, attn) + dequant
+    opt_temp = optimizer_temp_bytes(model, setup, dt)
+    shard = n if fsdp else 1
+    g_in_base = g_dev if setup.accum > 1 else 0
+    base = w_dev + s_dev + workspace + unsharded + ddp_buckets + g_in_base
+    g_embed = g_head if not model.tie_word_embeddings else 0  # the input embedding's own gradient
+    # gradients present during the first / last layer's backward (already in ``base`` with accumulation)
+    g_top = 0 if g_in_base else g_head // shard + g_layer
+    g_bottom = 0 if g_in_base else g_dev - g_embed // shard
+    phases = {
+        "forward-end": base + fixed + stack + copies_fwd + lm.forward_live + fwd_work,
+        "loss-backward": base + fixed + stack + copies_held + lm.backward_live,
+        "backward-top": base + fixed + stack + copies_held + recompute + (c_layer if setup.grad_ckpt else 0)
+        + g_top + bwd_work,
+        "backward-bottom": base + bottom_layer + recompute + c_layer + g_bottom + bwd_work,
+        "optimizer-step": base + (0 if g_in_base else g_dev) + opt_temp,
+    }
+    phase = max(phases, key=lambda k: phases[k])
+    peak = phases[phase]
+
+    transient = peak - (w_dev + s_dev + workspace)
+    reserved = peak + int(K.FRAGMENTATION_OF_TRANSIENT * transient) + K.ALLOCATOR_SEGMENTS_BYTES
+    device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // shard)
+    if states_managed:
+        notes.append("paged optimizer states live in CUDA managed memory: counted in device_total, "
+                     "not in peak_allocated/peak_reserved, and paged to host RAM when the GPU runs out")
+    if setup.offload != Offload.none:
+        notes.append(f"offload={setup.offload.value}: host RAM needed {host / 2**30:.1f} GiB")
+
+    on_host = setup.offload == Offload.params
+    terms = {
+        "weights": 0 if on_host else weights // shard,
+        "quant_constants": 0 if on_host else quant // shard,
+        "lora_adapters": 0 if on_host else adapters // shard,
+        "gradients": g_dev + ddp_buckets,
+        "optimizer": s_dev,
+        "optimizer_paged": states_managed // shard,
+        "autocast_copies": copies_fwd,
+        "activations": fixed + stack,
+        "logits": max(lm.forward_live, lm.backward_live),
+        "transient": max(bwd_work, fwd_work, opt_temp),
+        "fsdp_unsharded": unsharded,
+        "cublas_workspace": workspace,
+        "cuda_context": K.CUDA_CONTEXT_BYTES,
+    }
+    return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
+                          peak_phase=phase, phases=phases, host_ram=host, notes=notes)

@@ -1,0 +1,191 @@
+"""Parameter-side memory terms: weights, adapters, quantization constants, gradients, optimizer
+states and autocast's weight copies. Every function returns bytes for ONE GPU before sharding.
+"""
+
+from __future__ import annotations
+
+import math
+
+from reportgen.estimate.dtypes import Dtypes
+from reportgen.model import ModelSpec
+from reportgen.setup import Method, Optimizer, Precision, Quant, TrainingSetup
+
+#: bitsandbytes 4-bit blocksize (``bitsandbytes/functional.py`` ``quantize_4bit`` default, CUDA)
+BNB_4BIT_BLOCKSIZE = 64
+#: double quantization groups 256 first-level absmax values (``quantize_4bit(compress_statistics=True)``
+#: -> ``quantize_blockwise(absmax, blocksize=256)``)
+BNB_NESTED_BLOCKSIZE = 256
+#: bitsandbytes 8-bit optimizers: blockwise state quantization with 256-value blocks and fp32
+#: absmax per block (``bitsandbytes/optim/optimizer.py`` ``Optimizer8bit.init_state``)
+BNB_OPT_BLOCKSIZE = 256
+#: tensors with fewer elements keep 32-bit states (``min_8bit_size`` default)
+BNB_MIN_8BIT_SIZE = 4096
+#: paged optimizers allocate a state in managed memory only from this many elements
+#: (``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5`` -> ordinary tensor)
+BNB_PAGED_MIN_SIZE = 100_000
+
+
+def quantized_linear_params(model: ModelSpec) -> int:
+    """Weights bitsandbytes 4-bit quantizes: every ``nn.Linear`` in the decoder layers (transformers
+    keeps ``lm_head`` unquantized, ``get_keys_to_not_convert``). Biases stay in 16 bit. MoE experts
+    stored as 3-D parameters are assumed quantized like linears."""
+    return model.num_layers * sum(lin.weight_params for lin in model.layer_linears())
+
+
+def linear_bias_params(model: ModelSpec) -> int:
+    return model.num_layers * sum(lin.params - lin.weight_params for lin in model.layer_linears())
+
+
+def weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Base model weights as stored on the GPU.
+
+    full / lora: ``P x bytes(base dtype)``. qlora: the packed 4-bit linears (two values per byte,
+    ``Params4bit``) plus everything else (embeddings, norms, head, biases) in the base dtype.
+    """
+    if setup.method != Method.qlora:
+        return model.total_params * dt.base
+    q = quantized_linear_params(model)
+    return q // 2 + (model.total_params - q) * dt.base
+
+
+def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
+    """bitsandbytes 4-bit quantization state per quantized weight (``QuantState``).
+
+    Without double quantization: one fp32 absmax per 64 weights (0.5 bit/param). With it
+    (Dettmers et al. 2023, QLoRA section 3): the absmax values are quantized to 8 bit in blocks of
+    256 with fp32 second-level constants, an fp32 offset and a 256-entry fp32 code (0.127 bit/param).
+    """
+    if setup.method != Method.qlora:
+        return 0
+    total = 0
+    for lin in model.layer_linears():
+        for _ in range(lin.count):
+            n = lin.in_features * lin.out_features
+            blocks = math.ceil(n / BNB_4BIT_BLOCKSIZE)
+            code = 16 * 4  # the 16-value NF4/FP4 code book, fp32
+            if setup.double_quant:
+                nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
+                total += blocks + nested * 4 + 4 + 256 * 4 + code
+            else:
+                total += blocks * 4 + code
+    return total * model.num_layers
+
+
+def lora_params(model: ModelSpec, setup: TrainingSetup) -> int:
+    return model.lora_params(setup.lora_rank, setup.lora_targets.value) if setup.is_peft else 0
+
+
+def trainable_params(model: ModelSpec, setup: TrainingSetup) -> int:
+    return model.total_params if setup.method == Method.full else lora_params(model, setup)
+
+
+def adapter_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """LoRA A and B matrices, fp32 unless pure bf16 (peft ``autocast_adapter_dtype``)."""
+    return lora_params(model, setup) * dt.adapter
+
+
+def trainable_dtype_bytes(setup: TrainingSetup, dt: Dtypes) -> int:
+    return dt.base if setup.method == Method.full else dt.adapter
+
+
+def gradient_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """One gradient per trainable parameter, in the parameter's dtype: under autocast the gradient
+    of an fp32 master weight is fp32, 4 bytes (PyTorch AMP; the reference notes: "Gradients take
+    4 bytes in reality"). Frozen weights get none."""
+    return trainable_params(model, setup) * trainable_dtype_bytes(setup, dt)
+
+
+def optimizer_state_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> tuple[int, int]:
+    """Optimizer states as ``(torch-allocated bytes, bytes in CUDA managed memory)``.
+
+    * ``adamw``: exp_avg and exp_avg_sq in the parameter dtype (``torch.optim.AdamW``
+      ``_init_group``: ``zeros_like(p)``), so 8 bytes/param for fp32 master weights, 4 for pure bf16.
+    * ``adamw-8bit``: two uint8 states plus one fp32 absmax per 256 values each (bitsandbytes
+      blockwise 8-bit optimizers, Dettmers et al. 2022); tensors under 4096 elements keep fp32 states.
+    * ``paged-adamw-8bit``: the same bytes, but states of tensors with at least 1e5 elements live in
+      CUDA managed memory that ``torch.cuda.memory_allocated`` does not count.
+    * ``sgd``: ``torch.optim.SGD`` without momentum (HF Trainer ``optim=sgd``): no state.
+    * ``adafactor``: transformers' Adafactor, factored second moment only (``beta1=None``): a row and
+      a column vector (fp32) per matrix, a full fp32 vector per 1-D parameter (Shazeer & Stern 2018).
+    """
+    shapes = trainable_shapes(model, setup)
+    pbytes = trainable_dtype_bytes(setup, dt)
+    opt = setup.optimizer
+    torch_bytes = managed = 0
+    for shape, count in shapes:
+        n = math.prod(shape)
+        if opt == Optimizer.adamw:
+            torch_bytes += count * 2 * n * pbytes
+        elif opt in (Optimizer.adamw_8bit, Optimizer.paged_adamw_8bit):
+            if n < BNB_MIN_8BIT_SIZE:
+                torch_bytes += count * 2 * n * 4
+                continue
+            absmax = 2 * math.ceil(n / BNB_OPT_BLOCKSIZE) * 4
+            if opt == Optimizer.paged_adamw_8bit and n >= BNB_PAGED_MIN_SIZE:
+                managed += count * 2 * n
+            else:
+                torch_bytes += count * 2 * n
+            torch_bytes += count * absmax
+        elif opt == Optimizer.adafactor:
+            if len(shape) >= 2:
+                torch_bytes += count * (shape[0] + shape[1]) * 4
+            else:
+                torch_bytes += count * n * 4
+    if opt in (Optimizer.adamw_8bit, Optimizer.paged_adamw_8bit):
+        torch_bytes += 2 * 256 * 4  # qmap1/qmap2 dynamic quantization maps, shared
+    return torch_bytes, managed
+
+
+def trainable_shapes(model: ModelSpec, setup: TrainingSetup) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, how many) of every trainable parameter tensor."""
+    h, layers = model.hidden_size, model.num_layers
+    if setup.is_peft:
+        r = setup.lora_rank
+        out = []
+        for lin in model.layer_linears():
+            if setup.lora_targets.value in lin.lora_sets:
+                out += [((r, lin.in_features), layers * lin.count), ((lin.out_features, r), layers * lin.count)]
+        return out
+    out = [((model.vocab_size, h), 1), ((h,), layers * model.norms_per_layer + 1)]
+    if not model.tie_word_embeddings:
+        out.append(((model.vocab_size, h), 1))
+    for lin in model.layer_linears():
+        shape = (lin.out_features, lin.in_features) if lin.count == 1 else (lin.count, lin.out_features, lin.in_features)
+        out.append((shape, layers))
+        if lin.bias:
+            out.append(((lin.out_features,), layers * lin.count))
+    return out
+
+
+def autocast_copy_bytes_per_layer(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """16-bit copies autocast makes of fp32 weights for one layer's matmuls.
+
+    autocast caches the cast of each fp32 leaf weight that requires grad for the whole forward pass
+    (``autocast_mode.cpp`` ``cached_cast``) and each cast is saved for the backward pass, so the
+    copies live until that layer's backward (until the forward's end with checkpointing).
+    Full fine-tuning: every linear weight and bias; LoRA: the fp32 adapters.
+    """
+    if not dt.autocast:
+        return 0
+    if setup.method == Method.full:
+        # weights only: bias casts are cached too but not saved, and the MoE grouped matmul of
+        # transformers >= 5 is a custom op autocast leaves in fp32
+        return sum(lin.weight_params for lin in model.layer_linears() if lin.count == 1) * dt.compute
+    r = setup.lora_rank
+    return sum(r * (lin.in_features + lin.out_features) * lin.count
+               for lin in model.layer_linears() if setup.lora_targets.value in lin.lora_sets) * dt.compute
+
+
+def autocast_copy_bytes_head(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """The head's (or tied embedding's) 16-bit copy under mixed-precision full fine-tuning."""
+    if dt.autocast and setup.method == Method.full:
+        return model.vocab_size * model.hidden_size * dt.compute
+    return 0
+
+
+def is_pure_16bit(setup: TrainingSetup) -> bool:
+    return setup.precision == Precision.bf16
+
+
+def quant_label(setup: TrainingSetup) -> str:
+    return ("nf4" if setup.quant == Quant.nf4 else "fp4") + ("+dq" if setup.double_quant else "")

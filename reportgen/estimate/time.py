@@ -1,0 +1,193 @@
+"""Step time: FLOPs per token by technique, a roofline against compute and memory bandwidth, and
+host-link transfers for offload and multi-GPU communication.
+
+FLOPs (Kaplan et al. 2020; Chowdhery et al. 2022 "PaLM", appendix B):
+* a matmul with ``N`` weights costs ``2N`` FLOPs per token forward, ``2N`` for the input gradient
+  and ``2N`` for the weight gradient, so full fine-tuning costs ``6N`` per token; a frozen weight
+  (LoRA, QLoRA) needs no weight gradient: ``4N``; adapters add ``6 N_lora``;
+* attention scores and the weighted sum cost ``4 s n_heads d_head`` per token and layer forward and
+  twice that backward; causal SDPA kernels skip the masked half, eager computes the full square;
+* activation checkpointing adds one more forward pass.
+
+MFU follows PaLM: FLOPs the technique needs without recomputation, per second, over the
+datasheet peak of the compute dtype. Step time per micro-batch is the larger of compute time (at
+``MATMUL_EFFICIENCY``) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus overheads;
+offload and gradient communication add transfer time over the host link (not overlapped, so an
+upper bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reportgen.estimate import constants as K
+from reportgen.estimate import params as P
+from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.memory import effective_attention
+from reportgen.hardware import GpuSpec
+from reportgen.model import ModelSpec
+from reportgen.setup import Attention, Method, Offload, Sharding, TrainingSetup
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    flops_per_token: float  # executed, recomputation included
+    model_flops_per_token: float  # for MFU
+    compute_s: float | None  # per optimizer step
+    memory_s: float
+    transfer_s: float
+    step_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    bound: str | None  # compute | memory | transfer
+    peak_dtype: str
+    train_tokens: int
+    train_hours: float | None
+    train_dollars: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "notes"}
+
+
+def matmul_params_per_token(model: ModelSpec) -> int:
+    """Weights multiplied per token: the decoder linears actually used (MoE: the routed experts
+    only) and the head; the embedding lookup is not a matmul."""
+    per_layer = 0
+    for lin in model.layer_linears():
+        count = model.experts_per_token if lin.count > 1 else 1
+        per_layer += lin.in_features * lin.out_features * count
+    return model.num_layers * per_layer + model.vocab_size * model.hidden_size
+
+
+def attention_flops_forward(model: ModelSpec, seq: int, attn: Attention) -> float:
+    """Per token, forward: QK^T and PV, ``2 * 2 * s * n_q * d`` per layer; halved for causal SDPA."""
+    causal = 0.5 if attn == Attention.sdpa else 1.0
+    return 4.0 * seq * model.num_heads * model.head_dim * model.num_layers * causal
+
+
+def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> tuple[float, float]:
+    """(executed FLOPs per token, model FLOPs per token without recomputation)."""
+    n = matmul_params_per_token(model)
+    fa = attention_flops_forward(model, setup.seq, attn)
+    if setup.method == Method.full:
+        model_flops = 6 * n + 3 * fa
+    else:
+        model_flops = 4 * n + 3 * fa + 6 * P.lora_params(model, setup)
+    recompute = (2 * n + fa) if setup.grad_ckpt else 0
+    return model_flops + recompute, model_flops
+
+
+def peak_dtype(setup: TrainingSetup, gpu: GpuSpec) -> tuple[str, list[str]]:
+    """The datasheet column that bounds the matmuls. fp32 runs on CUDA cores: PyTorch leaves
+    ``torch.backends.cuda.matmul.allow_tf32`` off by default."""
+    notes = []
+    want = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[setup.compute_dtype]
+    if gpu.peak_flops(want) is None and want == "bf16" and gpu.peak_flops("fp32") is not None:
+        notes.append(f"{gpu.name} has no bf16 tensor cores: bf16 runs at the fp32 rate or fails; use fp16-mixed")
+        return "fp32", notes
+    return want, notes
+
+
+def bytes_moved_per_micro_batch(model: ModelSpec, setup: TrainingSetup, activation_bytes: int,
+                                logits_bytes: int) -> float:
+    """HBM traffic of one micro-batch: every weight is read once per pass (forward, backward,
+    recompute), in the compute dtype; QLoRA dequantizes each 4-bit weight per pass (read 0.5 B,
+    write and read back 2 B); saved activations are written once and read once; the loss's
+    ``tokens x vocab`` tensors are written and read."""
+    dt = dtypes_for(setup)
+    passes = 2 + (1 if setup.grad_ckpt else 0)
+    if setup.method == Method.qlora:
+        q = P.quantized_linear_params(model)
+        w = q * K.QLORA_DEQUANT_BYTES_PER_PARAM + (model.total_params - q) * dt.compute
+    else:
+        w = model.total_params * dt.compute
+    return passes * w + 2 * activation_bytes + 2 * logits_bytes
+
+
+def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
+    """A fused AdamW step reads parameter, gradient and both states and writes parameter and states."""
+    dt = dtypes_for(setup)
+    trainable = P.trainable_params(model, setup)
+    pbytes = P.trainable_dtype_bytes(setup, dt)
+    state, managed = P.optimizer_state_bytes(model, setup, dt)
+    return trainable * 3 * pbytes + 2 * (state + managed)
+
+
+def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int,
+                  logits_bytes: int, train_tokens: int = 100_000_000) -> TimeEstimate:
+    notes: list[str] = []
+    attn, _ = effective_attention(model, setup)
+    executed, model_flops = flops_per_token(model, setup, attn)
+    dtype, dnotes = peak_dtype(setup, gpu)
+    notes += dnotes
+    tokens_mb = setup.batch * setup.seq
+    peak = gpu.peak_flops(dtype)
+    eff = K.MATMUL_EFFICIENCY["consumer" if "GeForce" in gpu.name else "datacenter"]
+    bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
+
+    mem_mb = bytes_moved_per_micro_batch(model, setup, activation_bytes, logits_bytes) / bw
+    mem_opt = optimizer_bytes_moved(model, setup) / bw
+    comp_mb = executed * tokens_mb / (peak * eff) if peak else None
+
+    transfer = _transfer_s(model, setup, gpu, notes)
+    memory_s = setup.accum * mem_mb + mem_opt
+    if comp_mb is None:
+        notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
+        step = tps = mfu = None
+        bound = None
+        compute_s = None
+    else:
+        compute_s = setup.accum * comp_mb
+        per_mb = max(comp_mb, mem_mb) + K.MICRO_BATCH_OVERHEAD_S
+        step = setup.accum * per_mb + mem_opt + K.STEP_OVERHEAD_S + transfer
+        tps = setup.tokens_per_step / step
+        mfu = model_flops * tps / (peak * setup.gpus)
+        parts = {"compute": compute_s, "memory": memory_s, "transfer": transfer}
+        bound = max(parts, key=lambda k: parts[k])
+    hours = train_tokens / tps / 3600 if tps else None
+    dollars = (hours * gpu.price_usd_per_hour * setup.gpus
+               if hours is not None and gpu.price_usd_per_hour is not None else None)
+    return TimeEstimate(flops_per_token=executed, model_flops_per_token=model_flops, compute_s=compute_s,
+                        memory_s=memory_s, transfer_s=transfer, step_s=step, tokens_per_s=tps, mfu=mfu,
+                        bound=bound, peak_dtype=dtype, train_tokens=train_tokens, train_hours=hours,
+                        train_dollars=dollars, notes=notes)
+
+
+def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str]) -> float:
+    """Host-link traffic per optimizer step (not overlapped with compute: an upper bound).
+
+    * offload=optimizer: gradients to the host and updated parameters back, plus the CPU Adam step;
+    * offload=params: every layer's weights come in once per pass, gradients go out;
+    * ddp: a ring all-reduce moves ``2 (n-1)/n`` of the gradient bytes; fsdp: all-gather of the
+      weights per pass and a reduce-scatter of the gradients, ``(n-1)/n`` each. Over PCIe here, as
+      the catalog has no NVLink figures: pessimistic for SXM parts.
+    """
+    if setup.offload == Offload.none and setup.gpus == 1:
+        return 0.0
+    link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+    if not link:
+        notes.append(f"{gpu.name}: no host-link figure; transfers not estimated")
+        return 0.0
+    dt = dtypes_for(setup)
+    trainable = P.trainable_params(model, setup)
+    pbytes = P.trainable_dtype_bytes(setup, dt)
+    passes = 2 + (1 if setup.grad_ckpt else 0)
+    moved = 0.0
+    extra = 0.0
+    if setup.offload == Offload.optimizer:
+        moved += 2 * trainable * pbytes
+        extra += trainable / K.CPU_ADAM_PARAMS_PER_S
+    elif setup.offload == Offload.params:
+        w = P.weights_bytes(model, setup, dt) + P.adapter_bytes(model, setup, dt)
+        moved += setup.accum * passes * w / setup.gpus + trainable * pbytes
+        extra += trainable / K.CPU_ADAM_PARAMS_PER_S
+    n = setup.gpus
+    if n > 1:
+        frac = (n - 1) / n
+        if setup.sharding == Sharding.ddp:
+            moved += 2 * frac * trainable * pbytes
+        else:
+            w = P.weights_bytes(model, setup, dt)
+            moved += setup.accum * passes * frac * w + frac * trainable * pbytes
+    return moved / link + extra

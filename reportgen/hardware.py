@@ -1,0 +1,80 @@
+"""GpuSpec: memory, peak FLOP/s per dtype, bandwidths and price of one GPU model.
+
+Figures come from ``catalog/gpus.yaml``, where each entry cites the vendor datasheet it was
+copied from. Peak FLOP/s are dense datasheet peaks (tensor cores with FP32 accumulate), not
+achievable throughput: the time model multiplies them by named efficiency constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str
+    name: str
+    architecture: str
+    compute_capability: str
+    memory_gb: float
+    memory_bandwidth_gbs: float
+    peak_tflops: dict[str, float | None]
+    host_link: str
+    host_link_gbs: float | None
+    price_usd_per_hour: float | None
+    price_source: str | None = None
+    price_date: str | None = None
+    memory_type: str = ""
+    tdp_w: float | None = None
+    nvidia_smi_total_mib: int | None = None
+    derived: tuple[str, ...] = ()  # peak_tflops columns derived by reportgen, not published
+    sources: tuple[str, ...] = field(default=(), compare=False)
+    notes: str = field(default="", compare=False)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory a process can see. Marketed "GB" on these cards are binary (GiB) sizes; the driver
+        keeps a few hundred MiB back, so where ``nvidia-smi``'s total has been read on a real card we
+        use that figure (``nvidia_smi_total_mib``), else the marketed size."""
+        if self.nvidia_smi_total_mib:
+            return self.nvidia_smi_total_mib * MIB
+        return int(self.memory_gb * GIB)
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Dense peak FLOP/s for ``fp32``/``tf32``/``fp16``/``bf16``; None where unsupported."""
+        tf = self.peak_tflops.get(dtype)
+        return None if tf is None else tf * 1e12
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.peak_tflops.get("bf16") is not None
+
+    @property
+    def is_hopper_or_newer(self) -> bool:
+        return float(self.compute_capability) >= 9.0
+
+
+def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
+    return GpuSpec(
+        key=key,
+        name=entry["name"],
+        architecture=entry.get("architecture", ""),
+        compute_capability=str(entry.get("compute_capability", "0")),
+        memory_gb=float(entry["memory_gb"]),
+        memory_bandwidth_gbs=float(entry["memory_bandwidth_gbs"]),
+        peak_tflops=dict(entry["peak_tflops"]),
+        host_link=entry.get("host_link", ""),
+        host_link_gbs=entry.get("host_link_gbs"),
+        price_usd_per_hour=entry.get("price_usd_per_hour"),
+        price_source=entry.get("price_source"),
+        price_date=str(entry["price_date"]) if entry.get("price_date") else None,
+        memory_type=entry.get("memory_type", ""),
+        tdp_w=entry.get("tdp_w"),
+        nvidia_smi_total_mib=entry.get("nvidia_smi_total_mib"),
+        derived=tuple(entry.get("derived", ())),
+        sources=tuple(entry.get("sources", ())),
+        notes=entry.get("notes", "") or "",
+    )

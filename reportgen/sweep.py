@@ -1,0 +1,200 @@
+"""Sweep files: YAML -> validated pydantic models -> a list of cases with stable ids.
+
+A sweep has one or more ``grids``. In a grid every key is ``model``, ``gpu`` or a TrainingSetup
+field; a list expands into one cell per value (the cartesian product over all lists). ``exclude``
+rules drop every cell that matches all keys of a rule (a rule value may be a list: any of them).
+``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
+
+Errors name the file, the line, the key and the allowed values; the CLI exits with status 2
+and writes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reportgen import catalog
+from reportgen.errors import UserError
+from reportgen.results import case_id, short_hash
+from reportgen.setup import TrainingSetup
+
+CASE_KEYS = {"model", "gpu"} | set(TrainingSetup.model_fields)
+
+
+class MeasureConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    warmup: int = Field(2, ge=0)
+    steps: int = Field(5, ge=1)
+    timeout_s: int = Field(900, ge=10)
+    #: emulate this GPU's memory on a larger card (torch.cuda.set_per_process_memory_fraction)
+    cap_to_gpu: bool = False
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    when: dict[str, Any]
+    set: dict[str, Any]
+
+
+class SweepFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    description: str = ""
+    grids: list[dict[str, Any]] = Field(min_length=1)
+    exclude: list[dict[str, Any]] = []
+    override: list[Rule] = []
+    measure: MeasureConfig = MeasureConfig()
+    train_tokens: int = Field(100_000_000, ge=1)
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    gpu: str
+    setup: TrainingSetup
+
+    @property
+    def id(self) -> str:
+        return case_id(self.model, self.gpu, self.setup.model_dump(mode="json"))
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "gpu": self.gpu, "setup": self.setup.model_dump(mode="json")}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    path: Path
+    spec: SweepFile
+    cases: list[Case]
+    content_hash: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+# ----- YAML with line numbers -------------------------------------------------------------------
+def _line_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
+    """Map each key path (tuple of keys/indices) to its 1-based line in the file."""
+    lines = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            sub = path + (key.value,)
+            lines[sub] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _line_map(value, sub).items() if k != sub})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_map(item, path + (i,)))
+    return lines
+
+
+def _line_of(lines: dict[tuple, int], loc: tuple) -> int:
+    loc = tuple(loc)
+    while loc and loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)
+
+
+def _allowed(field: str) -> str:
+    info = TrainingSetup.model_fields.get(field)
+    if info is None:
+        return ""
+    ann = info.annotation
+    if isinstance(ann, type) and hasattr(ann, "__members__"):
+        return "allowed: " + ", ".join(m.value for m in ann)  # type: ignore[attr-defined]
+    return f"expected {getattr(ann, '__name__', ann)}"
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such sweep file", hint="see sweeps/*.yaml for examples") from None
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise UserError(f"{path}:{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}:1: a sweep file is a mapping with keys name, grids, exclude, override, measure")
+    lines = _line_map(node) if node is not None else {}
+    try:
+        spec = SweepFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err["loc"]
+        what = ".".join(str(p) for p in loc)
+        raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}",
+                        hint="top-level keys: " + ", ".join(SweepFile.model_fields)) from None
+    cases = _expand(path, spec, lines)
+    return Sweep(path=path, spec=spec, cases=cases, content_hash=short_hash(raw, 12))
+
+
+def _values(v: Any) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def _matches(rule: dict[str, Any], cell: dict[str, Any]) -> bool:
+    return all(str(cell.get(k)) in {str(x) for x in _values(v)} for k, v in rule.items())
+
+
+def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
+    for section, rules in (("exclude", spec.exclude), ("override", [r.when for r in spec.override])):
+        for i, rule in enumerate(rules):
+            for key in rule:
+                if key not in CASE_KEYS:
+                    loc = (section, i, key) if section == "exclude" else (section, i, "when", key)
+                    raise UserError(f"{path}:{_line_of(lines, loc)}: {section}: unknown key {key!r}",
+                                    hint="keys: " + ", ".join(sorted(CASE_KEYS)))
+    seen: dict[str, Case] = {}
+    for gi, grid in enumerate(spec.grids):
+        for key in grid:
+            if key not in CASE_KEYS:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}]: unknown key {key!r}",
+                                hint="keys: model, gpu, " + ", ".join(TrainingSetup.model_fields))
+        for key in ("model", "gpu"):
+            if key not in grid:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi))}: grids[{gi}]: missing key {key!r}")
+        for name in _values(grid["model"]):
+            try:
+                catalog.load_model(str(name))
+            except UserError as exc:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'model'))}: {exc.message}", exc.hint) from None
+        for name in _values(grid["gpu"]):
+            try:
+                catalog.load_gpu(str(name))
+            except UserError as exc:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'gpu'))}: {exc.message}", exc.hint) from None
+        keys = list(grid)
+        for combo in itertools.product(*(_values(grid[k]) for k in keys)):
+            cell = dict(zip(keys, combo))
+            if any(_matches(rule, cell) for rule in spec.exclude):
+                continue
+            for rule in spec.override:
+                if _matches(rule.when, cell):
+                    cell.update(rule.set)
+            fields = {k: v for k, v in cell.items() if k not in ("model", "gpu")}
+            try:
+                setup = TrainingSetup(**fields)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                key = err["loc"][0] if err["loc"] else ""
+                line = _line_of(lines, ("grids", gi, key) if key in grid else ("grids", gi))
+                hint = _allowed(str(key)) if key else None
+                raise UserError(f"{path}:{line}: grids[{gi}].{key or ''}: {err['msg']} (in cell {cell})",
+                                hint=hint) from None
+            case = Case(model=str(cell["model"]), gpu=str(cell["gpu"]), setup=setup)
+            seen.setdefault(case.id, case)
+    if not seen:
+        raise UserError(f"{path}: the grids expand to no case (everything excluded?)")
+    return [seen[k] for k in sorted(seen)]

@@ -1,0 +1,57 @@
+"""Print one estimate as a breakdown that reads at a glance."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seconds
+
+
+def print_estimate(est, model, gpu, console: Console | None = None) -> None:
+    console = console or Console()
+    mem, t = est.memory, est.time
+    console.print(f"[bold]{model.name}[/] on [bold]{gpu.name}[/] ({gpu.memory_bytes / GIB:.1f} GiB): "
+                  f"{est.setup.short()}", highlight=False)
+    console.print(f"parameters {est.params_total:,}, trainable {est.params_trainable:,} "
+                  f"({100 * est.params_trainable / est.params_total:.2f}%)", highlight=False)
+
+    table = Table(title="memory on one GPU (GiB = 2^30 bytes)", title_justify="left")
+    table.add_column("term")
+    table.add_column("GiB", justify="right")
+    table.add_column("", no_wrap=True)
+    biggest = max(mem.terms.values()) or 1
+    for key, value in mem.terms.items():
+        if value == 0:
+            continue
+        bar = "█" * max(1, round(24 * value / biggest))
+        table.add_row(TERM_LABELS.get(key, key), gib(value), f"[cyan]{bar}[/]")
+    table.add_section()
+    table.add_row("[bold]peak allocated[/] (torch.cuda.max_memory_allocated)", gib(mem.peak_allocated),
+                  f"at {mem.peak_phase}")
+    table.add_row("[bold]peak reserved[/] (torch.cuda.max_memory_reserved)", gib(mem.peak_reserved), "")
+    verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
+    table.add_row("[bold]device total[/] (nvidia-smi)", gib(mem.device_total),
+                  f"{verdict} in {gpu.memory_bytes / GIB:.1f}")
+    if mem.host_ram:
+        table.add_row("host RAM (offload)", gib(mem.host_ram), "")
+    console.print(table)
+
+    tt = Table(title="time (analytic roofline, efficiency constants not yet fitted)", title_justify="left")
+    tt.add_column("")
+    tt.add_column("", justify="right")
+    tt.add_row("step time", seconds(t.step_s))
+    tt.add_row("tokens/s (all GPUs)", rate(t.tokens_per_s))
+    tt.add_row("MFU", pct(t.mfu))
+    tt.add_row("bound by", t.bound or "-")
+    tt.add_row("FLOPs per token", f"{t.flops_per_token / 1e9:.1f} GFLOP")
+    tt.add_row(f"{t.train_tokens / 1e6:,.0f}M tokens", "-" if t.train_hours is None else
+               f"{t.train_hours:.1f} h, {money(t.train_dollars)}")
+    console.print(tt)
+    mb = "-" if est.max_batch is None else str(est.max_batch)
+    ms = "-" if est.max_seq is None else f"{est.max_seq:,}"
+    console.print(f"largest micro-batch at seq {est.setup.seq}: [bold]{mb}[/]   "
+                  f"longest sequence at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
+    for note in est.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    console.print("[dim]estimate only; compare with measured cases on the validation page[/]")

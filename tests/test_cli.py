@@ -1,0 +1,75 @@
+"""The CLI contract: `estimate --format json` prints exactly one JSON object with the documented keys."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reportgen.cli import main
+
+
+def run_json(capsys, *args):
+    assert main(["estimate", *args, "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # exactly one object: json.loads fails on trailing data
+
+
+def test_estimate_json_contract(capsys):
+    d = run_json(capsys, "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--method", "qlora", "--grad-ckpt")
+    assert set(d["params"]) >= {"total", "trainable"}
+    assert d["params"]["total"] == 8_030_261_248
+    for key in ("weights", "gradients", "optimizer", "activations", "logits", "peak_allocated", "peak_reserved",
+                "device_total"):
+        assert isinstance(d["memory"][key], int), key
+    for key in ("flops_per_token", "step_s", "tokens_per_s", "mfu"):
+        assert key in d["time"]
+    assert isinstance(d["fits"], bool)
+    assert "max_batch" in d and "max_seq" in d
+
+
+def test_every_setup_flag_reaches_the_setup(capsys):
+    d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "qlora", "--precision", "bf16",
+                 "--optimizer", "paged-adamw-8bit", "--batch", "3", "--seq", "1000", "--accum", "4", "--grad-ckpt",
+                 "--attn", "eager", "--lora-rank", "32", "--lora-alpha", "64", "--lora-targets", "qv", "--quant",
+                 "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2", "--sharding", "fsdp")
+    assert d["setup"] == {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
+                          "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "lora_rank": 32,
+                          "lora_alpha": 64, "lora_targets": "qv", "quant": "fp4", "double_quant": True,
+                          "offload": "optimizer", "gpus": 2, "sharding": "fsdp"}
+
+
+def test_model_path_accepted(capsys, tmp_path):
+    from reportgen import catalog
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(catalog.load_model("tinyllama-1.1b").config))
+    d = run_json(capsys, "--model", str(path), "--gpu", "t4", "--precision", "fp16-mixed")
+    assert d["params"]["total"] == 1_100_048_384
+
+
+def test_table_output_mentions_the_totals(capsys):
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-3060", "--method", "lora"]) == 0
+    out = capsys.readouterr().out
+    assert "peak allocated" in out and "nvidia-smi" in out and "tokens/s" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-9", "--gpu", "t4"], "unknown model"),
+    (["--model", "llama-3.2-1b", "--gpu", "h800"], "unknown GPU"),
+    (["--model", "llama-3.2-1b", "--gpu", "t4", "--gpus", "2"], "sharding"),
+    (["--model", "llama-3.2-1b", "--gpu", "t4", "--batch", "0"], "--batch"),
+])
+def test_bad_input_exits_2_with_a_clear_message(args, needle):
+    proc = subprocess.run([sys.executable, "-m", "reportgen", "estimate", *args], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_models_and_gpus_list(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "mixtral-8x7b" in out and "46,702,792,704" in out
+    assert main(["gpus"]) == 0
+    assert "h100-sxm" in capsys.readouterr().out

@@ -1,0 +1,136 @@
+"""Behaviour of the peak-memory timeline that users rely on."""
+
+import pytest
+
+from reportgen import catalog
+from reportgen.estimate import estimate
+from reportgen.estimate.memory import estimate_memory
+from reportgen.estimate.search import fits
+from reportgen.setup import TrainingSetup
+
+M = catalog.load_model("llama-3.1-8b")
+SMALL = catalog.load_model("llama-3.2-1b")
+H100 = catalog.load_gpu("h100-sxm")
+RTX = catalog.load_gpu("rtx-4090")
+
+
+def mem(model=M, gpu=H100, **kw):
+    return estimate_memory(model, TrainingSetup(**kw), gpu)
+
+
+def test_three_totals_are_ordered():
+    e = mem(method="lora", batch=2, seq=2048)
+    assert e.peak_allocated < e.peak_reserved < e.device_total
+
+
+def test_full_finetune_small_batch_peaks_at_optimizer_with_16_bytes_per_param():
+    e = mem(method="full", precision="bf16-mixed", batch=1, seq=512, grad_ckpt=True)
+    assert e.peak_phase in ("optimizer-step", "backward-bottom")
+    assert e.peak_allocated == pytest.approx(16 * M.total_params, rel=0.03)
+
+
+def test_long_sequence_lora_peaks_in_the_loss_or_forward():
+    e = mem(method="lora", batch=4, seq=8192)
+    assert e.peak_phase in ("loss-backward", "forward-end", "backward-top")
+
+
+def test_peak_is_not_the_sum_of_all_terms():
+    e = mem(method="full", precision="bf16-mixed", batch=4, seq=2048)
+    summed = sum(v for k, v in e.terms.items() if k != "cuda_context")
+    assert e.peak_allocated < summed
+
+
+def test_gradient_accumulation_keeps_gradients_through_forward():
+    one = mem(method="full", precision="bf16", batch=4, seq=2048)
+    acc = mem(method="full", precision="bf16", batch=4, seq=2048, accum=8)
+    assert acc.phases["forward-end"] - one.phases["forward-end"] == pytest.approx(2 * M.total_params, rel=1e-6)
+
+
+def test_checkpointing_trades_activations():
+    plain = mem(method="lora", batch=4, seq=4096)
+    ckpt = mem(method="lora", batch=4, seq=4096, grad_ckpt=True)
+    assert ckpt.terms["activations"] < plain.terms["activations"] / 10
+    assert ckpt.peak_allocated < plain.peak_allocated
+
+
+def test_qlora_smaller_than_lora_smaller_than_full():
+    kw = dict(batch=1, seq=1024, grad_ckpt=True)
+    full, lora, qlora = (mem(method=m, **kw).peak_allocated for m in ("full", "lora", "qlora"))
+    assert qlora < lora < full
+
+
+def test_memory_monotonic_in_batch_and_seq():
+    prev = 0
+    for b in (1, 2, 4, 8):
+        cur = mem(method="qlora", batch=b, seq=1024).device_total
+        assert cur > prev
+        prev = cur
+
+
+def test_fsdp_shards_states():
+    one = mem(method="full", precision="bf16-mixed", grad_ckpt=True, seq=2048)
+    eight = mem(method="full", precision="bf16-mixed", grad_ckpt=True, seq=2048, gpus=8, sharding="fsdp")
+    assert eight.terms["optimizer"] == one.terms["optimizer"] // 8
+    assert eight.peak_allocated < one.peak_allocated / 4
+
+
+def test_ddp_adds_gradient_buckets():
+    one = mem(method="lora", seq=2048)
+    ddp = mem(method="lora", seq=2048, gpus=2, sharding="ddp")
+    assert ddp.terms["gradients"] == 2 * one.terms["gradients"]
+
+
+def test_optimizer_offload_moves_states_to_host():
+    e = mem(method="full", precision="bf16-mixed", grad_ckpt=True, offload="optimizer")
+    assert e.terms["optimizer"] == 0 and e.host_ram >= 8 * M.total_params
+
+
+def test_gemma2_sdpa_falls_back_to_eager_with_a_note():
+    e = estimate_memory(catalog.load_model("gemma-2-9b"), TrainingSetup(method="qlora"), H100)
+    assert any("soft-capping" in n for n in e.notes)
+
+
+def test_max_batch_is_the_boundary():
+    setup = TrainingSetup(method="qlora", grad_ckpt=True, seq=2048)
+    est = estimate(M, RTX, setup)
+    assert est.max_batch and est.max_batch >= 1
+    assert fits(M, setup.model_copy(update={"batch": est.max_batch}), RTX)
+    assert not fits(M, setup.model_copy(update={"batch": est.max_batch + 1}), RTX)
+
+
+def test_max_seq_is_the_boundary():
+    setup = TrainingSetup(method="qlora", grad_ckpt=True, batch=1)
+    est = estimate(M, RTX, setup)
+    assert est.max_seq and est.max_seq % 128 == 0
+    assert fits(M, setup.model_copy(update={"seq": est.max_seq}), RTX)
+    assert not fits(M, setup.model_copy(update={"seq": est.max_seq + 128}), RTX)
+
+
+def test_70b_full_does_not_fit_a_4090_and_has_no_batch():
+    est = estimate(catalog.load_model("llama-3.1-70b"), RTX, TrainingSetup(method="full"))
+    assert not est.fits and est.max_batch is None
+
+
+def test_time_fields_and_consistency():
+    est = estimate(SMALL, H100, TrainingSetup(method="full", batch=4, seq=2048))
+    t = est.time
+    assert t.tokens_per_s == pytest.approx(4 * 2048 / t.step_s)
+    assert 0 < t.mfu < 1
+    assert t.train_hours == pytest.approx(1e8 / t.tokens_per_s / 3600)
+    assert t.train_dollars == pytest.approx(t.train_hours * H100.price_usd_per_hour)
+
+
+def test_qlora_slower_than_lora_on_memory_bound_card():
+    lora = estimate(M, RTX, TrainingSetup(method="lora", batch=1, seq=512, grad_ckpt=True), reverse=False)
+    qlora = estimate(M, RTX, TrainingSetup(method="qlora", batch=1, seq=512, grad_ckpt=True), reverse=False)
+    assert qlora.time.memory_s > lora.time.memory_s
+
+
+def test_no_peak_means_no_time_but_a_note():
+    est = estimate(M, catalog.load_gpu("a10g"), TrainingSetup(method="qlora"), reverse=False)
+    assert est.time.step_s is None and any("no datasheet peak" in n for n in est.notes)
+
+
+def test_t4_bf16_is_flagged():
+    est = estimate(SMALL, catalog.load_gpu("t4"), TrainingSetup(method="lora", precision="bf16-mixed"), reverse=False)
+    assert any("no bf16" in n for n in est.notes)

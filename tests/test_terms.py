@@ -1,0 +1,149 @@
+"""Each memory and time term pinned to a worked example (numbers derived by hand below)."""
+
+import pytest
+
+from reportgen import catalog
+from reportgen.estimate import activations as act
+from reportgen.estimate import params as P
+from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.logits import logits_memory
+from reportgen.estimate.time import flops_per_token, matmul_params_per_token
+from reportgen.setup import TrainingSetup
+
+L2 = catalog.load_model("llama-2-7b")
+L3 = catalog.load_model("llama-3.1-8b")
+# Llama-2-7B decoder linears: 32 x (4 x 4096^2 + 3 x 4096 x 11008) = 6,476,005,376 weights
+L2_LINEAR = 6_476_005_376
+
+
+def s(**kw):
+    return TrainingSetup(**kw)
+
+
+def test_weights_full_bf16_is_2_bytes_per_param():
+    setup = s(method="full", precision="bf16")
+    assert P.weights_bytes(L2, setup, dtypes_for(setup)) == 6_738_415_616 * 2
+
+
+def test_weights_full_mixed_keeps_fp32_master():
+    setup = s(method="full", precision="bf16-mixed")
+    assert P.weights_bytes(L2, setup, dtypes_for(setup)) == 6_738_415_616 * 4
+
+
+def test_weights_qlora_packs_linears_keeps_rest_16bit():
+    setup = s(method="qlora")
+    assert P.quantized_linear_params(L2) == L2_LINEAR
+    # 4-bit linears (half a byte each) + embeddings, head and norms in bf16
+    assert P.weights_bytes(L2, setup, dtypes_for(setup)) == L2_LINEAR // 2 + (6_738_415_616 - L2_LINEAR) * 2
+
+
+def test_quant_constants_half_a_bit_per_param_without_double_quant():
+    # one fp32 absmax per 64 weights = 0.5 bit/param, + a 16-entry fp32 code per weight (224 weights)
+    assert P.quant_constants_bytes(L2, s(method="qlora")) == L2_LINEAR // 16 + 224 * 64
+
+
+def test_double_quant_matches_qlora_paper_0127_bits():
+    bits = 8 * P.quant_constants_bytes(L2, s(method="qlora", double_quant=True)) / L2_LINEAR
+    assert bits == pytest.approx(0.127, abs=0.002)  # Dettmers et al. 2023, section 3
+
+
+def test_lora_adapters_fp32_under_mixed_and_bf16_under_pure():
+    mixed, pure = s(method="lora", lora_rank=8, lora_targets="qv"), s(method="lora", precision="bf16", lora_rank=8,
+                                                                         lora_targets="qv")
+    assert P.adapter_bytes(L2, mixed, dtypes_for(mixed)) == 4_194_304 * 4
+    assert P.adapter_bytes(L2, pure, dtypes_for(pure)) == 4_194_304 * 2
+
+
+def test_gradients_are_fp32_under_autocast():
+    setup = s(method="full", precision="bf16-mixed")
+    assert P.gradient_bytes(L2, setup, dtypes_for(setup)) == 6_738_415_616 * 4
+
+
+def test_frozen_weights_have_no_gradients():
+    setup = s(method="lora", lora_rank=8, lora_targets="qv")
+    assert P.gradient_bytes(L2, setup, dtypes_for(setup)) == 4_194_304 * 4
+
+
+@pytest.mark.parametrize("precision,per_param", [("bf16-mixed", 8), ("fp32", 8), ("bf16", 4)])
+def test_adamw_two_states_in_param_dtype(precision, per_param):
+    setup = s(method="full", precision=precision)
+    torch_bytes, managed = P.optimizer_state_bytes(L2, setup, dtypes_for(setup))
+    assert torch_bytes == 6_738_415_616 * per_param and managed == 0
+
+
+def test_adamw_8bit_about_two_bytes_per_param():
+    setup = s(method="full", optimizer="adamw-8bit")
+    torch_bytes, managed = P.optimizer_state_bytes(L2, setup, dtypes_for(setup))
+    # 2 x (1 byte + 4/256 bytes of absmax); the 65 norm vectors (4096 < min_8bit_size) keep fp32 states
+    assert torch_bytes / 6_738_415_616 == pytest.approx(2 * (1 + 4 / 256), rel=1e-3)
+    assert managed == 0
+
+
+def test_paged_optimizer_states_leave_the_torch_allocator():
+    setup = s(method="full", optimizer="paged-adamw-8bit")
+    torch_bytes, managed = P.optimizer_state_bytes(L2, setup, dtypes_for(setup))
+    assert managed > 13e9 and torch_bytes < 0.3e9
+
+
+def test_sgd_has_no_state_and_adafactor_is_factored():
+    sgd = s(method="full", optimizer="sgd")
+    assert P.optimizer_state_bytes(L2, sgd, dtypes_for(sgd)) == (0, 0)
+    ada = s(method="full", optimizer="adafactor")
+    torch_bytes, _ = P.optimizer_state_bytes(L2, ada, dtypes_for(ada))
+    assert torch_bytes < 0.01 * 6_738_415_616 * 8  # rows + columns only
+
+
+def test_layer_activations_llama2_7b_bf16_worked_example():
+    """Pure bf16, full fine-tuning, SDPA, per token per layer (h=4096, I=11008, 32 heads of 128):
+    two RMSNorms 2 x (4h + 4 + 2h) = 49,160; q/k/v input and gate/up input 2 x 2h = 16,384;
+    q, k, v, output 2 x 128 x 128 = 32,768 and the fp32 logsumexp 4 x 32 = 128;
+    gate, SiLU, up 3 x 2I = 66,048; down's input 2I = 22,016. Total 186,504 bytes."""
+    setup = s(method="full", precision="bf16", batch=1, seq=8)
+    assert act.layer_activations(L2, setup, dtypes_for(setup)).bytes == 8 * 186_504
+
+
+def test_eager_attention_adds_s_squared_terms():
+    sdpa = s(method="full", precision="bf16", batch=1, seq=2048)
+    eager = sdpa.model_copy(update={"attn": "eager"})
+    d = dtypes_for(sdpa)
+    diff = act.layer_activations(L2, eager, d).bytes - act.layer_activations(L2, sdpa, d).bytes
+    # fp32 softmax + its bf16 cast: 6 bytes x 32 heads x 2048^2, minus SDPA's logsumexp
+    assert diff == 6 * 32 * 2048 * 2048 - 4 * 32 * 2048
+
+
+def test_checkpointing_keeps_only_layer_inputs():
+    setup = s(method="full", precision="bf16", grad_ckpt=True, batch=2, seq=1024)
+    assert act.checkpointed_layer(L2, setup, dtypes_for(setup)) == 2 * 4096 * 2 * 1024
+
+
+def test_logits_fp32_upcast_for_llama3_vocab():
+    setup = s(method="lora", batch=1, seq=2048)
+    lm = logits_memory(L3, dtypes_for(setup), 2048)
+    tv = 2048 * 128_256
+    assert lm.saved == 4 * tv + 8 * 2048 + 4
+    assert lm.forward_live == lm.saved + 6 * tv  # bf16 logits + fp32 copy
+    assert lm.backward_live == 12 * tv + 8 * 2048
+
+
+def test_fused_cross_entropy_avoids_full_logits():
+    setup = s(method="lora", batch=1, seq=2048)
+    fused = logits_memory(L3, dtypes_for(setup), 2048, fused=True)
+    plain = logits_memory(L3, dtypes_for(setup), 2048)
+    assert fused.backward_live < plain.backward_live / 10
+
+
+def test_flops_full_is_6n_lora_4n():
+    n = matmul_params_per_token(L2)
+    assert n == L2_LINEAR + 32000 * 4096
+    full, _ = flops_per_token(L2, s(method="full", seq=8), s().attn)
+    lora, _ = flops_per_token(L2, s(method="lora", seq=8, lora_rank=8, lora_targets="qv"), s().attn)
+    attn = 3 * 4 * 8 * 32 * 128 * 32 * 0.5
+    assert full == pytest.approx(6 * n + attn)
+    assert lora == pytest.approx(4 * n + attn + 6 * 4_194_304)
+
+
+def test_checkpointing_adds_a_forward():
+    base, _ = flops_per_token(L2, s(seq=8), s().attn)
+    ckpt, model = flops_per_token(L2, s(seq=8, grad_ckpt=True), s().attn)
+    assert ckpt == pytest.approx(base + 2 * matmul_params_per_token(L2) + 4 * 8 * 32 * 128 * 32 * 0.5)
+    assert model == pytest.approx(base)

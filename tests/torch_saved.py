@@ -1,0 +1,77 @@
+"""Measure what autograd really saves for a tiny model (CPU), to pin the activation inventory."""
+
+from __future__ import annotations
+
+import contextlib
+
+TINY = {
+    "llama": dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+                  use_sliding_window=False),
+    "mistral": dict(model_type="mistral", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, sliding_window=None,
+                    tie_word_embeddings=False),
+    "gemma2": dict(model_type="gemma2", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=32,
+                   sliding_window=128, hidden_activation="gelu_pytorch_tanh"),
+    "phi3": dict(model_type="phi3", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, sliding_window=None,
+                 tie_word_embeddings=False, pad_token_id=0),
+    "mixtral": dict(model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False),
+}
+
+
+def saved_bytes(cfg: dict, method: str, precision: str, attn: str, ckpt: bool, batch: int, seq: int,
+                rank: int = 8, targets: str = "qv", layers: int | None = None) -> dict[str, int]:
+    """Run one forward pass and return bytes of tensors saved for backward by category."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    kw = dict(cfg)
+    if layers is not None:
+        kw["num_hidden_layers"] = layers
+    model_type = kw.pop("model_type")
+    config = AutoConfig.for_model(model_type, **kw)
+    if method == "full":
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    else:
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    if method != "full":
+        from peft import LoraConfig, get_peft_model
+
+        names = {"qv": ["q_proj", "v_proj"], "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                 "all-linear": "all-linear"}[targets]
+        if model_type == "phi3" and targets != "all-linear":
+            names = {"qv": ["qkv_proj"], "attn": ["qkv_proj", "o_proj"]}[targets]
+        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=names, lora_dropout=0.0),
+                               autocast_adapter_dtype=precision != "bf16")
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_shapes = {tuple(p.shape) for p in model.parameters()}
+    seen: dict[int, tuple[int, tuple, object]] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = (st.nbytes(), tuple(t.shape), t.dtype)
+        return t
+
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
+    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with ctx:
+            model(input_ids=ids, labels=ids)
+    weights = sum(n for n, shape, dt in seen.values() if shape in param_shapes and dt == torch.bfloat16
+                  and precision == "bf16-mixed")
+    total = sum(n for n, _, _ in seen.values())
+    return {"total": total, "autocast_weights": weights, "activations": total - weights}
