@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -16,6 +17,10 @@ from reportgen.errors import UserError
 GIB = 2**30
 DEFAULT_RESULTS = Path("results")
 DEFAULT_DOCS = Path("docs")
+
+#: modules that add subcommands: each has ``register(subparsers)``, adds its parsers and sets
+#: ``func`` on them with ``set_defaults``; heavy imports stay inside the handlers.
+PLUGINS = ("reportgen.measure.cli", "reportgen.report.cli", "reportgen.advise.cli", "reportgen.published.cli")
 
 
 def add_setup_flags(p: argparse.ArgumentParser) -> None:
@@ -81,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the model catalog")
     sub.add_parser("gpus", help="list the GPU catalog")
+    for module in PLUGINS:
+        importlib.import_module(module).register(sub)
     return parser
 
 
@@ -88,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        handler = getattr(args, "func", None) or COMMANDS[args.command]
+        return handler(args)
     except UserError as exc:
         from rich.console import Console
 

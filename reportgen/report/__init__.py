@@ -1,0 +1,1 @@
+"""The site: results -> view models -> Jinja2 templates -> Markdown pages, SVG charts and CSV files."""
