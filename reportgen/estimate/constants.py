@@ -46,9 +46,6 @@ HOST_LINK_EFFICIENCY = 0.8
 #: fixed cost per optimizer step and per micro-batch (kernel launches, Python). ASSUMED.
 STEP_OVERHEAD_S = 0.010
 MICRO_BATCH_OVERHEAD_S = 0.005
-#: bytes moved per element by one dequantization of a 4-bit weight: read 0.5, write 2 (bf16),
-#: and the matmul reads the 2 bytes back (bitsandbytes ``dequantize_4bit`` then ``F.linear``).
-QLORA_DEQUANT_BYTES_PER_PARAM = 0.5 + 2 + 2
 #: host RAM per parameter a CPU optimizer step handles per second. ASSUMED: 1e9 params/s
 #: (DeepSpeed's CPU Adam reports ~1e9 params/s on a many-core host).
 CPU_ADAM_PARAMS_PER_S = 1.0e9

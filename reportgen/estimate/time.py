@@ -12,8 +12,8 @@ FLOPs (Kaplan et al. 2020; Chowdhery et al. 2022 "PaLM", appendix B):
 MFU follows PaLM: FLOPs the technique needs without recomputation, per second, over the
 datasheet peak of the compute dtype. Step time per micro-batch is the larger of compute time (at
 ``MATMUL_EFFICIENCY``) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus overheads;
-offload and gradient communication add transfer time over the host link (not overlapped, so an
-upper bound).
+QLoRA's dequantization kernels add their memory time; offload and gradient communication add
+transfer time over the host link (not overlapped, so an upper bound).
 """
 
 from __future__ import annotations
@@ -99,10 +99,21 @@ def bytes_moved_per_micro_batch(model: ModelSpec, setup: TrainingSetup, activati
     passes = 2 + (1 if setup.grad_ckpt else 0)
     if setup.method == Method.qlora:
         q = P.quantized_linear_params(model)
-        w = q * K.QLORA_DEQUANT_BYTES_PER_PARAM + (model.total_params - q) * dt.compute
+        w = 2 * q + (model.total_params - q) * dt.compute  # the matmuls read the dequantized copies
     else:
         w = model.total_params * dt.compute
     return passes * w + 2 * activation_bytes + 2 * logits_bytes
+
+
+def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> float:
+    """QLoRA dequantizes every 4-bit weight before each use (bitsandbytes ``dequantize_4bit``
+    in ``MatMul4Bit`` forward and backward): read 0.5 B and write 2 B per weight per pass. It is a
+    separate memory-bound kernel that runs before its matmul, so its time adds to the step instead
+    of overlapping with it (why QLoRA trains slower than LoRA, Dettmers et al. 2023)."""
+    if setup.method != Method.qlora:
+        return 0.0
+    passes = 2 + (1 if setup.grad_ckpt else 0)
+    return passes * P.quantized_linear_params(model) * (0.5 + 2)
 
 
 def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
@@ -127,11 +138,12 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
 
     mem_mb = bytes_moved_per_micro_batch(model, setup, activation_bytes, logits_bytes) / bw
+    dequant_mb = dequant_bytes_per_micro_batch(model, setup) / bw
     mem_opt = optimizer_bytes_moved(model, setup) / bw
     comp_mb = executed * tokens_mb / (peak * eff) if peak else None
 
     transfer = _transfer_s(model, setup, gpu, notes)
-    memory_s = setup.accum * mem_mb + mem_opt
+    memory_s = setup.accum * (mem_mb + dequant_mb) + mem_opt
     if comp_mb is None:
         notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
         step = tps = mfu = None
@@ -139,7 +151,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         compute_s = None
     else:
         compute_s = setup.accum * comp_mb
-        per_mb = max(comp_mb, mem_mb) + K.MICRO_BATCH_OVERHEAD_S
+        per_mb = max(comp_mb, mem_mb) + dequant_mb + K.MICRO_BATCH_OVERHEAD_S
         step = setup.accum * per_mb + mem_opt + K.STEP_OVERHEAD_S + transfer
         tps = setup.tokens_per_step / step
         mfu = model_flops * tps / (peak * setup.gpus)

@@ -1,0 +1,34 @@
+"""The contract between page providers and the renderer.
+
+A provider is a function ``provider(site: SiteData) -> list[Page]``. It turns stored results and
+catalog data into view models (plain dicts/lists of str/int/float/bool/None); it never estimates
+or measures. ``reportgen.report.render.render_all`` calls every provider, renders each page's
+template with Jinja2 (StrictUndefined) and writes it, plus any extra files, under ``docs/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Page:
+    path: str  # relative to the docs directory, POSIX, e.g. "guides/rtx-4090.md"
+    template: str  # template name under reportgen/report/templates/, e.g. "guide.md.j2"
+    context: dict  # the view model the template sees
+    files: dict[str, str] = field(default_factory=dict)  # extra text files (relative path -> content)
+
+
+@dataclass(frozen=True)
+class SiteData:
+    results: dict[str, list[dict]]  # sweep name -> result dicts sorted by case id
+    reportgen_version: str
+    git_commit: str | None  # of the code that renders (results carry their own)
+
+    def all_results(self) -> list[dict]:
+        return [r for name in sorted(self.results) for r in self.results[name]]
+
+    def measured(self) -> list[dict]:
+        """Results with a successful measurement."""
+        return [r for r in self.all_results()
+                if r.get("measurement") and r["measurement"].get("status") == "ok"]
