@@ -25,7 +25,7 @@ PLUGINS = ("reportgen.measure.cli", "reportgen.report.cli", "reportgen.advise.cl
 
 def add_setup_flags(p: argparse.ArgumentParser) -> None:
     """The flags of one TrainingSetup, shared by ``estimate``, ``measure`` and ``advise``."""
-    from reportgen.setup import Attention, LoraTargets, Method, Offload, Optimizer, Precision, Quant, Sharding
+    from reportgen.setup import Attention, LoraTargets, Loss, Method, Offload, Optimizer, Precision, Quant, Sharding
 
     def choices(enum):
         return [m.value for m in enum]
@@ -40,6 +40,8 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
     p.add_argument("--attn", choices=choices(Attention), default="sdpa")
+    p.add_argument("--loss", choices=choices(Loss), default="standard",
+                   help="fused: chunked linear+cross-entropy (Liger-Kernel) instead of full fp32 logits")
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--lora-targets", choices=choices(LoraTargets), default="all-linear")
@@ -50,7 +52,7 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sharding", choices=choices(Sharding), default="none")
 
 
-SETUP_FIELDS = ("method", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "lora_rank",
+SETUP_FIELDS = ("method", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss", "lora_rank",
                 "lora_alpha", "lora_targets", "quant", "double_quant", "offload", "gpus", "sharding")
 
 

@@ -56,6 +56,11 @@ class Attention(str, Enum):
     eager = "eager"
 
 
+class Loss(str, Enum):
+    standard = "standard"
+    fused = "fused"
+
+
 class Offload(str, Enum):
     none = "none"
     optimizer = "optimizer"
@@ -83,6 +88,8 @@ class TrainingSetup(BaseModel):
     double_quant: bool = False
     grad_ckpt: bool = False
     attn: Attention = Attention.sdpa
+    loss: Loss = Field(Loss.standard, description="standard: transformers' fp32 cross-entropy over full logits; "
+                       "fused: chunked linear+cross-entropy kernel (Liger-Kernel)")
     batch: int = Field(1, ge=1, le=4096, description="micro-batch size per GPU")
     seq: int = Field(2048, ge=8, le=1_048_576, description="sequence length in tokens")
     accum: int = Field(1, ge=1, le=65536, description="gradient accumulation steps")
@@ -137,6 +144,8 @@ class TrainingSetup(BaseModel):
             parts.append("ckpt")
         if self.attn != Attention.sdpa:
             parts.append(self.attn.value)
+        if self.loss != Loss.standard:
+            parts.append(f"{self.loss.value}-ce")
         parts.append(f"b{self.batch} s{self.seq}")
         if self.accum > 1:
             parts.append(f"ga{self.accum}")

@@ -162,7 +162,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> Mem
         recompute = 0
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
-    lm = logits_memory(model, dt, tokens)
+    lm = logits_memory(model, dt, tokens, fused=setup.loss.value == "fused")
     gathered = fsdp or setup.offload == Offload.params
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     c_head = 0 if gathered else P.autocast_copy_bytes_head(model, setup, dt)

@@ -1,7 +1,51 @@
-"""Subcommands of this package (see ``reportgen.cli.PLUGINS``)."""
+"""``reportgen compare-published``: estimate every mappable published row and print the errors."""
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
+DEFAULT_CSV = Path("data/published_measurements.csv")
+DEFAULT_OUT = Path("data/published_comparison.json")
+
 
 def register(sub) -> None:
-    """Add this package's subcommands to the ``reportgen`` parser."""
+    p = sub.add_parser("compare-published",
+                       help="compare estimates with measurements published by other projects (data/*.csv)")
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON written for the validation page")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from reportgen.errors import UserError
+    from reportgen.published.compare import compare
+    from reportgen.results import write_json_atomic
+
+    if not args.csv.exists():
+        raise UserError(f"{args.csv}: no such file", hint="run from the repository root or pass --csv")
+    summary = compare(args.csv)
+    console = Console() if Console().is_terminal else Console(width=170)
+    table = Table(title="published measurements vs reportgen estimates (same measure as the row reports)")
+    for col in ("id", "model", "technique", "GPU", "b", "seq", "measure", "published", "estimated", "error"):
+        table.add_column(col, justify="right" if col in ("b", "seq", "published", "estimated", "error") else "left")
+    for r in summary["rows"]:
+        table.add_row(r["id"], r["model"][-28:], r["technique"][:30], r["gpu"], str(r["batch"]), str(r["seq"]),
+                      r["measure"], f"{r['published']:.2f} {r['unit']}", f"{r['estimated']:.2f} {r['unit']}",
+                      f"{100 * r['rel_error']:+.0f}%")
+    console.print(table)
+    for src, s in summary["by_source"].items():
+        console.print(f"{src}: {s['rows']} rows, median |error| {s['median_abs_error_gb']:.2f} GB, "
+                      f"median signed error {100 * s['median_rel_error']:+.0f}%")
+    console.print(f"[bold]all mapped rows: {len(summary['rows'])}, median absolute error "
+                  f"{summary['median_abs_error_gb']:.2f} GB (1e9 bytes), median |relative error| "
+                  f"{100 * summary['median_abs_rel_error']:.0f}%[/]")
+    console.print(f"{len(summary['unmapped'])} rows not mapped:")
+    for u in summary["unmapped"]:
+        console.print(f"  {u['id']}: {u['reason']}", highlight=False)
+    write_json_atomic(args.out, summary)
+    console.print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,78 @@
+"""Estimate what each mappable published row reports and compute the error.
+
+The estimator is never tuned to these rows: they come from other code bases and library versions
+(see ``mapping.py``). The comparison is a public sanity check; our own CUDA measurements are the
+ground truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+from pathlib import Path
+
+from reportgen import catalog
+from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.logits import logits_memory
+from reportgen.estimate.memory import estimate_memory
+from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows
+
+UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MB": 1e6}
+
+
+def source_key(source: str) -> str:
+    """``owner/repo`` of a GitHub source, else the source's first word."""
+    m = re.search(r"github\.com/([^/\s]+/[^/\s]+)", source)
+    return m.group(1) if m else source.split()[0]
+
+
+def estimated_bytes(m: Mapped) -> float:
+    spec = m.spec
+    if m.measure.startswith("loss"):
+        spec = dataclasses.replace(spec, final_logit_softcapping=None)
+        lm = logits_memory(spec, dtypes_for(m.setup), m.setup.batch * m.setup.seq)
+        return lm.forward_live if m.measure == "loss-forward" else max(lm.forward_live, lm.backward_live)
+    mem = estimate_memory(spec, m.setup, catalog.load_gpu(m.gpu))
+    return mem.peak_reserved if m.measure == "reserved" else mem.peak_allocated
+
+
+def compare(csv_path: Path) -> dict:
+    rows, unmapped = [], []
+    mapped: list[tuple[dict, Mapped]] = []
+    for raw in read_rows(csv_path):
+        m = map_row(raw)
+        if isinstance(m, Unmapped):
+            unmapped.append({"id": m.row_id, "source": m.source, "reason": m.reason})
+            continue
+        mapped.append((raw, m))
+        extra = prose_allocated(raw, m)
+        if extra:
+            mapped.append((raw, extra))
+    for raw, m in mapped:
+        est = estimated_bytes(m) / UNIT_BYTES[m.unit]
+        err = est - m.published
+        to_gb = UNIT_BYTES[m.unit] / 1e9
+        rows.append({
+            "id": m.row_id, "source": m.source, "model": raw["model"], "technique": raw["technique"],
+            "gpu": m.gpu, "batch": m.setup.batch, "seq": m.setup.seq, "measure": m.measure, "unit": m.unit,
+            "published": round(m.published, 4), "estimated": round(est, 4), "abs_error": round(abs(err), 4),
+            "published_gb": round(m.published * to_gb, 4), "estimated_gb": round(est * to_gb, 4),
+            "abs_error_gb": round(abs(err) * to_gb, 4), "rel_error": round(err / m.published, 4),
+            "setup": m.setup.model_dump(mode="json"), "assumptions": m.assumptions,
+        })
+    summary = {
+        "rows": rows,
+        "unmapped": unmapped,
+        "median_abs_error_gb": round(statistics.median(r["abs_error_gb"] for r in rows), 4) if rows else None,
+        "median_abs_rel_error": round(statistics.median(abs(r["rel_error"]) for r in rows), 4) if rows else None,
+        "by_source": {},
+    }
+    for src in sorted({source_key(r["source"]) for r in rows}):
+        sel = [r for r in rows if source_key(r["source"]) == src]
+        summary["by_source"][src] = {
+            "rows": len(sel),
+            "median_abs_error_gb": round(statistics.median(r["abs_error_gb"] for r in sel), 4),
+            "median_rel_error": round(statistics.median(r["rel_error"] for r in sel), 4),
+        }
+    return summary

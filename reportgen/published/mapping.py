@@ -1,0 +1,195 @@
+"""Map rows of ``data/published_measurements.csv`` to (model, GPU, setup, measure).
+
+Each source's defaults come from its own code or documentation, cited per mapper:
+
+* AnswerDotAI/fsdp_qlora ``benchmarks_03_2024.md`` ran ``train.py`` with its defaults: pure bf16
+  (``precision="bf16"``), LoRA rank 64 / alpha 16 / dropout 0.1 on q, k, v, gate, up, down (not
+  o_proj), NF4 without double quantization, AdamW, FSDP activation checkpointing (reentrant), SDPA.
+  The figure is peak *reserved* memory per GPU in GiB.
+* Lightning-AI/litgpt ``config_hub/finetune/README.md``: ``bf16-true`` (pure bf16), AdamW, no
+  activation checkpointing, max length 512 (Alpaca-2k samples are shorter: the peak comes from the
+  longest batch); LoRA rank/targets from the row when stated, else litgpt's ``lora_r=8`` on query
+  and value. litgpt uses its own model code and a chunked cross-entropy, which this estimator does
+  not model exactly: we map its loss to ``fused``. The figure is ``max_memory_allocated / 1e9``.
+* apple/ml-cross-entropy README: memory of the loss op alone (8,192 tokens, vocabulary 256,000,
+  bf16 classifier); mapped to the logits term only.
+
+A row that cannot be mapped gets a reason instead (unsupported architecture, GPU not in the
+catalog, no memory figure, a technique we do not model).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reportgen import catalog
+from reportgen.model import ModelSpec
+from reportgen.setup import TrainingSetup
+
+CONFIGS = Path(__file__).parent / "configs"
+
+MODELS = {
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "Llama-2 70B": "llama-2-70b",
+    "meta-llama/Meta-Llama-3-8B": "llama-3.1-8b",  # same architecture as 3.1 (RoPE scaling aside)
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+    "microsoft/Phi-3-mini-4k-instruct": "phi-3-mini",
+    "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tinyllama-1.1b",
+    "google/gemma-2-9b": "gemma-2-9b",
+    "mistralai/Mistral-7B-v0.1": str(CONFIGS / "mistral-7b-v0.1.json"),
+    "Mistral 7B v0.2 Base": str(CONFIGS / "mistral-7b-v0.2.json"),
+}
+YI = str(CONFIGS / "yi-34b.json")
+GEMMA2_2B = str(CONFIGS / "gemma-2-2b.json")
+
+GPUS = [("RTX 3090", "rtx-3090"), ("RTX 4090", "rtx-4090"), ("A10G", "a10g"), ("A100-SXM4 80GB", "a100-80gb")]
+
+
+@dataclass(frozen=True)
+class Mapped:
+    row_id: str
+    source: str
+    model: str  # catalog name or config path
+    gpu: str
+    setup: TrainingSetup
+    measure: str  # reserved | allocated | loss-forward | loss-forward-backward
+    unit: str  # GiB | GB | MB
+    published: float
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return catalog.load_model(self.model)
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    row_id: str
+    source: str
+    reason: str
+
+
+def read_rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _number(text: str) -> float | None:
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*", text or "")
+    return float(m.group(1)) if m else None
+
+
+def _int(text: str) -> int | None:
+    m = re.match(r"\s*([0-9]+)", text or "")
+    return int(m.group(1)) if m else None
+
+
+def _gpu(text: str) -> str | None:
+    return next((key for needle, key in GPUS if needle in text), None)
+
+
+def map_row(row: dict) -> Mapped | Unmapped:
+    rid, src = row["id"], row["source"]
+    if "fsdp_qlora" in src:
+        return _fsdp_qlora(row)
+    if "litgpt" in src:
+        return _litgpt(row)
+    if "ml-cross-entropy" in src:
+        return _cce(row)
+    if "transformers" in src:
+        return Unmapped(rid, src, "bert-large is an encoder (BertForMaskedLM), not a supported decoder family")
+    if "torchtitan" in src:
+        return Unmapped(rid, src, "pretraining with selective activation checkpointing, torch.compile/Float8/"
+                                  "TP/CP on H100 96GB (HBM2e): techniques and GPU not modelled")
+    return Unmapped(rid, src, "unknown source")
+
+
+def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
+    rid, src = row["id"], row["source"]
+    value = _number(row["peak_mem_gb"])
+    if value is None:
+        return Unmapped(rid, src, "no memory figure in the table (time/cost only)")
+    gpu = _gpu(row["gpu_type"])
+    if gpu is None:
+        return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
+    model = YI if row["model"].startswith("Yi") else MODELS.get(row["model"])
+    if model is None:
+        return Unmapped(rid, src, f"model not mapped: {row['model']}")
+    technique = row["technique"]
+    method = "qlora" if "QLoRA" in technique else "lora"
+    ddp = "DDP" in technique or "DDP" in row["sharding"]
+    offload = "params" if row["offload"].lower().startswith("yes") else "none"
+    setup = TrainingSetup(method=method, precision="bf16", lora_rank=64, lora_alpha=16, lora_targets="all-linear",
+                          quant="nf4", double_quant=False, grad_ckpt=True, attn="sdpa", batch=_int(row["batch"]) or 1,
+                          seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
+                          sharding="ddp" if ddp else "fsdp", offload=offload)
+    notes = ["LoRA targets all-linear (fsdp_qlora 'all' leaves out o_proj)",
+             "lora_dropout 0.1 masks not modelled (under checkpointing only one layer holds them)",
+             "reserved memory also keeps what loading and FSDP wrapping cached"]
+    return Mapped(rid, src, model, gpu, setup, "reserved", "GiB", value, notes)
+
+
+_PROSE_ALLOCATED = re.compile(r"peak allocated memory is [^0-9]*?([0-9]+\.[0-9]+) GiB")
+
+
+def prose_allocated(row: dict, mapped: Mapped) -> Mapped | None:
+    """fsdp_qlora's text also states peak *allocated* memory for two runs (kept in the row's notes):
+    a second comparison of the same run against ``peak_allocated``, id suffixed with ``a``."""
+    m = _PROSE_ALLOCATED.search(row.get("notes", ""))
+    if not m:
+        return None
+    return Mapped(mapped.row_id + "a", mapped.source, mapped.model, mapped.gpu, mapped.setup, "allocated", "GiB",
+                  float(m.group(1)), mapped.assumptions[:2] + ["figure quoted in the benchmark's text"])
+
+
+def _litgpt(row: dict) -> Mapped | Unmapped:
+    rid, src = row["id"], row["source"]
+    value = _number(row["peak_mem_gb"])
+    if value is None:
+        return Unmapped(rid, src, "no memory figure")
+    model = MODELS.get(row["model"])
+    if model is None:
+        return Unmapped(rid, src, f"architecture not supported by reportgen: {row['model']}")
+    gpu = _gpu(row["gpu_type"])
+    if gpu is None:
+        return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
+    technique = row["technique"]
+    method = "qlora" if "QLoRA" in technique else "lora" if "LoRA" in technique else "full"
+    gpus = _int(row["gpus"]) or 1
+    notes = ["litgpt's own model code and chunked cross-entropy (mapped to loss=fused)",
+             "sequence 512 is the maximum; Alpaca-2k samples are shorter"]
+    rank = _int(row["lora_rank"])
+    targets_text = row["lora_targets"]
+    if method != "full" and rank is None:
+        rank = 8
+        notes.append("LoRA rank not stated: litgpt default r=8 assumed")
+    if "mlp" in targets_text:
+        targets = "all-linear"
+        if "head" in targets_text:
+            notes.append("LoRA on the head not modelled")
+    else:
+        targets = "qv"
+        if method != "full" and not targets_text:
+            notes.append("LoRA targets not stated: litgpt default query,value assumed")
+    setup = TrainingSetup(method=method, precision="bf16", lora_rank=rank or 8, lora_alpha=16, lora_targets=targets,
+                          quant="nf4", attn="sdpa", loss="fused", batch=_int(row["batch"]) or 1, seq=512, gpus=gpus,
+                          sharding="fsdp" if gpus > 1 else "none")
+    return Mapped(rid, src, model, gpu, setup, "allocated", "GB", value, notes)
+
+
+def _cce(row: dict) -> Mapped | Unmapped:
+    rid, src = row["id"], row["source"]
+    technique = row["technique"]
+    if "baseline" not in technique:
+        return Unmapped(rid, src, "torch.compile fusion / Cut Cross-Entropy kernels are not modelled "
+                                  "(reportgen's fused loss models Liger's chunking)")
+    value = _number(row["peak_mem_gb"])
+    if value is None:
+        return Unmapped(rid, src, "no memory figure")
+    measure = "loss-forward-backward" if "fw-bw" in technique else "loss-forward"
+    setup = TrainingSetup(method="lora", precision="bf16", batch=1, seq=8192)
+    notes = ["loss op only: logits term of the estimator, without Gemma 2's final soft-capping"]
+    return Mapped(rid, src, GEMMA2_2B, "a100-80gb", setup, measure, "MB", value * 1000, notes)
