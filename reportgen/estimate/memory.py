@@ -71,7 +71,7 @@ def layer_param_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int
 
 
 def largest_quantized_linear(model: ModelSpec) -> int:
-    return max(lin.in_features * lin.out_features for lin in model.layer_linears())
+    return max(lin.in_features * lin.out_features for lin in model.layer_linears() if lin.count == 1)
 
 
 def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention) -> int:
@@ -112,6 +112,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> Mem
     attn, note = effective_attention(model, setup)
     if note:
         notes.append(note)
+    if model.num_experts and setup.method == Method.qlora:
+        notes.append("MoE experts are 3-D parameters in transformers >= 5: bitsandbytes leaves them 16-bit")
     if model.num_experts and setup.is_peft and setup.lora_targets.value == "all-linear":
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
 

@@ -8,7 +8,7 @@ import math
 
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import ModelSpec
-from reportgen.setup import Method, Optimizer, Precision, Quant, TrainingSetup
+from reportgen.setup import Method, Optimizer, TrainingSetup
 
 #: bitsandbytes 4-bit blocksize (``bitsandbytes/functional.py`` ``quantize_4bit`` default, CUDA)
 BNB_4BIT_BLOCKSIZE = 64
@@ -28,8 +28,9 @@ BNB_PAGED_MIN_SIZE = 100_000
 def quantized_linear_params(model: ModelSpec) -> int:
     """Weights bitsandbytes 4-bit quantizes: every ``nn.Linear`` in the decoder layers (transformers
     keeps ``lm_head`` unquantized, ``get_keys_to_not_convert``). Biases stay in 16 bit. MoE experts
-    stored as 3-D parameters are assumed quantized like linears."""
-    return model.num_layers * sum(lin.weight_params for lin in model.layer_linears())
+    are 3-D ``nn.Parameter`` tensors in transformers >= 5 (``MixtralExperts``), which
+    ``replace_with_bnb_linear`` does not touch (it converts ``nn.Linear`` only): they stay 16-bit."""
+    return model.num_layers * sum(lin.weight_params for lin in model.layer_linears() if lin.count == 1)
 
 
 def linear_bias_params(model: ModelSpec) -> int:
@@ -59,15 +60,16 @@ def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
         return 0
     total = 0
     for lin in model.layer_linears():
-        for _ in range(lin.count):
-            n = lin.in_features * lin.out_features
-            blocks = math.ceil(n / BNB_4BIT_BLOCKSIZE)
-            code = 16 * 4  # the 16-value NF4/FP4 code book, fp32
-            if setup.double_quant:
-                nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
-                total += blocks + nested * 4 + 4 + 256 * 4 + code
-            else:
-                total += blocks * 4 + code
+        if lin.count > 1:  # MoE experts stay 16-bit (see quantized_linear_params)
+            continue
+        n = lin.in_features * lin.out_features
+        blocks = math.ceil(n / BNB_4BIT_BLOCKSIZE)
+        code = 16 * 4  # the 16-value NF4/FP4 code book, fp32
+        if setup.double_quant:
+            nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
+            total += blocks + nested * 4 + 4 + 256 * 4 + code
+        else:
+            total += blocks * 4 + code
     return total * model.num_layers
 
 
@@ -181,11 +183,3 @@ def autocast_copy_bytes_head(model: ModelSpec, setup: TrainingSetup, dt: Dtypes)
     if dt.autocast and setup.method == Method.full:
         return model.vocab_size * model.hidden_size * dt.compute
     return 0
-
-
-def is_pure_16bit(setup: TrainingSetup) -> bool:
-    return setup.precision == Precision.bf16
-
-
-def quant_label(setup: TrainingSetup) -> str:
-    return ("nf4" if setup.quant == Quant.nf4 else "fp4") + ("+dq" if setup.double_quant else "")

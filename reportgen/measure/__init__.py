@@ -1,1 +1,9 @@
-"""Real CUDA measurements: the harness (one case), the runner (one subprocess per case), provenance."""
+"""Real CUDA measurements of the cases the estimator predicts (GitHub issue 4).
+
+* ``cli.py``: ``reportgen measure`` (one case; ``--format json`` prints one object, ``protocol.py``);
+* ``runner.py``: ``measure_sweep`` behind ``reportgen sweep FILE --measure [--shard I/N]``;
+* ``isolate.py``: one subprocess per case, with a timeout (the caller never imports torch);
+* ``worker.py``: that subprocess's entry point; ``harness.py``: the measurement itself;
+* ``build.py``: the model of each recipe; ``optimizers.py``: the optimizer of each setup;
+* ``environment.py``, ``nvml.py``: provenance and the driver's view of memory; ``view.py``: the table.
+"""

@@ -1,7 +1,83 @@
-"""Subcommands of this package (see ``reportgen.cli.PLUGINS``)."""
+"""Subcommands of this package (see ``reportgen.cli.PLUGINS``): ``reportgen measure``.
+
+``reportgen measure`` takes the setup flags of ``reportgen estimate`` and runs the case for real,
+in a subprocess (``isolate.py``); this process never imports torch. ``--format json`` prints
+exactly one JSON object (``protocol.py``); the exit status is 0 for ``ok``, 1 for ``oom``,
+``error`` and ``timeout`` (the answer is printed all the same).
+"""
 
 from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_TIMEOUT_S = 900.0
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
+    from reportgen.cli import add_setup_flags
+
+    p = sub.add_parser("measure", help="measure one setup for real (peak memory, step time) on this machine",
+                       description="Train a few steps of the setup on random weights and tokens, in a subprocess, "
+                                   "and report PyTorch's peak memory, the driver's view and the step times.")
+    add_setup_flags(p)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default) or cpu (timings only: memory figures are null on CPU)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (optimizer states appear here)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (median, min, max)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--cap-to-gpu", action="store_true",
+                   help="limit PyTorch's allocator to the --gpu card's memory (emulate a smaller card)")
+    p.add_argument("--snapshot", type=Path, default=None, metavar="DIR",
+                   help="write a CUDA memory snapshot pickle into DIR (view at https://pytorch.org/memory_viz)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"kill the measurement after S seconds (default {DEFAULT_TIMEOUT_S:g})")
+    p.set_defaults(func=cmd_measure)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from reportgen import catalog
+    from reportgen.cli import setup_from_args
+    from reportgen.errors import UserError
+    from reportgen.measure.isolate import run_case
+    from reportgen.measure.protocol import MeasureRequest
+    from reportgen.results import case_id
+
+    setup = setup_from_args(args)
+    model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
+    if args.warmup < 0:
+        raise UserError("--warmup: must be 0 or more")
+    if args.steps < 1:
+        raise UserError("--steps: must be 1 or more")
+    if args.timeout <= 0:
+        raise UserError("--timeout: must be a positive number of seconds")
+    setup_dict = setup.model_dump(mode="json")
+    snapshot = None
+    if args.snapshot is not None:
+        if args.device != "cuda":
+            raise UserError("--snapshot: CUDA memory snapshots need --device cuda")
+        snapshot = str((args.snapshot / f"{case_id(args.model, args.gpu, setup_dict)}.pickle").resolve())
+    if args.cap_to_gpu and args.device != "cuda":
+        raise UserError("--cap-to-gpu: caps the CUDA allocator; needs --device cuda")
+    request = MeasureRequest(model=args.model, gpu=args.gpu, setup=setup_dict, device=args.device,
+                             warmup=args.warmup, steps=args.steps, cap_to_gpu=args.cap_to_gpu, snapshot=snapshot)
+    err = Console(stderr=True)
+    what = f"measuring {model.name} {setup.short()} on {args.device} (subprocess, timeout {args.timeout:g} s)"
+    with err.status(what):
+        result = run_case(request, args.timeout)
+    if args.format == "json":
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        from reportgen.estimate import estimate
+        from reportgen.measure.view import print_measurement
+
+        try:
+            est = estimate(model, gpu, setup, reverse=False)
+        except Exception:  # noqa: BLE001 - the measurement stands without its estimate
+            est = None
+        print_measurement(result, est)
+    return 0 if result["status"] == "ok" else 1

@@ -1,0 +1,206 @@
+"""Build the model of one case the way ``reportgen/setup.py`` describes each recipe.
+
+Random weights, no hub, no downloads: the Hugging Face model comes from the config with
+``AutoModelForCausalLM.from_config`` and transformers' own initialisation, created directly on
+the device (``with torch.device(dev)``) in the storage dtype of the recipe:
+
+=============  ==========================  ===========================  ========================
+precision      full fine-tuning weights    LoRA/QLoRA frozen base       adapters (peft)
+=============  ==========================  ===========================  ========================
+fp32           fp32, no autocast           fp32                         fp32
+fp16-mixed     fp32 + autocast(fp16)       fp16 + autocast(fp16)        fp32 (autocast_adapter_dtype)
+bf16-mixed     fp32 + autocast(bf16)       bf16 + autocast(bf16)        fp32 (autocast_adapter_dtype)
+bf16           bf16, no autocast           bf16                         bf16 (autocast_adapter_dtype=False)
+=============  ==========================  ===========================  ========================
+
+QLoRA: the model is built on the ``meta`` device (no memory), every ``nn.Linear`` except the
+output head is replaced by a ``bitsandbytes.nn.Linear4bit`` whose weight is quantized from a
+random 16-bit tensor made on the device one layer at a time (``Params4bit(...).to(device)`` calls
+``bitsandbytes.functional.quantize_4bit``; blocksize 64, NF4/FP4, double quantization per setup),
+then the remaining parameters and buffers (embeddings, norms, head, rotary frequencies) are
+materialised on the device in the compute dtype and initialised by transformers'
+``initialize_weights``. The whole 16-bit model never exists on the device. peft's
+``prepare_model_for_kbit_training`` is NOT called: it upcasts embeddings and head to fp32, which
+the estimator does not model; input gradients for checkpointing are enabled directly.
+
+``use_cache=False``: a training step needs no KV cache (HF Trainer turns it off with checkpointing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reportgen.estimate.memory import effective_attention
+from reportgen.model import ModelSpec
+from reportgen.setup import Method, Precision, TrainingSetup
+
+#: config.json keys that are not model hyper-parameters or would change what we build
+_DROP_KEYS = ("model_type", "quantization_config", "auto_map")
+
+#: LoRA target modules per target set; Phi-3 fuses q, k and v into one ``qkv_proj``
+LORA_TARGETS = {
+    "qv": ["q_proj", "v_proj"],
+    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "all-linear": "all-linear",
+}
+LORA_TARGETS_PHI3 = {"qv": ["qkv_proj"], "attn": ["qkv_proj", "o_proj"], "all-linear": "all-linear"}
+
+
+@dataclass
+class Built:
+    model: object
+    attn_implementation: str
+    storage_dtype: str
+    compute_dtype: str
+    adapter_dtype: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def storage_dtype(setup: TrainingSetup) -> str:
+    """dtype the (trainable or frozen) unquantized weights are stored in (``estimate/dtypes.py``)."""
+    if setup.method == Method.full:
+        return "bf16" if setup.precision == Precision.bf16 else "fp32"
+    return "fp32" if setup.precision == Precision.fp32 else setup.compute_dtype
+
+
+def adapter_dtype(setup: TrainingSetup) -> str | None:
+    if not setup.is_peft:
+        return None
+    return "bf16" if setup.precision == Precision.bf16 else "fp32"
+
+
+def hf_config(spec: ModelSpec, attn: str):
+    """A transformers config object from the catalog's (or the user's) ``config.json``."""
+    from transformers import AutoConfig
+
+    raw = {k: v for k, v in spec.config.items() if k not in _DROP_KEYS}
+    config = AutoConfig.for_model(spec.model_type, **raw)
+    config.use_cache = False
+    config._attn_implementation = attn
+    return config
+
+
+def build(spec: ModelSpec, setup: TrainingSetup, device: str) -> Built:
+    import torch
+
+    attn, note = effective_attention(spec, setup)
+    notes = [note.replace("estimated with", "measured with")] if note else []
+    store, compute = storage_dtype(setup), setup.compute_dtype
+    config = hf_config(spec, attn.value)
+    torch.manual_seed(0)
+    if setup.method == Method.qlora:
+        model = _build_quantized(config, setup, device, _torch_dtype(compute), notes)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=_torch_dtype(store),
+                                                     attn_implementation=attn.value)
+    if setup.grad_ckpt:
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:  # transformers >= 5.20 name; the old one is a deprecated alias
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    adapter = adapter_dtype(setup)
+    if setup.is_peft:
+        model = _add_lora(model, spec, setup, _torch_dtype(adapter))
+        if setup.grad_ckpt:
+            model.enable_input_require_grads()
+    model.train()
+    return Built(model=model, attn_implementation=attn.value, storage_dtype=store, compute_dtype=compute,
+                 adapter_dtype=adapter, notes=notes)
+
+
+def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
+    from peft import LoraConfig, get_peft_model
+
+    targets = (LORA_TARGETS_PHI3 if spec.family == "phi3" else LORA_TARGETS)[setup.lora_targets.value]
+    config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=0.0, target_modules=targets,
+                        bias="none", task_type="CAUSAL_LM")
+    model = get_peft_model(model, config, autocast_adapter_dtype=setup.precision != Precision.bf16)
+    for param in model.parameters():
+        # peft places adapters in the base layer's dtype when it is a float (else fp32) and upcasts
+        # them to fp32 with autocast_adapter_dtype; a 4-bit base has no float dtype to follow, so
+        # pin the recipe's adapter dtype explicitly
+        if param.requires_grad and param.dtype != adapter_dtype:
+            param.data = param.data.to(adapter_dtype)
+    return model
+
+
+def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, notes: list[str]):
+    import bitsandbytes as bnb
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=compute_dtype,
+                                                 attn_implementation=config._attn_implementation)
+    head = model.get_output_embeddings()
+    std = float(getattr(config, "initializer_range", 0.02) or 0.02)
+    quant_type = setup.quant.value
+    quantized = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or module is head:
+            continue
+        with torch.device("meta"):
+            q = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=module.bias is not None,
+                                  compute_dtype=compute_dtype, compress_statistics=setup.double_quant,
+                                  quant_type=quant_type)
+        w = torch.empty(module.out_features, module.in_features, dtype=compute_dtype, device=device).normal_(0, std)
+        # .to(device) on a not-yet-quantized Params4bit runs quantize_4bit on that device
+        q.weight = bnb.nn.Params4bit(w, requires_grad=False, compress_statistics=setup.double_quant,
+                                     quant_type=quant_type, module=q).to(device)
+        del w
+        if module.bias is not None:
+            q.bias = nn.Parameter(torch.zeros(module.out_features, dtype=compute_dtype, device=device),
+                                  requires_grad=False)
+        q._is_hf_initialized = True
+        model.set_submodule(name, q)
+        quantized += 1
+    if not quantized:
+        raise RuntimeError("QLoRA: the model has no nn.Linear layers to quantize")
+    _materialize(model, device)
+    if any(p.ndim == 3 for n, p in model.named_parameters() if ".experts." in n):
+        notes.append("MoE experts are 3-D parameters, not nn.Linear: left unquantized in the compute dtype "
+                     "(the estimator assumes them quantized)")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def _materialize(model, device: str) -> None:
+    """Give every parameter and buffer still on ``meta`` real (uninitialised) storage on the device,
+    keeping tied parameters tied, then let transformers initialise them (normal(0, std) for
+    embeddings and the head, ones for RMSNorm weights, the RoPE inverse frequencies)."""
+    import bitsandbytes as bnb
+    import torch
+    from torch import nn
+
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            continue
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not param.is_meta:
+                continue
+            if id(param) not in done:
+                done[id(param)] = nn.Parameter(torch.empty_like(param, device=device),
+                                               requires_grad=param.requires_grad)
+            setattr(module, name, done[id(param)])
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf is not None and buf.is_meta:
+                persistent = name not in module._non_persistent_buffers_set
+                module.register_buffer(name, torch.empty_like(buf, device=device), persistent=persistent)
+        module._is_hf_initialized = False
+    model.initialize_weights()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"QLoRA build left tensors on the meta device: {left[:5]}")

@@ -1,0 +1,338 @@
+"""Measure one case in this process: build the model, train a few steps on synthetic tokens,
+read PyTorch's and the driver's memory counters and the step times.
+
+Runs inside the worker subprocess (``worker.py``), never in the CLI's own process.
+
+Training step (the loop of HF Trainer without its extras, and what the estimator's timeline
+assumes, ``estimate/memory.py``): for each of ``accum`` micro-batches of random token ids
+``(batch, seq)`` with labels = input ids, ``out = model(input_ids, labels)`` under
+``torch.autocast`` for mixed precision, ``loss = out.loss / accum``, ``del out`` (the Trainer drops
+the outputs the same way, so the logits die before the backward), ``loss.backward()`` (through
+``torch.amp.GradScaler`` for fp16-mixed); then ``optimizer.step()`` and
+``optimizer.zero_grad(set_to_none=True)``. No gradient clipping, no learning-rate schedule.
+
+Memory (PyTorch docs, "Understanding CUDA Memory Usage" and ``torch.cuda.memory_stats``):
+``peak_allocated = torch.cuda.max_memory_allocated()``: bytes in live tensors;
+``peak_reserved = torch.cuda.max_memory_reserved()``: bytes the caching allocator holds from the
+driver (live tensors plus cached free blocks); both after ``reset_peak_memory_stats()`` once the
+warm-up steps are done, so the optimizer states exist and the peak is the steady state's.
+``device_used``: this process's memory as the driver sees it (NVML, ``nvml.py``), sampled after
+every timed step, the largest sample; it adds the CUDA context and memory outside the allocator.
+``memory_after_load``: ``memory_allocated()`` once the model (and adapters) are built.
+
+Time: ``torch.cuda.synchronize()`` before and after each timed step, ``time.perf_counter``;
+median, min and max over the timed steps. ``tokens_per_s`` = tokens per optimizer step / median.
+``mfu`` (PaLM's definition, as ``estimate/time.py``): the model FLOPs per token of the technique
+(without recomputation) x tokens/s / the datasheet dense peak of the compute dtype of the GPU
+catalog entry that matches the MEASURED device (``environment.catalog_gpu_for``). When the
+device is the case's ``--gpu`` card that is the card's peak; when it is another card (a capped
+run emulating a smaller card, or a sweep measured elsewhere) it is the real device's peak, never
+the emulated card's; when the catalog has no entry for the device (or on CPU) mfu is null.
+
+Cap (``cap_to_gpu``): ``torch.cuda.set_per_process_memory_fraction(f)`` with
+``f = (catalog memory of --gpu - this process's CUDA context) / device total``, so the caching
+allocator can reserve at most what a process could on the emulated card. The allocator raises an
+ordinary OOM at the limit. CUDA managed memory (paged optimizers) is not limited by it.
+
+Test-only fault injection: ``REPORTGEN_FAULT=oom`` raises ``torch.OutOfMemoryError`` in the first
+warm-up step, ``crash`` kills the worker with SIGKILL, ``hang`` sleeps forever, ``error`` raises
+``RuntimeError``. Never set it for real measurements: the measurement records it if it is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import statistics
+import time
+import traceback
+
+from reportgen import catalog
+from reportgen.measure.optimizers import SetupNotSupported, make_optimizer
+from reportgen.measure.protocol import MeasureRequest, answer, empty_measurement, tail
+from reportgen.setup import Offload, Precision, TrainingSetup
+
+FAULT_ENV = "REPORTGEN_FAULT"
+SNAPSHOT_MAX_ENTRIES = 200_000
+
+
+class Phase:
+    """Where the run is, so a failure can say where it failed."""
+
+    def __init__(self) -> None:
+        self.name = "setup"
+
+
+def check_supported(setup: TrainingSetup, device: str) -> None:
+    """Refuse, with a clear message, what the harness cannot run here (before importing much)."""
+    if setup.gpus > 1:
+        import torch
+
+        have = torch.cuda.device_count() if device == "cuda" and torch.cuda.is_available() else 0
+        if have < setup.gpus:
+            raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}) needs {setup.gpus} GPUs; "
+                                    f"this machine has {have}")
+        raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}): multi-GPU measurement is not "
+                                "implemented by the harness (one process, one GPU)")
+    if setup.offload == Offload.params:
+        raise SetupNotSupported("offload=params (FSDP CPU offload of parameters) is not implemented by the harness; "
+                                "only offload=optimizer (torchao CPUOffloadOptimizer) is measured")
+    loss = getattr(setup, "loss", None)
+    if loss is not None and getattr(loss, "value", loss) != "standard":
+        raise SetupNotSupported(f"loss={getattr(loss, 'value', loss)!r} is not implemented by the harness "
+                                "(it measures transformers' standard cross-entropy)")
+
+
+def _inject(fault: str | None, where: str) -> None:
+    if not fault:
+        return
+    import torch
+
+    if fault == "oom" and where == "warmup":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
+                                     f"(injected by {FAULT_ENV}=oom, test only)")
+    if fault == "error" and where == "warmup":
+        raise RuntimeError(f"injected failure ({FAULT_ENV}=error, test only)")
+    if fault == "crash" and where == "build":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang" and where == "build":
+        time.sleep(10**6)
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+
+
+def _cap(request: MeasureRequest, nvml) -> dict | None:
+    """Limit the caching allocator to what the ``--gpu`` card would leave this process."""
+    import torch
+
+    card = catalog.load_gpu(request.gpu)
+    total = int(torch.cuda.get_device_properties(0).total_memory)
+    context, source = None, None
+    if nvml is not None:
+        used, source = nvml.process_used()
+        if used is not None:
+            context = max(0, used - int(torch.cuda.memory_reserved()))
+    if context is None:
+        from reportgen.estimate.constants import CUDA_CONTEXT_BYTES
+
+        context, source = CUDA_CONTEXT_BYTES, "assumed (estimate/constants.py CUDA_CONTEXT_BYTES)"
+    limit = card.memory_bytes - context
+    cap = {"emulated_gpu": request.gpu, "emulated_memory_bytes": card.memory_bytes, "context_bytes": context,
+           "context_source": source, "device_total_bytes": total, "limit_bytes": limit}
+    if limit >= total:
+        cap.update(fraction=None, applied=False,
+                   note="the device has no more memory than the emulated card: nothing to cap")
+        return cap
+    fraction = limit / total
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    cap.update(fraction=fraction, applied=True)
+    return cap
+
+
+def _mfu(spec, setup: TrainingSetup, attn, tokens_per_s: float, device_key: str | None) -> tuple[float | None, dict]:
+    from reportgen.estimate.time import flops_per_token, peak_dtype
+
+    model_flops = flops_per_token(spec, setup, attn)[1]
+    basis = {"model_flops_per_token": model_flops, "gpu": device_key, "dtype": None, "peak_flops": None}
+    if device_key is None:
+        return None, basis
+    gpu = catalog.load_gpu(device_key)
+    dtype, _ = peak_dtype(setup, gpu)
+    peak = gpu.peak_flops(dtype)
+    basis.update(dtype=dtype, peak_flops=peak)
+    if not peak:
+        return None, basis
+    return model_flops * tokens_per_s / peak, basis
+
+
+def run(request: MeasureRequest, environment: dict) -> dict:
+    """Measure one case; every outcome (ok, OOM, error) is an answer, never an exception."""
+    phase = Phase()
+    measurement = empty_measurement()
+    cap = None
+    snapshot_on = cuda_started = False
+    try:
+        import torch
+
+        setup = TrainingSetup.model_validate(request.setup)
+        spec = catalog.load_model(request.model)
+        device = request.device
+        measurement.update(warmup=request.warmup, steps=request.steps, tokens_per_step=setup.tokens_per_step)
+        fault = os.environ.get(FAULT_ENV) or None
+        if fault:
+            measurement["fault_injected"] = fault
+        if device == "cuda" and not torch.cuda.is_available():
+            raise SetupNotSupported("--device cuda: no CUDA device is visible to PyTorch "
+                                    f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        check_supported(setup, device)
+        cuda = device == "cuda"
+        nvml = None
+        if cuda:
+            torch.cuda.set_device(0)
+            cuda_started = True
+            torch.empty(1, device="cuda")  # create the context before reading its size
+            try:
+                from reportgen.measure.nvml import Nvml, uuid_of
+
+                nvml = Nvml(uuid_of(torch.cuda.get_device_properties(0)))
+            except Exception as exc:  # noqa: BLE001 - no NVML: device_used stays null
+                measurement["device_used_source"] = f"unavailable ({type(exc).__name__}: {exc})"
+            if request.cap_to_gpu:
+                cap = _cap(request, nvml)
+            if request.snapshot:
+                torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+                snapshot_on = True
+            # fp32 matmuls run on CUDA cores unless TF32 is allowed (PyTorch's default: not allowed)
+            measurement["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+
+        # ----- build ----------------------------------------------------------------------------
+        phase.name = "build"
+        _inject(fault, "build")
+        from reportgen.measure.build import build
+
+        t0 = time.perf_counter()
+        built = build(spec, setup, device)
+        model = built.model
+        if cuda:
+            torch.cuda.synchronize()
+        measurement["build_s"] = time.perf_counter() - t0
+        measurement.update(attn_implementation=built.attn_implementation, storage_dtype=built.storage_dtype,
+                           compute_dtype=built.compute_dtype, adapter_dtype=built.adapter_dtype, notes=built.notes)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        measurement["params_trainable"] = sum(p.numel() for p in trainable)
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()  # drop what the build cached (QLoRA's 16-bit temporaries)
+            measurement["memory_after_load"] = int(torch.cuda.memory_allocated())
+            measurement["memory_after_load_reserved"] = int(torch.cuda.memory_reserved())
+
+        # ----- optimizer and data ---------------------------------------------------------------
+        phase.name = "optimizer"
+        optimizer = make_optimizer(trainable, setup, device)
+        scaler = torch.amp.GradScaler(device) if setup.precision == Precision.fp16_mixed else None
+        amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(setup.compute_dtype)
+
+        def autocast():
+            if setup.autocast:
+                return torch.autocast(device_type=device, dtype=amp_dtype)
+            return contextlib.nullcontext()
+
+        gen = torch.Generator(device=device).manual_seed(0)
+        batches = [torch.randint(0, spec.vocab_size, (setup.batch, setup.seq), device=device, generator=gen)
+                   for _ in range(setup.accum)]
+        last_loss: list[float] = []
+
+        def step() -> None:
+            for ids in batches:
+                with autocast():
+                    out = model(input_ids=ids, labels=ids)
+                loss = out.loss / setup.accum
+                del out
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                last_loss[:] = [loss.detach()]
+                del loss
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        # ----- warm-up --------------------------------------------------------------------------
+        phase.name = "warmup"
+        for _ in range(request.warmup):
+            _inject(fault, "warmup")
+            step()
+        if request.warmup == 0:
+            _inject(fault, "warmup")
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+        # ----- timed steps ----------------------------------------------------------------------
+        phase.name = "timed"
+        times: list[float] = []
+        used_samples: list[int] = []
+        source = None
+        for _ in range(request.steps):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            if nvml is not None:
+                used, source = nvml.process_used()
+                if used is not None:
+                    used_samples.append(used)
+        median = statistics.median(times)
+        tokens_per_s = setup.tokens_per_step / median
+        measurement.update(step_times_s=times, step_s=median, step_s_min=min(times), step_s_max=max(times),
+                           tokens_per_s=tokens_per_s)
+        if last_loss:
+            value = float(last_loss[0].float().item()) * setup.accum
+            measurement["final_loss"] = value if value == value and abs(value) != float("inf") else None
+            measurement["loss_finite"] = value == value and abs(value) != float("inf")
+        if cuda:
+            measurement["peak_allocated"] = int(torch.cuda.max_memory_allocated())
+            measurement["peak_reserved"] = int(torch.cuda.max_memory_reserved())
+            measurement["device_used"] = max(used_samples) if used_samples else None
+            measurement["device_used_source"] = source if used_samples else measurement.get("device_used_source")
+            if setup.optimizer.value == "paged-adamw-8bit":
+                measurement.setdefault("notes", []).append(
+                    "paged optimizer states live in CUDA managed memory: in device_used, not in peak_allocated")
+        from reportgen.estimate.memory import effective_attention
+
+        attn, _ = effective_attention(spec, setup)
+        device_key = environment.get("gpu_catalog_key") if cuda else None
+        measurement["mfu"], measurement["mfu_basis"] = _mfu(spec, setup, attn, tokens_per_s, device_key)
+        status, error = "ok", None
+    except BaseException as exc:  # noqa: BLE001 - every failure is a result
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        measurement["failed_in"] = phase.name
+        if cuda_started:
+            # how far it got: the allocator's peak up to the failure (since the warm-up's reset when
+            # it failed in a timed step); not the case's peak, which the run never reached
+            try:
+                measurement["peak_allocated_at_failure"] = int(torch.cuda.max_memory_allocated())
+            except Exception:  # noqa: BLE001 - a broken CUDA context cannot answer
+                pass
+        if isinstance(exc, SetupNotSupported):
+            status, error = "error", str(exc)
+        elif is_oom(exc):
+            status, error = "oom", tail(str(exc))
+        else:
+            status, error = "error", tail("".join(traceback.format_exception(exc)))
+    finally:
+        if snapshot_on:
+            measurement["snapshot"] = _dump_snapshot(request.snapshot)
+    return answer(request, status, measurement=measurement, error=error, environment=environment, cap=cap)
+
+
+def _dump_snapshot(path: str) -> str | None:
+    """Write the allocator's history (``torch.cuda.memory._dump_snapshot``; open the pickle at
+    https://pytorch.org/memory_viz) and stop recording."""
+    import torch
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.cuda.memory._dump_snapshot(path)
+        return path
+    except Exception:  # noqa: BLE001 - a failed snapshot must not turn a measurement into an error
+        return None
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)

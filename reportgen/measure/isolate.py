@@ -1,0 +1,90 @@
+"""Run one measurement in its own subprocess, with a time limit.
+
+Each case gets a fresh Python process (``python -m reportgen.measure.worker``) so no CUDA state,
+allocator cache or fragmentation carries over between cases, a crash (segfault, SIGKILL, a CUDA
+error that poisons the context) ends only that case, and the caller never imports torch. The
+worker runs in its own process group (``start_new_session``); on timeout the whole group is
+killed (SIGKILL), so data-loader or compile helpers die with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import reportgen
+from reportgen.measure.environment import light_environment
+from reportgen.measure.protocol import FINAL_STATUSES, MeasureRequest, answer, empty_measurement, tail
+
+#: environment of the worker: never reach the network (random weights need no hub), less noise
+WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WORKER_ENV)
+    root = str(Path(reportgen.__file__).resolve().parents[1])  # the same reportgen, installed or not
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_case(request: MeasureRequest, timeout_s: float) -> dict:
+    """The worker's answer (see ``protocol.py``) plus ``wall_s``; never raises for a failed case."""
+    with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
+        req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "worker.log"
+        req_path.write_text(request.to_json())
+        t0 = time.perf_counter()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "reportgen.measure.worker", str(req_path), str(ans_path)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=_worker_env(), start_new_session=True)
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)
+                raise
+        wall = time.perf_counter() - t0
+        result = _read(ans_path)
+        log_tail = tail(log_path.read_text(errors="replace"), 2000)
+    if result is not None and result.get("status") in FINAL_STATUSES:  # finished, even if just at the limit
+        result["wall_s"] = wall
+        return result
+    environment = (result or {}).get("environment") or light_environment()
+    if timed_out:
+        out = answer(request, "timeout", measurement=empty_measurement(), environment=environment,
+                     error=f"no result within {timeout_s:g} s: the worker was killed" +
+                           (f"\n--- worker output ---\n{log_tail}" if log_tail else ""))
+    else:
+        rc = proc.returncode
+        how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+        out = answer(request, "error", measurement=empty_measurement(), environment=environment,
+                     error=f"the measuring worker {how} before it reported" +
+                           (f"\n--- worker output ---\n{log_tail}" if log_tail else ""))
+    out["wall_s"] = wall
+    return out

@@ -1,0 +1,195 @@
+"""Measure a sweep's cases, one subprocess each, into the sweep's result files.
+
+``reportgen sweep FILE --measure [--shard I/N] [--force]`` first writes the estimates
+(``reportgen.runner``), then calls ``measure_sweep``. For each case it runs the worker
+(``isolate.run_case``, timeout ``measure.timeout_s``) and stores the answer under the key
+``measurement`` of ``results/<sweep>/<case-id>.json``, written atomically as soon as the case ends;
+the estimate in the same file is left untouched.
+
+The ``measurement`` block is the answer of ``reportgen measure --format json`` without ``case``
+(the file has it) plus the settings it was measured with::
+
+    {"status": "ok" | "oom" | "error" | "timeout",
+     "measurement": {"peak_allocated", "peak_reserved", "device_used", "memory_after_load",
+                     "step_s", "step_s_min", "step_s_max", "step_times_s", "tokens_per_s", "mfu", ...},
+     "error": str | null, "environment": {...}, "cap": null | {...},
+     "settings": {"device", "warmup", "steps", "timeout_s", "cap_to_gpu"},
+     "measured_at": "2026-11-21T17:00:00+00:00", "wall_s": 41.2}
+
+Rules:
+
+* resume: a case whose stored block has status ``ok`` or ``oom`` (an OOM is a result: the case does
+  not fit) with the same settings is skipped, so an interrupted sweep continues where it stopped;
+  ``error`` and ``timeout`` are retried; ``force`` remeasures everything.
+* ``shard="I/N"``: only cases whose index in the sweep (cases sorted by id) is ``I`` modulo ``N``;
+  several machines can split a sweep, and since each case is its own file, merging their results is
+  copying the files together.
+* hopeless cases: a case whose estimated peak is over twice the memory of its ``gpu`` card is not
+  run (no measurement is written, the summary lists it). Cases the estimate merely says will not
+  fit are measured, to confirm the OOM. The case's ``gpu`` is the card measured, or emulated with
+  ``cap_to_gpu``.
+* ``REPORTGEN_MEASURE_DEVICE=cpu`` measures on the CPU (tests; memory figures are then null).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reportgen import catalog
+from reportgen.errors import UserError
+from reportgen.measure.isolate import run_case
+from reportgen.measure.protocol import MeasureRequest
+from reportgen.results import read_result, result_path, write_json_atomic
+from reportgen.sweep import Case, Sweep
+
+DEVICE_ENV = "REPORTGEN_MEASURE_DEVICE"
+#: estimated peak over this many times the card's memory: not worth a run
+HOPELESS_FACTOR = 2.0
+#: stored statuses that count as measured (a rerun skips them)
+DONE_STATUSES = ("ok", "oom")
+
+
+@dataclass
+class MeasureStats:
+    measured: int = 0
+    skipped: int = 0
+    hopeless: list[str] = field(default_factory=list)
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+def parse_shard(shard: str | None) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in str(shard).split("/"))
+    except ValueError:
+        raise UserError(f"--shard {shard!r}: expected I/N, e.g. 0/3") from None
+    if n < 1 or not 0 <= i < n:
+        raise UserError(f"--shard {shard!r}: needs N >= 1 and 0 <= I < N")
+    return i, n
+
+
+def settings_for(sweep: Sweep, device: str) -> dict:
+    mc = sweep.spec.measure
+    return {"device": device, "warmup": mc.warmup, "steps": mc.steps, "timeout_s": mc.timeout_s,
+            "cap_to_gpu": mc.cap_to_gpu}
+
+
+def _same_settings(old: dict, new: dict) -> bool:
+    keys = ("device", "warmup", "steps", "cap_to_gpu")
+    return all(old.get(k) == new.get(k) for k in keys)
+
+
+def _load_or_create(sweep: Sweep, case: Case, path: Path) -> dict:
+    if path.exists():
+        try:
+            return read_result(path)
+        except (ValueError, OSError):
+            pass
+    from reportgen.runner import estimate_case, inputs_hash, new_result
+
+    result = new_result(sweep, case, inputs_hash(case, sweep.spec.train_tokens))
+    try:
+        result["estimate"] = estimate_case(case, sweep.spec.train_tokens)
+        result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the estimate's failure is recorded, the measurement goes on
+        result["status"], result["error"] = "error", str(exc)
+    return result
+
+
+def hopeless(case: Case, result: dict) -> str | None:
+    """Why the case is not worth running, or None."""
+    try:
+        peak = result["estimate"]["memory"]["peak_allocated"]
+    except (KeyError, TypeError):
+        return None
+    card = catalog.load_gpu(case.gpu).memory_bytes
+    if peak > HOPELESS_FACTOR * card:
+        return (f"estimated peak {peak / 2**30:.1f} GiB is over {HOPELESS_FACTOR:g}x the "
+                f"{card / 2**30:.1f} GiB of {case.gpu}")
+    return None
+
+
+def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, force: bool = False,
+                  console=None) -> MeasureStats:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(stderr=True)
+    index, count = parse_shard(shard)
+    device = os.environ.get(DEVICE_ENV, "cuda")
+    if device == "cuda":
+        from reportgen.measure.nvml import nvidia_gpus_present
+
+        present, why = nvidia_gpus_present()
+        if present is False:
+            raise UserError(f"--measure: this machine has no usable NVIDIA GPU ({why})",
+                            hint=f"measure on a GPU machine, or set {DEVICE_ENV}=cpu for a CPU run (timings only)")
+    settings = settings_for(sweep, device)
+    mine = [case for i, case in enumerate(sweep.cases) if i % count == index]
+    stats = MeasureStats()
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[case]}"), console=console,
+                  transient=not console.is_terminal) as bar:
+        task = bar.add_task(f"measuring {sweep.name}" + (f" shard {index}/{count}" if count > 1 else ""),
+                            total=len(mine), case="")
+        for case in mine:
+            bar.update(task, case=f"{case.model} {case.setup.short()}")
+            path = result_path(results_dir, sweep.name, case.id)
+            result = _load_or_create(sweep, case, path)
+            old = result.get("measurement") or {}
+            if (not force and old.get("status") in DONE_STATUSES
+                    and _same_settings(old.get("settings") or {}, settings)):
+                stats.skipped += 1
+                bar.advance(task)
+                continue
+            why = hopeless(case, result)
+            if why:
+                stats.hopeless.append(case.id)
+                console.print(f"  skip {case.id}: {why}", highlight=False)
+                bar.advance(task)
+                continue
+            block = measure_case(case, settings, sweep.spec.measure.timeout_s)
+            result = _load_or_create(sweep, case, path)  # re-read: keep whatever the file holds now
+            result["measurement"] = block
+            write_json_atomic(path, result)
+            stats.measured += 1
+            stats.by_status[block["status"]] = stats.by_status.get(block["status"], 0) + 1
+            console.print(f"  {block['status']:>7}  {case.id}  {_summary(block)}", highlight=False)
+            bar.advance(task)
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(stats.by_status.items())) or "none run"
+    console.print(f"{sweep.name}: measured {stats.measured} ({counts}), {stats.skipped} already measured, "
+                  f"{len(stats.hopeless)} hopeless, in {time.perf_counter() - t0:.0f} s -> {results_dir / sweep.name}")
+    return stats
+
+
+def measure_case(case: Case, settings: dict, timeout_s: float) -> dict:
+    """One case in a worker subprocess -> the ``measurement`` block of its result file."""
+    request = MeasureRequest(model=case.model, gpu=case.gpu, setup=case.setup.model_dump(mode="json"),
+                             device=settings["device"], warmup=settings["warmup"], steps=settings["steps"],
+                             cap_to_gpu=settings["cap_to_gpu"] and settings["device"] == "cuda")
+    answer = run_case(request, timeout_s)
+    answer.pop("case", None)
+    answer["settings"] = dict(settings)
+    answer["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return answer
+
+
+def _summary(block: dict) -> str:
+    m = block.get("measurement") or {}
+    if block["status"] != "ok":
+        first = (block.get("error") or "").strip().splitlines()
+        return first[0][:160] if first else ""
+    parts = []
+    if m.get("peak_allocated") is not None:
+        parts.append(f"peak {m['peak_allocated'] / 2**30:.2f} GiB")
+    if m.get("step_s") is not None:
+        parts.append(f"step {m['step_s']:.3f} s")
+    if m.get("tokens_per_s") is not None:
+        parts.append(f"{m['tokens_per_s']:,.0f} tok/s")
+    return ", ".join(parts)

@@ -1,0 +1,68 @@
+"""Terminal summary of one measurement, next to the estimate of the same case."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from reportgen.views.format import gib, pct, rate, seconds
+
+STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red"}
+
+
+def print_measurement(result: dict, est=None, console: Console | None = None) -> None:
+    console = console or Console()
+    case, m, env = result["case"], result.get("measurement") or {}, result.get("environment") or {}
+    status = result["status"]
+    from reportgen.setup import TrainingSetup
+
+    label = TrainingSetup.model_validate(case["setup"]).short()
+    console.print(f"[bold]{case['model']}[/] on [bold]{env.get('gpu_name') or env.get('device') or '?'}[/] "
+                  f"(case for {case['gpu']}): {label}", highlight=False)
+    console.print(f"status: [{STATUS_STYLE.get(status, 'red')}]{status}[/]"
+                  + (f" (in {m['failed_in']})" if m.get("failed_in") else ""), highlight=False)
+    table = Table(show_header=True)
+    table.add_column("quantity")
+    table.add_column("measured", justify="right")
+    table.add_column(f"estimated ({case['gpu']})", justify="right")
+    em = est.memory if est is not None else None
+    et = est.time if est is not None else None
+    table.add_row("memory after load (GiB)", gib(m.get("memory_after_load")), "-")
+    table.add_row("peak allocated (GiB)", gib(m.get("peak_allocated")), gib(em.peak_allocated) if em else "-")
+    table.add_row("peak reserved (GiB)", gib(m.get("peak_reserved")), gib(em.peak_reserved) if em else "-")
+    table.add_row("device used, nvidia-smi (GiB)", gib(m.get("device_used")), gib(em.device_total) if em else "-")
+    spread = ""
+    if m.get("step_s_min") is not None:
+        spread = f" ({seconds(m['step_s_min'])} to {seconds(m['step_s_max'])})"
+    table.add_row("step time, median" + (" (min to max)" if spread else ""), seconds(m.get("step_s")) + spread,
+                  seconds(et.step_s) if et else "-")
+    table.add_row("tokens/s", rate(m.get("tokens_per_s")), rate(et.tokens_per_s) if et else "-")
+    basis = m.get("mfu_basis") or {}
+    mfu_label = "MFU" + (f" (vs {basis['gpu']} {basis['dtype']} peak)" if basis.get("gpu") else "")
+    table.add_row(mfu_label, pct(m.get("mfu")), pct(et.mfu) if et else "-")
+    console.print(table)
+    if m.get("step_times_s"):
+        console.print("step times: " + ", ".join(seconds(t) for t in m["step_times_s"])
+                      + f" after {m.get('warmup')} warm-up steps", highlight=False)
+    if result.get("cap"):
+        cap = result["cap"]
+        if cap.get("applied"):
+            console.print(f"capped to {cap['emulated_gpu']}: allocator limit {gib(cap['limit_bytes'])} GiB of "
+                          f"{gib(cap['device_total_bytes'])} GiB (fraction {cap['fraction']:.4f})", highlight=False)
+        else:
+            console.print(f"cap to {cap['emulated_gpu']} not applied: {cap.get('note')}", highlight=False)
+    for note in m.get("notes") or []:
+        console.print(f"[dim]note:[/] {note}", highlight=False)
+    if m.get("snapshot"):
+        console.print(f"memory snapshot: {m['snapshot']} (open at https://pytorch.org/memory_viz)", highlight=False)
+    if result.get("error"):
+        console.print(f"[{STATUS_STYLE.get(status, 'red')}]{status}:[/] {result['error']}", highlight=False,
+                      markup=True)
+    versions = env.get("versions") or {}
+    parts = [f"{k} {v}" for k, v in versions.items() if v]
+    console.print("[dim]" + "; ".join(filter(None, [
+        f"driver {env['driver_version']}" if env.get("driver_version") else None,
+        f"CUDA {env['cuda_version']}" if env.get("cuda_version") else None,
+        f"python {env.get('python')}", *parts,
+        f"reportgen {env.get('reportgen')} @ {(env.get('git_commit') or 'unknown')[:10]}",
+        env.get("hostname"), env.get("utc")])) + "[/]", highlight=False)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Download into .whl/ the wheels the GPU machine lacks, for scripts/validate_on_gpu.sh.
+#
+# The GPU machine (device kinds nvidia-h100-x1 / nvidia-h200: Python 3.12, x86-64, no internet) has
+# torch, transformers, peft, accelerate, nvidia-ml-py, pyyaml, rich, jinja2 and matplotlib
+# (/work/.library/device/KINDS.md, "Python packages already there"), but not:
+#   bitsandbytes  QLoRA 4-bit layers and the 8-bit optimizers (its wheel carries the CUDA 11.8-13.2 kernels)
+#   torchao       CPUOffloadOptimizer for offload=optimizer (0.18 loads its C++ parts only on torch >= 2.11)
+#   pydantic (+ pydantic-core, annotated-types, typing-inspection, typing-extensions): reportgen imports it
+# Run here (with internet), from the repo root:  scripts/gpu_wheels.sh
+# .whl/ is gitignored; the device tool carries it with  carry: [".whl"]  (about 50 MB of the 64 MiB a call).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=(
+  bitsandbytes==0.50.2
+  torchao==0.18.0
+  pydantic==2.13.4
+  pydantic-core==2.46.4
+  annotated-types==0.7.0
+  typing-inspection==0.4.2
+  typing-extensions==4.15.0
+)
+
+rm -rf .whl && mkdir -p .whl
+# manylinux_2_24 is needed too: bitsandbytes' wheel is tagged manylinux_2_24_x86_64 only
+python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  -d .whl "${WHEELS[@]}"
+
+# one wheel per distribution: two versions of one stop the whole install there
+count=$(ls .whl/*.whl | wc -l)
+if [ "$count" -ne "${#WHEELS[@]}" ]; then
+  echo "expected ${#WHEELS[@]} wheels in .whl/, found $count:" >&2; ls .whl >&2; exit 1
+fi
+du -sh .whl
+ls -1 .whl

@@ -1,0 +1,137 @@
+"""`reportgen measure` end to end on CPU: the JSON contract, the recipes on a tiny Llama, and every
+failure path (error, timeout, crash) answered by the parent, which never imports torch."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from reportgen.cli import main
+from reportgen.measure.protocol import MEASUREMENT_KEYS
+from tests.torch_saved import TINY
+
+ENV_KEYS = {"device", "gpu_name", "gpu_total_bytes", "driver_version", "cuda_version", "versions", "python",
+            "reportgen", "git_commit", "hostname", "utc"}
+FAST = ["--gpu", "h100-sxm", "--device", "cpu", "--batch", "2", "--seq", "32", "--warmup", "1", "--steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "tiny-llama.json"
+    path.write_text(json.dumps(TINY["llama"]))
+    return str(path)
+
+
+def measure_json(capsys, *args) -> tuple[int, dict]:
+    rc = main(["measure", *args, "--format", "json"])
+    return rc, json.loads(capsys.readouterr().out)  # exactly one object: json.loads fails on trailing data
+
+
+def check_ok_on_cpu(d: dict) -> dict:
+    assert d["status"] == "ok", d["error"]
+    assert d["error"] is None and d["cap"] is None
+    m = d["measurement"]
+    assert set(MEASUREMENT_KEYS) <= set(m)
+    for key in ("step_s", "step_s_min", "step_s_max", "tokens_per_s"):
+        assert isinstance(m[key], float) and m[key] > 0, key
+    assert m["step_s_min"] <= m["step_s"] <= m["step_s_max"]
+    assert len(m["step_times_s"]) == 2 and all(t > 0 for t in m["step_times_s"])
+    # the CPU cannot say how much GPU memory a run needs: null, never a guess; no catalog CPU peak: no MFU
+    for key in ("peak_allocated", "peak_reserved", "device_used", "memory_after_load", "mfu"):
+        assert m[key] is None, key
+    assert m["loss_finite"] is True
+    env = d["environment"]
+    assert ENV_KEYS <= set(env) and env["device"] == "cpu" and env["source"] == "worker"
+    assert {"torch", "transformers", "peft", "bitsandbytes", "accelerate", "torchao"} <= set(env["versions"])
+    assert env["versions"]["torch"]
+    return m
+
+
+def test_full_json_contract_and_parent_never_imports_torch(tiny):
+    """Run the CLI in a fresh interpreter: the measurement happens in the worker, the CLI process
+    ends without torch (so without any CUDA state) in sys.modules."""
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from reportgen.cli import main
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(["measure", "--model", {tiny!r}, *{FAST!r}, "--format", "json"])
+        print(json.dumps({{"rc": rc, "answer": json.loads(buf.getvalue()), "torch": "torch" in sys.modules}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["torch"] is False
+    assert out["rc"] == 0
+    d = out["answer"]
+    m = check_ok_on_cpu(d)
+    assert d["case"]["setup"]["method"] == "full" and d["case"]["gpu"] == "h100-sxm"
+    assert m["storage_dtype"] == "fp32" and m["compute_dtype"] == "bf16"  # bf16-mixed: fp32 master weights
+    from reportgen import catalog
+
+    assert m["params_trainable"] == catalog.load_model(tiny).total_params
+
+
+def test_lora(capsys, tiny):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "lora", "--lora-targets", "qv",
+                         "--lora-rank", "4", "--grad-ckpt")
+    assert rc == 0
+    m = check_ok_on_cpu(d)
+    from reportgen import catalog
+    from reportgen.estimate.params import lora_params
+    from reportgen.setup import TrainingSetup
+
+    setup = TrainingSetup(method="lora", lora_targets="qv", lora_rank=4)
+    assert m["params_trainable"] == lora_params(catalog.load_model(tiny), setup)
+    assert (m["storage_dtype"], m["adapter_dtype"]) == ("bf16", "fp32")
+
+
+def test_qlora(capsys, tiny):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "qlora", "--double-quant", "--precision", "bf16")
+    if d["status"] == "error" and "bitsandbytes" in (d["error"] or "") and "NotImplemented" in (d["error"] or ""):
+        pytest.skip("bitsandbytes' CPU backend cannot train 4-bit layers here: " + d["error"].splitlines()[-1])
+    assert rc == 0
+    m = check_ok_on_cpu(d)
+    assert (m["storage_dtype"], m["adapter_dtype"]) == ("bf16", "bf16")  # pure bf16: adapters too
+
+
+def test_unbuildable_config_is_an_error_with_the_traceback(capsys, tmp_path):
+    cfg = dict(TINY["llama"], hidden_act="no-such-activation")  # fine for the estimator, not for transformers
+    path = tmp_path / "bad-llama.json"
+    path.write_text(json.dumps(cfg))
+    rc, d = measure_json(capsys, "--model", str(path), *FAST)
+    assert rc == 1
+    assert d["status"] == "error"
+    assert d["measurement"]["failed_in"] == "build"
+    assert "Traceback" in d["error"] and "no-such-activation" in d["error"]
+    assert ENV_KEYS <= set(d["environment"])
+
+
+def test_timeout(capsys, tiny):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST[:-2], "--steps", "1000000", "--timeout", "2")
+    assert rc == 1
+    assert d["status"] == "timeout"
+    assert "2 s" in d["error"]
+    assert d["measurement"]["step_s"] is None
+    assert ENV_KEYS <= set(d["environment"])  # from the worker's interim answer, or the parent's own
+
+
+def test_a_crashing_worker_does_not_take_the_parent_down(capsys, monkeypatch, tiny):
+    monkeypatch.setenv("REPORTGEN_FAULT", "crash")  # test-only: the worker SIGKILLs itself
+    rc, d = measure_json(capsys, "--model", tiny, *FAST)
+    assert rc == 1
+    assert d["status"] == "error"
+    assert "SIGKILL" in d["error"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--snapshot", "snaps"], "--snapshot"),
+    (["--cap-to-gpu"], "--cap-to-gpu"),
+    (["--steps", "0"], "--steps"),
+    (["--gpus", "2"], "sharding"),
+])
+def test_bad_flags_exit_2_without_measuring(capsys, tiny, args, needle):
+    assert main(["measure", "--model", tiny, "--gpu", "t4", "--device", "cpu", *args]) == 2
+    assert needle in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""`reportgen measure` on a real NVIDIA GPU (skipped without CUDA): the memory figures exist and
+are ordered as PyTorch and the driver define them, the cap, the snapshot and a real OOM."""
+
+import json
+import os
+
+import pytest
+
+from reportgen.cli import main
+from tests.torch_saved import TINY
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU with CUDA")]
+FAST = ["--gpu", "h100-sxm", "--batch", "2", "--seq", "128", "--warmup", "1", "--steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "tiny-llama.json"
+    path.write_text(json.dumps(TINY["llama"]))
+    return str(path)
+
+
+def measure_json(capsys, *args):
+    rc = main(["measure", *args, "--format", "json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_memory_figures_on_cuda(capsys, tiny, method):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", method)
+    assert rc == 0, d["error"]
+    m, env = d["measurement"], d["environment"]
+    for key in ("peak_allocated", "peak_reserved", "memory_after_load"):
+        assert isinstance(m[key], int) and m[key] > 0, key
+    assert m["peak_reserved"] >= m["peak_allocated"] >= m["memory_after_load"]
+    if m["device_used_source"] == "nvml-process":
+        assert m["device_used"] > m["peak_reserved"]  # the driver also counts the CUDA context
+    assert env["gpu_name"] and env["gpu_total_bytes"] > 0 and env["cuda_version"]
+    assert env["driver_version"]
+    if env["gpu_catalog_key"]:
+        assert 0 < m["mfu"] < 1 and m["mfu_basis"]["gpu"] == env["gpu_catalog_key"]
+    else:
+        assert m["mfu"] is None
+
+
+def test_cap_emulates_a_smaller_card(capsys, tiny):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--gpu", "t4", "--cap-to-gpu")
+    assert rc == 0, d["error"]
+    cap = d["cap"]
+    assert cap["emulated_gpu"] == "t4" and cap["applied"] is True
+    assert 0 < cap["fraction"] < 1
+    assert cap["limit_bytes"] == pytest.approx(cap["fraction"] * cap["device_total_bytes"], rel=1e-9)
+    assert cap["limit_bytes"] < 16 * 2**30
+
+
+def test_snapshot(capsys, tiny, tmp_path):
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--snapshot", str(tmp_path))
+    assert rc == 0, d["error"]
+    path = d["measurement"]["snapshot"]
+    assert path and os.path.getsize(path) > 0 and path.endswith(".pickle")
+
+
+def test_real_oom_under_a_cap(capsys, tiny):
+    """Eager attention over 16k tokens materialises batch x heads x seq^2 scores: far beyond 16 GiB."""
+    rc, d = measure_json(capsys, "--model", tiny, "--gpu", "t4", "--cap-to-gpu", "--attn", "eager",
+                         "--batch", "8", "--seq", "16384", "--warmup", "1", "--steps", "1")
+    assert rc == 1
+    assert d["status"] == "oom"
+    assert "out of memory" in d["error"].lower()

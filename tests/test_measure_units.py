@@ -1,0 +1,125 @@
+"""Pieces of the measuring side that need no subprocess: the device-to-catalog rule for MFU, the
+shard and hopeless-case rules, the refusals, the OOM path (injected), the terminal view."""
+
+import pytest
+
+from reportgen.errors import UserError
+from reportgen.measure.environment import catalog_gpu_for, light_environment
+from reportgen.measure.protocol import MEASUREMENT_KEYS, MeasureRequest, answer, empty_measurement
+from reportgen.measure.runner import hopeless, parse_shard
+from reportgen.setup import TrainingSetup
+from reportgen.sweep import Case
+from tests.torch_saved import TINY
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("name,total_gib,key", [
+    ("NVIDIA H100 80GB HBM3", 79.6, "h100-sxm"),
+    ("NVIDIA H100 PCIe", 79.6, "h100-pcie"),
+    ("NVIDIA H100 NVL", 93.0, None),
+    ("NVIDIA H200", 140.0, "h200"),
+    ("NVIDIA A100-SXM4-80GB", 79.2, "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "a100-40gb"),
+    ("NVIDIA A100 80GB PCIe", 79.2, "a100-80gb"),
+    ("Tesla T4", 14.6, "t4"),
+    ("NVIDIA L4", 22.0, "l4"),
+    ("NVIDIA A10G", 22.0, "a10g"),
+    ("NVIDIA GeForce RTX 4090", 23.6, "rtx-4090"),
+    ("NVIDIA GeForce RTX 3090 Ti", 23.6, None),
+    ("NVIDIA GeForce RTX 3060", 11.8, "rtx-3060"),
+    ("NVIDIA B200", 180.0, None),
+    (None, None, None),
+])
+def test_device_names_map_to_catalog_cards(name, total_gib, key):
+    assert catalog_gpu_for(name, None if total_gib is None else int(total_gib * GIB)) == key
+
+
+def test_light_environment_needs_no_torch():
+    env = light_environment()
+    assert env["source"] == "parent" and env["gpu_name"] is None
+    assert env["utc"].endswith("+00:00")
+    assert "torch" in env["versions"]
+
+
+@pytest.mark.parametrize("text,expected", [(None, (0, 1)), ("0/3", (0, 3)), ("2/3", (2, 3))])
+def test_parse_shard(text, expected):
+    assert parse_shard(text) == expected
+
+
+@pytest.mark.parametrize("text", ["3/3", "1", "a/b", "-1/2", "0/0"])
+def test_parse_shard_rejects(text):
+    with pytest.raises(UserError):
+        parse_shard(text)
+
+
+def test_hopeless_only_beyond_twice_the_card():
+    case = Case(model="llama-3.1-8b", gpu="rtx-4090", setup=TrainingSetup())
+    card = 24 * GIB
+    assert hopeless(case, {"estimate": {"memory": {"peak_allocated": int(1.9 * card)}}}) is None
+    assert "2x" in hopeless(case, {"estimate": {"memory": {"peak_allocated": int(2.1 * card)}}})
+    assert hopeless(case, {"estimate": None}) is None  # no estimate: measure it
+
+
+def test_unsupported_setups_are_refused_with_a_reason():
+    from reportgen.measure.harness import check_supported
+    from reportgen.measure.optimizers import SetupNotSupported
+
+    with pytest.raises(SetupNotSupported, match="needs 2 GPUs"):
+        check_supported(TrainingSetup(gpus=2, sharding="ddp"), "cpu")
+    with pytest.raises(SetupNotSupported, match="offload=params"):
+        check_supported(TrainingSetup(offload="params"), "cpu")
+
+
+def test_answer_shape():
+    req = MeasureRequest(model="llama-3.2-1b", gpu="t4", setup=TrainingSetup().model_dump(mode="json"))
+    a = answer(req, "ok", measurement=empty_measurement())
+    assert set(a) == {"status", "measurement", "error", "environment", "cap", "case"}
+    assert set(a["measurement"]) == set(MEASUREMENT_KEYS)
+    assert a["case"]["model"] == "llama-3.2-1b"
+
+
+def test_injected_oom_is_an_oom_result(monkeypatch, tmp_path):
+    """The harness in this process (no subprocess): torch.OutOfMemoryError in a step -> status oom
+    with torch's message, and the figures it could not measure stay null."""
+    import json
+
+    from reportgen.measure import harness
+
+    path = tmp_path / "tiny-llama.json"
+    path.write_text(json.dumps(TINY["llama"]))
+    monkeypatch.setenv(harness.FAULT_ENV, "oom")
+    setup = TrainingSetup(method="lora", batch=1, seq=16).model_dump(mode="json")
+    req = MeasureRequest(model=str(path), gpu="rtx-4090", setup=setup, device="cpu", warmup=1, steps=1)
+    out = harness.run(req, environment={"device": "cpu"})
+    assert out["status"] == "oom"
+    assert "Tried to allocate" in out["error"]
+    m = out["measurement"]
+    assert m["failed_in"] == "warmup" and m["fault_injected"] == "oom"
+    assert m["step_s"] is None and m["peak_allocated"] is None
+
+
+def test_oom_classification():
+    import torch
+
+    from reportgen.measure.harness import is_oom
+
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+    assert not is_oom(ValueError("out of memory"))
+
+
+def test_table_view_of_a_failed_measurement():
+    from rich.console import Console
+
+    from reportgen.measure.view import print_measurement
+
+    req = MeasureRequest(model="llama-3.2-1b", gpu="rtx-4090", setup=TrainingSetup().model_dump(mode="json"))
+    result = answer(req, "oom", measurement=dict(empty_measurement(), failed_in="timed"),
+                    error="CUDA out of memory. Tried to allocate 3.91 GiB", environment=light_environment())
+    console = Console(record=True, width=160)
+    print_measurement(result, None, console=console)
+    text = console.export_text()
+    assert "status: oom (in timed)" in text and "Tried to allocate" in text
+    assert "peak allocated" in text and "estimated (rtx-4090)" in text
