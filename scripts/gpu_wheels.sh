@@ -6,6 +6,7 @@
 # (/work/.library/device/KINDS.md, "Python packages already there"), but not:
 #   bitsandbytes  QLoRA 4-bit layers and the 8-bit optimizers (its wheel carries the CUDA 11.8-13.2 kernels)
 #   torchao       CPUOffloadOptimizer for offload=optimizer (0.18 loads its C++ parts only on torch >= 2.11)
+#   liger-kernel  loss=fused (chunked linear + cross-entropy; pure Python on the image's Triton)
 #   pydantic (+ pydantic-core, annotated-types, typing-inspection, typing-extensions): reportgen imports it
 # Run here (with internet), from the repo root:  scripts/gpu_wheels.sh
 # .whl/ is gitignored; the device tool carries it with  carry: [".whl"]  (about 50 MB of the 64 MiB a call).
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 WHEELS=(
   bitsandbytes==0.50.2
   torchao==0.18.0
+  liger-kernel==0.8.5
   pydantic==2.13.4
   pydantic-core==2.46.4
   annotated-types==0.7.0

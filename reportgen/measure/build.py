@@ -108,6 +108,8 @@ def build(spec: ModelSpec, setup: TrainingSetup, device: str) -> Built:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if setup.loss.value == "fused":
+        _fuse_cross_entropy(model, notes)
     adapter = adapter_dtype(setup)
     if setup.is_peft:
         model = _add_lora(model, spec, setup, _torch_dtype(adapter))
@@ -116,6 +118,17 @@ def build(spec: ModelSpec, setup: TrainingSetup, device: str) -> Built:
     model.train()
     return Built(model=model, attn_implementation=attn.value, storage_dtype=store, compute_dtype=compute,
                  adapter_dtype=adapter, notes=notes)
+
+
+def _fuse_cross_entropy(model, notes: list[str]) -> None:
+    """loss=fused: Liger-Kernel's chunked linear + cross-entropy replaces ``lm_head`` + the fp32
+    loss; every other module stays as transformers wrote it, so the pair with loss=standard
+    isolates the loss (``liger_kernel.transformers._apply_liger_kernel_to_instance``)."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False,
+                                    rope=False, rms_norm=False, swiglu=False, geglu=False, layer_norm=False)
+    notes.append("loss: Liger-Kernel fused linear cross-entropy")
 
 
 def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
