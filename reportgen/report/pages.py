@@ -1,0 +1,466 @@
+"""The site's data pages as providers (``provider(site) -> list[Page]``, see ``page.py``):
+home, one page per catalog GPU, one per catalog model, validation, and the CSV downloads.
+
+Providers only read result dicts (through ``views.row``) and catalog facts; charts are drawn here
+(SVG text in ``Page.files``), tables are view models for the templates.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+from pathlib import Path
+
+from reportgen import catalog
+from reportgen.report import charts
+from reportgen.report.page import Page, SiteData
+from reportgen.report.views import (MEMORY_QUANTITIES, PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
+                                    TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
+                                    error_stats, gib_value, gpu_label, gpu_order, group, measurement_of, model_order,
+                                    reproduce, row, site_rows, sort_key)
+from reportgen.views.format import GIB, TERM_LABELS
+
+PUBLISHED_COMMAND = "reportgen compare-published"
+
+
+def rel(page: str, target: str) -> str:
+    """Link from the page at ``page`` to ``target`` (both relative to docs/)."""
+    return posixpath.relpath(target, posixpath.dirname(page) or ".")
+
+
+def _models(rows: list[dict]) -> list[str]:
+    return sorted({r["model"] for r in rows}, key=model_order)
+
+
+def _gpus(rows: list[dict]) -> list[str]:
+    return sorted({r["gpu"] for r in rows}, key=gpu_order)
+
+
+def _catalog_model(name: str):
+    try:
+        return catalog.load_model(name)
+    except Exception:
+        return None
+
+
+# ----- CSV ---------------------------------------------------------------------------------------
+CSV_COLUMNS = (
+    "case_id", "sweep", "model", "gpu", "technique", "setup", "gpus", "batch", "seq_tokens", "status", "fits",
+    "est_peak_allocated_gib", "est_peak_reserved_gib", "est_device_total_gib", "est_max_batch", "est_max_seq_tokens",
+    "est_tokens_per_s", "est_mfu", "est_hours_per_100m_tokens", "est_usd_per_100m_tokens",
+    "meas_peak_allocated_gib", "meas_peak_reserved_gib", "meas_device_total_gib", "meas_tokens_per_s",
+    "environment_id",
+)
+
+
+def _num(x, digits: int = 4):
+    if x is None:
+        return ""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}" if abs(x) >= 1e6 else f"{round(x, digits):g}" if digits else str(x)
+
+
+def csv_row(r: dict, terms: bool = False) -> dict:
+    m = r["measured"] or {}
+    out = {
+        "case_id": r["id"], "sweep": r["sweep"], "model": r["model"], "gpu": r["gpu"], "technique": r["technique"],
+        "setup": r["label"], "gpus": r["gpus"], "batch": r["batch"], "seq_tokens": r["seq"], "status": r["status"],
+        "fits": _num(r["fits"]),
+        "est_peak_allocated_gib": _num(gib_value(r["peak_allocated"])),
+        "est_peak_reserved_gib": _num(gib_value(r["peak_reserved"])),
+        "est_device_total_gib": _num(gib_value(r["device_total"])),
+        "est_max_batch": _num(r["max_batch"]), "est_max_seq_tokens": _num(r["max_seq"]),
+        "est_tokens_per_s": _num(r["tokens_per_s"], 6), "est_mfu": _num(r["mfu"], 4),
+        "est_hours_per_100m_tokens": _num(r["hours_per_100m"], 6),
+        "est_usd_per_100m_tokens": _num(r["dollars_per_100m"], 6),
+        "meas_peak_allocated_gib": _num(gib_value(m.get("peak_allocated"))),
+        "meas_peak_reserved_gib": _num(gib_value(m.get("peak_reserved"))),
+        "meas_device_total_gib": _num(gib_value(m.get("device_total"))),
+        "meas_tokens_per_s": _num(m.get("tokens_per_s"), 6),
+        "environment_id": r["env_id"] or "",
+    }
+    if terms:
+        for term in TERM_LABELS:
+            out[f"est_{term}_gib"] = _num(gib_value(r["terms"].get(term)))
+    return out
+
+
+def write_csv(rows: list[dict], terms: bool = False) -> str:
+    columns = list(CSV_COLUMNS) + ([f"est_{t}_gib" for t in TERM_LABELS] if terms else [])
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(csv_row(r, terms))
+    return buf.getvalue()
+
+
+# ----- home --------------------------------------------------------------------------------------
+def _cell(r: dict | None) -> dict | None:
+    if r is None:
+        return None
+    return {"technique": r["technique"], "label": r["label"], "color": r["color"], "tokens_per_s": r["tokens_per_s"],
+            "batch": r["batch"], "gpus": r["gpus"], "seq": r["seq"], "id": r["id"],
+            "hours_per_100m": r["hours_per_100m"], "dollars_per_100m": r["dollars_per_100m"],
+            "measured": (r["measured"] or {}).get("tokens_per_s"), "env_id": r["env_id"]}
+
+
+def home_pages(site: SiteData) -> list[Page]:
+    path = "index.md"
+    rows = site_rows(site)
+    models, gpus = _models(rows), _gpus(rows)
+    by_pair = group(rows, "model", "gpu")
+    best = {k: best_fit(v) for k, v in by_pair.items()}
+    seqs_used = sorted({b["seq"] for b in best.values() if b})
+    files: dict[str, str] = {}
+    chart = None
+    if models and gpus:
+        chart = "charts/home-fit-grid.svg"
+        seq_note = f"seq {PRIMARY_SEQ}" if seqs_used == [PRIMARY_SEQ] else "seq " + ", ".join(map(str, seqs_used))
+        files[chart] = charts.fit_grid(
+            models, [(g, gpu_label(g)) for g in gpus], {k: _cell(v) for k, v in best.items()},
+            title=f"Fastest setup that fits, estimated tokens/s ({seq_note}; ◆ = measured too)")
+    table = []
+    for m in models:
+        cells = []
+        for g in gpus:
+            key = (m, g)
+            cells.append({"gpu": g, "swept": key in by_pair, "best": _cell(best.get(key)),
+                          "link": rel(path, f"gpus/{g}.md") + f"#{anchor(m)}"})
+        table.append({"model": m, "link": rel(path, f"models/{anchor_file(m)}.md"), "cells": cells})
+    chosen = [b for b in best.values() if b]
+    chosen.sort(key=lambda r: (model_order(r["model"]), gpu_order(r["gpu"])))
+    files["data/home.csv"] = write_csv(chosen)
+    for name in sorted(site.results):  # every sweep as one CSV with all memory terms
+        files[f"data/sweeps/{name}.csv"] = write_csv(sorted((row(r) for r in site.results[name]), key=sort_key),
+                                                     terms=True)
+    context = {
+        "root": "",
+        "gpus": [{"key": g, "label": gpu_label(g), "link": rel(path, f"gpus/{g}.md")} for g in gpus],
+        "table": table,
+        "chart": chart,
+        "chart_alt": (f"Grid of {len(models)} models by {len(gpus)} GPUs: each cell names the estimated fastest "
+                      "setup that fits and its tokens per second, or says that nothing fits"),
+        "seqs": seqs_used,
+        "n_cases": len(rows),
+        "n_measured": sum(1 for r in rows if r["measured"]),
+        "sweeps": [{"name": n, "cases": len(site.results[n]), "csv": f"data/sweeps/{n}.csv"}
+                   for n in sorted(site.results)],
+        "unswept_gpus": [{"key": g, "label": gpu_label(g), "link": rel(path, f"gpus/{g}.md")}
+                         for g in catalog.gpu_names() if g not in gpus],
+        "unswept_models": [{"name": m, "link": rel(path, f"models/{m}.md")}
+                           for m in catalog.model_names() if m not in models],
+        "techniques": [{"name": t, "color": c} for t, c in TECHNIQUE_COLORS.items()],
+        "repro": reproduce(site, chosen, "data/home.csv"),
+    }
+    return [Page(path=path, template="home.md.j2", context=context, files=files)]
+
+
+def anchor_file(model: str) -> str:
+    """The model page's file name: the catalog name (config paths: their stem)."""
+    return Path(model).stem if model.endswith(".json") else model
+
+
+# ----- GPU pages ---------------------------------------------------------------------------------
+def _gpu_facts(key: str) -> dict:
+    g = catalog.load_gpu(key)
+    return {
+        "key": key, "name": g.name, "label": gpu_label(key), "architecture": g.architecture,
+        "compute_capability": g.compute_capability, "memory_gb": g.memory_gb, "memory_type": g.memory_type,
+        "memory_bytes": g.memory_bytes, "nvidia_smi_mib": g.nvidia_smi_total_mib,
+        "bandwidth_gbs": g.memory_bandwidth_gbs,
+        "peaks": [{"dtype": d, "tflops": g.peak_tflops.get(d), "derived": d in g.derived}
+                  for d in ("fp32", "tf32", "fp16", "bf16")],
+        "host_link": g.host_link, "host_link_gbs": g.host_link_gbs, "tdp_w": g.tdp_w,
+        "price": g.price_usd_per_hour, "price_source": g.price_source, "price_date": g.price_date,
+        "sources": list(g.sources), "notes": g.notes.strip(),
+    }
+
+
+def _chart_rows(rows: list[dict]) -> list[dict]:
+    """Per model and setup (label), the case with the smallest micro-batch: what a memory chart shows."""
+    out = []
+    for (model, label), rs in group(rows, "model", "label").items():
+        r = min(rs, key=lambda r: (r["batch"], r["id"]))
+        if r["status"] == "ok" and r["device_total"] is not None:
+            out.append({**r, "group": model, "label": label + (f", batch {r['batch']}" if r["batch"] > 1 else "")})
+    out.sort(key=lambda r: (model_order(r["model"]), TECHNIQUES.index(r["technique"]), r["gpus"], r["label"]))
+    return out
+
+
+def gpu_pages(site: SiteData) -> list[Page]:
+    all_rows = site_rows(site)
+    by_gpu = group(all_rows, "gpu")
+    pages = []
+    for key in catalog.gpu_names():
+        path = f"gpus/{key}.md"
+        rows = by_gpu.get(key, [])
+        facts = _gpu_facts(key)
+        files: dict[str, str] = {}
+        seqs = sorted({r["seq"] for r in rows})
+        charts_ctx = []
+        for seq in seqs:
+            at = [r for r in rows if r["seq"] == seq]
+            mem_rows = _chart_rows(at)
+            mem_path = f"charts/gpus/{key}-memory-s{seq}.svg"
+            files[mem_path] = charts.memory_breakdown(
+                mem_rows, facts["memory_bytes"], title=f"{facts['label']}: memory terms per setup, seq {seq:,} (est.)")
+            panels = [(m, rs) for m, rs in sorted(group(at, "model").items(), key=lambda kv: model_order(kv[0]))]
+            tp_path = f"charts/gpus/{key}-throughput-s{seq}.svg"
+            files[tp_path] = charts.throughput_by_batch(
+                panels, title=f"{facts['label']}: tokens/s against micro-batch, seq {seq:,} (est.; fitting cases only)")
+            charts_ctx.append({
+                "seq": seq,
+                "memory": rel(path, mem_path),
+                "memory_alt": (f"Stacked bars of the estimated memory terms of each model and setup on the "
+                               f"{facts['label']} at sequence length {seq}, micro-batch 1, with the peak allocated "
+                               f"and device total marked and the {facts['memory_bytes'] / GIB:.1f} GiB capacity "
+                               f"as a dashed line"),
+                "throughput": rel(path, tp_path),
+                "throughput_alt": (f"One small chart per model: estimated tokens per second on the {facts['label']} "
+                                   f"against micro-batch size at sequence length {seq}, one line per technique"),
+            })
+        models = []
+        for m, rs in sorted(group(rows, "model").items(), key=lambda kv: model_order(kv[0])):
+            best = best_fit(rs)
+            models.append({
+                "name": m, "anchor": anchor(m), "link": rel(path, f"models/{anchor_file(m)}.md"),
+                "best": _cell(best),
+                "seqs": [{"seq": s, "rows": [r for r in rs if r["seq"] == s]} for s in sorted({r["seq"] for r in rs})],
+            })
+        csv_path = f"data/gpus/{key}.csv"
+        if rows:
+            files[csv_path] = write_csv(rows)
+        context = {
+            "root": "../",
+            "gpu": facts,
+            "covered": bool(rows),
+            "sweeps": sorted({r["sweep"] for r in rows}),
+            "seqs": seqs,
+            "primary_seq": PRIMARY_SEQ if PRIMARY_SEQ in seqs else (seqs[0] if seqs else None),
+            "charts": charts_ctx,
+            "models": models,
+            "has_measured": any(r["measured"] for r in rows),
+            "guide": rel(path, f"guides/{key}.md"),
+            "validation": rel(path, "validation.md"),
+            "csv": rel(path, csv_path) if rows else None,
+            "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
+            "example_model": "llama-3.1-8b",
+        }
+        pages.append(Page(path=path, template="gpu.md.j2", context=context, files=files))
+    pages.append(_gpus_index(site, by_gpu))
+    return pages
+
+
+def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
+    path = "gpus/index.md"
+    items = []
+    for key in catalog.gpu_names():
+        rows = by_gpu.get(key, [])
+        items.append({**_gpu_facts(key), "link": rel(path, f"gpus/{key}.md"), "cases": len(rows),
+                      "sweeps": sorted({r["sweep"] for r in rows}),
+                      "fitting_models": len({r["model"] for r in rows if r["fits"]}),
+                      "models": len({r["model"] for r in rows})})
+    return Page(path=path, template="gpus_index.md.j2", context={"root": "../", "gpus": items})
+
+
+# ----- model pages -------------------------------------------------------------------------------
+def _capacities() -> list[tuple[int, str]]:
+    """GPU capacities, those within 3% of each other merged (the smallest counts), with the GPUs'
+    names."""
+    caps = sorted((catalog.load_gpu(k).memory_bytes, gpu_label(k)) for k in catalog.gpu_names())
+    merged: list[list] = []
+    for b, name in caps:
+        if merged and b <= merged[-1][0] * 1.03:
+            merged[-1][1].append(name)
+        else:
+            merged.append([b, [name]])
+    return [(b, ", ".join(names)) for b, names in merged]
+
+
+def model_pages(site: SiteData) -> list[Page]:
+    all_rows = site_rows(site)
+    by_model = group(all_rows, "model")
+    pages = []
+    for name in catalog.model_names():
+        path = f"models/{name}.md"
+        rows = by_model.get(name, [])
+        spec = catalog.load_model(name)
+        comps = spec.components()
+        facts = {
+            "name": name, "hf_repo": spec.hf_repo, "model_type": spec.model_type, "family": spec.family,
+            "total_params": spec.total_params, "active_params": spec.active_params, "layers": spec.num_layers,
+            "hidden": spec.hidden_size, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim, "intermediate": spec.intermediate_size, "vocab": spec.vocab_size,
+            "tied": spec.tie_word_embeddings, "experts": spec.num_experts, "experts_per_token": spec.experts_per_token,
+            "max_position": spec.max_position_embeddings, "sliding_window": spec.sliding_window,
+        }
+        components = [{"name": k, "params": v, "share": v / spec.total_params} for k, v in comps.items()]
+        files: dict[str, str] = {}
+        # memory against sequence length: per setup, batch 1 (smallest batch), highest over the GPUs
+        series_map: dict[tuple, dict] = {}
+        for r in rows:
+            if r["status"] != "ok" or r["device_total"] is None:
+                continue
+            key = (TECHNIQUES.index(r["technique"]), r["gpus"], r["family"])
+            se = series_map.setdefault(key, {"label": r["family"], "technique": r["technique"],
+                                             "multi_gpu": r["gpus"] > 1, "by_seq": {}})
+            se["by_seq"].setdefault(r["seq"], []).append(r)
+        series, table = [], []
+        seqs = sorted({r["seq"] for r in rows})
+        for key in sorted(series_map):
+            se = series_map[key]
+            points, measured, cells = [], [], {}
+            for seq, rs in sorted(se["by_seq"].items()):
+                b = min(r["batch"] for r in rs)
+                at = [r for r in rs if r["batch"] == b]
+                top = max(at, key=lambda r: (r["device_total"], r["id"]))
+                points.append((seq, top["device_total"]))
+                cells[seq] = {"device_total": top["device_total"], "batch": b,
+                              "spread": top["device_total"] - min(r["device_total"] for r in at),
+                              "gpus_n": len(at), "id": top["id"]}
+                for r in at:
+                    mv = (r["measured"] or {}).get("device_total")
+                    if mv is not None:
+                        measured.append((seq, mv))
+            series.append({"label": se["label"], "technique": se["technique"], "multi_gpu": se["multi_gpu"],
+                           "points": points, "measured": sorted(measured)})
+            table.append({"label": se["label"], "color": TECHNIQUE_COLORS[se["technique"]],
+                          "cells": [cells.get(s) for s in seqs]})
+        chart = None
+        if series:
+            chart_path = f"charts/models/{name}-memory-by-seq.svg"
+            files[chart_path] = charts.memory_by_seq(
+                series, _capacities(), title=f"{name}: device total against sequence length (est.)")
+            chart = rel(path, chart_path)
+        fits = []
+        for g, rs in sorted(group(rows, "gpu").items(), key=lambda kv: gpu_order(kv[0])):
+            fits.append({"gpu": g, "label": gpu_label(g), "link": rel(path, f"gpus/{g}.md") + f"#{anchor(name)}",
+                         "best": _cell(best_fit(rs)), "cases": len(rs),
+                         "fitting": sum(1 for r in rs if r["fits"])})
+        csv_path = f"data/models/{name}.csv"
+        if rows:
+            files[csv_path] = write_csv(rows)
+        context = {
+            "root": "../", "model": facts, "components": components, "covered": bool(rows),
+            "chart": chart,
+            "chart_alt": (f"Line chart: estimated device memory of {name} on one GPU against sequence length, one "
+                          "line per technique at micro-batch 1, with the memory of each catalog GPU as a dotted "
+                          "horizontal line"),
+            "seqs": seqs, "memory_table": table, "fits": fits,
+            "max_spread": max((c["spread"] for t in table for c in t["cells"] if c), default=0),
+            "csv": rel(path, csv_path) if rows else None,
+            "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
+            "has_measured": any(r["measured"] for r in rows),
+        }
+        pages.append(Page(path=path, template="model.md.j2", context=context, files=files))
+    idx = []
+    for name in catalog.model_names():
+        spec = catalog.load_model(name)
+        rows = by_model.get(name, [])
+        idx.append({"name": name, "link": name + ".md", "hf_repo": spec.hf_repo, "params": spec.total_params,
+                    "layers": spec.num_layers, "hidden": spec.hidden_size, "vocab": spec.vocab_size,
+                    "cases": len(rows), "gpus_fit": len({r["gpu"] for r in rows if r["fits"]}),
+                    "gpus": len({r["gpu"] for r in rows})})
+    idx.sort(key=lambda m: (m["params"], m["name"]))
+    pages.append(Page(path="models/index.md", template="models_index.md.j2", context={"root": "../", "models": idx}))
+    return pages
+
+
+# ----- validation --------------------------------------------------------------------------------
+def _published(path: Path | None) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    rows = sorted(data.get("rows", []), key=lambda r: str(r.get("id")))
+    return {
+        "rows": rows,
+        "unmapped": sorted(data.get("unmapped", []), key=lambda r: str(r.get("id"))),
+        "median_abs_error_gb": data.get("median_abs_error_gb"),
+        "median_abs_rel_error": data.get("median_abs_rel_error"),
+        "by_source": [{"source": k, **v} for k, v in sorted((data.get("by_source") or {}).items())],
+        "file": path.as_posix(),
+    }
+
+
+def validation_pages(site: SiteData, published: Path | None = None) -> list[Page]:
+    path = "validation.md"
+    rows = [r for r in site_rows(site) if r["measured"]]
+    files: dict[str, str] = {}
+    cases, pairs_by_q, pairs_by_tq = [], {}, {}
+    for r in rows:
+        qs = []
+        for q in QUANTITIES:
+            est, meas = r[q], r["measured"].get(q)
+            if est is None or meas is None:
+                continue
+            err = est - meas
+            qs.append({"quantity": q, "label": QUANTITY_LABELS[q], "est": est, "meas": meas, "abs_err": abs(err),
+                       "rel_err": err / meas if meas else None, "memory": q in MEMORY_QUANTITIES})
+            pairs_by_q.setdefault(q, []).append((est, meas))
+            pairs_by_tq.setdefault((r["technique"], q), []).append((est, meas))
+        cases.append({**r, "quantities": qs})
+    quantity_tables = []
+    for q in QUANTITIES:
+        qrows = [{**{k: c[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "env_id")},
+                  **{k: x[k] for k in ("est", "meas", "abs_err", "rel_err")}}
+                 for c in cases for x in c["quantities"] if x["quantity"] == q]
+        if qrows:
+            quantity_tables.append({"quantity": q, "label": QUANTITY_LABELS[q], "memory": q in MEMORY_QUANTITIES,
+                                    "rows": qrows})
+    summary = [{"quantity": q, "label": QUANTITY_LABELS[q], **error_stats(pairs_by_q[q])}
+               for q in QUANTITIES if q in pairs_by_q]
+    by_technique = [{"technique": t, "color": TECHNIQUE_COLORS[t], "quantity": q, "label": QUANTITY_LABELS[q],
+                     **error_stats(pairs_by_tq[(t, q)])}
+                    for t in TECHNIQUES for q in QUANTITIES if (t, q) in pairs_by_tq]
+    chart = None
+    if rows:
+        panels = []
+        for q, name in (("peak_allocated", "peak allocated (GiB)"), ("device_total", "device total (GiB)"),
+                        ("peak_reserved", "peak reserved (GiB)"), ("tokens_per_s", "tokens/s")):
+            if q not in pairs_by_q:
+                continue
+            if q == "peak_reserved" and "device_total" in pairs_by_q:
+                continue  # one of reserved/device total: they differ by the CUDA context only
+            scale = GIB if q in MEMORY_QUANTITIES else 1
+            panels.append((name, [{"est": r[q] / scale, "meas": r["measured"][q] / scale, "technique": r["technique"]}
+                                  for r in rows if r["measured"].get(q) is not None and r[q] is not None]))
+        chart_path = "charts/validation-scatter.svg"
+        files[chart_path] = charts.estimate_vs_measured(panels, title="Estimate against measurement")
+        chart = chart_path
+    envs: dict[str, dict] = {}
+    for result in site.measured():
+        env = environment_of(result)
+        if env:
+            e = envs.setdefault(environment_id(env), {"id": environment_id(env), "entries": sorted(
+                (str(k), json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v))
+                for k, v in env.items()), "cases": []})
+            e["cases"].append(result["id"])
+    for e in envs.values():
+        e["cases"] = sorted(set(e["cases"]))
+    if rows:
+        files["data/validation.csv"] = write_csv(rows)
+    context = {
+        "root": "",
+        "measured": bool(rows), "n_cases": len(rows), "chart": chart,
+        "chart_alt": ("Scatter charts of measured against estimated peak memory and tokens per second, one diamond "
+                      "per measured case coloured by technique, with the y = x line of a perfect estimate"),
+        "quantity_tables": quantity_tables, "summary": summary, "by_technique": by_technique,
+        "environments": [envs[k] for k in sorted(envs)],
+        "fake": [r["id"] for r in site.measured() if (r.get("measurement") or {}).get("fake")],
+        "published": _published(published), "published_command": PUBLISHED_COMMAND,
+        "published_path": published.as_posix() if published else "data/published_comparison.json",
+        "csv": "data/validation.csv" if rows else None,
+        "repro": reproduce(site, rows, "data/validation.csv" if rows else None),
+        "other_measurements": len([r for r in site.all_results() if r.get("measurement")
+                                   and not measurement_of(r)]),
+    }
+    return [Page(path=path, template="validation.md.j2", context=context, files=files)]
+
+
+__all__ = ["home_pages", "gpu_pages", "model_pages", "validation_pages"]

@@ -1,0 +1,213 @@
+"""Render the site: result files -> providers' pages -> Jinja2 (StrictUndefined) -> ``docs/``.
+
+``render_all`` reads every sweep under the results directory (one subdirectory per sweep), asks
+every provider for its pages, renders each page's template with its view model, writes the
+pages and their extra files (SVG charts, CSV downloads) under ``docs/``, and removes what an
+earlier render wrote that this one no longer does (``docs/.reportgen-manifest.json``). Hand-written
+``docs/stylesheets`` and ``docs/javascripts`` are never touched. Nothing here estimates or measures.
+
+Templates live in ``reportgen/report/templates/`` and may use these filters:
+``gib`` (bytes -> "12.34", GiB = 2**30), ``rate`` (tokens/s), ``pct`` (0.123 -> "12.3%"), ``money``,
+``num`` (thousands separators, "-" for None), ``signed_pct`` (relative error, "+12.3%"), ``cell``
+(escape ``|`` and newlines for a Markdown table cell); and the macros of ``_macros.md.j2``
+(``legend()``, ``reproduce(repro)``, ``est()``, ``meas()``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import jinja2
+
+from reportgen import __version__
+from reportgen.errors import UserError
+from reportgen.report.page import Page, SiteData
+from reportgen.results import iter_results
+from reportgen.views.format import money, pct, rate
+
+TEMPLATES = Path(__file__).parent / "templates"
+MANIFEST = ".reportgen-manifest.json"
+#: hand-written parts of docs/ that a render never writes or removes
+PROTECTED = ("stylesheets", "javascripts")
+DEFAULT_PUBLISHED = Path("data/published_comparison.json")
+
+#: this package's providers, then the other providers, imported lazily: a missing one is skipped
+#: with a warning (``module:function``, each ``fn(site) -> list[Page]``)
+DATA_PROVIDERS = (
+    "reportgen.report.pages:home_pages",
+    "reportgen.report.pages:gpu_pages",
+    "reportgen.report.pages:model_pages",
+    "reportgen.report.pages:validation_pages",
+)
+PROVIDERS = DATA_PROVIDERS + (
+    "reportgen.advise.pages:guide_pages",
+    "reportgen.report.techniques:technique_pages",
+    "reportgen.report.methodology:methodology_pages",
+)
+
+_warned: set[str] = set()
+
+
+# ----- input -------------------------------------------------------------------------------------
+def git_commit() -> str | None:
+    """Commit of the code that renders (results carry their own reportgen version)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def load_site(results_dir: Path, commit: str | None = None) -> SiteData:
+    """Every sweep under ``results_dir`` (a subdirectory with result files), results sorted by id."""
+    results: dict[str, list[dict]] = {}
+    if results_dir.is_dir():
+        for sweep_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
+            try:
+                rs = iter_results(sweep_dir)
+            except (ValueError, json.JSONDecodeError) as exc:
+                raise UserError(f"cannot read a result under {sweep_dir}: {exc}",
+                                hint="rerun the sweep with --force, or delete the file") from None
+            if rs:
+                results[sweep_dir.name] = rs
+    return SiteData(results=results, reportgen_version=__version__, git_commit=commit)
+
+
+def providers(published: Path | None = DEFAULT_PUBLISHED,
+              specs: tuple[str, ...] | None = None) -> list[tuple[str, Callable[[SiteData], list[Page]]]]:
+    """The importable providers of ``specs`` (default ``PROVIDERS``), each as ``(spec, fn)``."""
+    out = []
+    for spec in PROVIDERS if specs is None else specs:
+        module, _, name = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            if spec not in _warned:
+                _warned.add(spec)
+                print(f"warning: page provider {spec} is not available ({exc}); its pages are skipped",
+                      file=sys.stderr)
+            continue
+        if spec.endswith(":validation_pages"):
+            fn = functools.partial(fn, published=published)
+        out.append((spec, fn))
+    return out
+
+
+# ----- Jinja -------------------------------------------------------------------------------------
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
+
+
+def _gib(n, digits: int = 2) -> str:
+    return "-" if n is None else f"{n / 2**30:,.{digits}f}"
+
+
+def _signed_pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(gib=_gib, rate=rate, pct=pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell)
+    return env
+
+
+def render_page(page: Page) -> str:
+    return environment().get_template(page.template).render(**page.context)
+
+
+# ----- output ------------------------------------------------------------------------------------
+def _check_path(rel: str, owner: str) -> str:
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise ValueError(f"{owner}: output path {rel!r} must be relative to docs/ and inside it")
+    if p.parts[0] in PROTECTED:
+        raise ValueError(f"{owner}: {rel!r} is under docs/{p.parts[0]}/, which is hand-written")
+    return p.as_posix()
+
+
+def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
+                  specs: tuple[str, ...] | None = None) -> tuple[dict[str, str], list[str]]:
+    """``({relative path: text}, [page paths])`` of every provider; fails on two writers of one path."""
+    outputs: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    pages: list[str] = []
+    for spec, fn in providers(published, specs):
+        for page in fn(site):
+            items = [(page.path, render_page(page))] + sorted(page.files.items())
+            for rel, text in items:
+                rel = _check_path(rel, spec)
+                if rel in outputs:
+                    raise ValueError(f"{rel} is written by both {owners[rel]} and {spec}")
+                outputs[rel], owners[rel] = text, spec
+            pages.append(_check_path(page.path, spec))
+    return outputs, pages
+
+
+def write_outputs(docs_dir: Path, outputs: dict[str, str]) -> None:
+    """Write what changed (unchanged files keep their mtime for ``mkdocs serve``), remove what the
+    last render wrote and this one did not, and record the list in the manifest."""
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    manifest = docs_dir / MANIFEST
+    old: list[str] = []
+    if manifest.exists():
+        try:
+            old = json.loads(manifest.read_text()).get("files", [])
+        except (ValueError, AttributeError):
+            old = []
+    for rel in sorted(outputs):
+        target = docs_dir / rel
+        data = outputs[rel].encode()
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    for rel in sorted(set(old) - set(outputs)):
+        try:
+            rel = _check_path(rel, "manifest")
+        except ValueError:
+            continue
+        target = docs_dir / rel
+        target.unlink(missing_ok=True)
+        parent = target.parent
+        while parent != docs_dir and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    manifest.write_text(json.dumps({"generated_by": "reportgen render", "files": sorted(outputs)}, indent=1) + "\n")
+
+
+def render_all(results_dir: Path, docs_dir: Path, published: Path | None = DEFAULT_PUBLISHED,
+               commit: str | None | bool = True, providers: tuple[str, ...] | None = None) -> list[Path]:
+    """Re-render every sweep under ``results_dir`` into ``docs_dir`` from the result files alone.
+
+    ``published``: the comparison with published measurements (``reportgen compare-published``),
+    shown on the validation page when the file exists. ``commit``: True looks up the git commit of
+    this code; a string or None sets it. ``providers``: ``module:function`` specs (default
+    ``PROVIDERS``: all of them). Returns the pages written."""
+    site = load_site(Path(results_dir), git_commit() if commit is True else commit or None)
+    outputs, pages = build_outputs(site, published, providers)
+    write_outputs(Path(docs_dir), outputs)
+    return [Path(docs_dir) / p for p in pages]

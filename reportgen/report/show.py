@@ -1,0 +1,137 @@
+"""``reportgen show CASE_ID``: one stored case, and the commands that recompute and remeasure it."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+from pathlib import Path
+
+from reportgen.errors import UserError
+from reportgen.results import read_result
+from reportgen.setup import TrainingSetup
+
+
+#: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
+BYTE_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "device_total", "memory_after_load")
+
+
+def find_case(results_dir: Path, case_id: str) -> list[tuple[str, dict]]:
+    """``[(sweep, result)]`` of every sweep under ``results_dir`` that has the case."""
+    found = []
+    for path in sorted(results_dir.glob(f"*/{case_id}.json")):
+        found.append((path.parent.name, read_result(path)))
+    if not found:
+        known = sorted({p.stem for p in results_dir.glob("*/*.json")})
+        close = difflib.get_close_matches(case_id, known, n=5, cutoff=0.6)
+        if not close:  # same model and GPU, any setup
+            prefix = ".".join(case_id.split(".")[:2])
+            close = [k for k in known if k.startswith(prefix)][:5]
+        hint = ("close ids: " + ", ".join(close)) if close else (
+            f"{len(known)} cases under {results_dir}" if known else f"no results under {results_dir}: run a sweep first")
+        raise UserError(f"unknown case id {case_id!r}", hint=hint)
+    return found
+
+
+def setup_flags(setup: dict) -> list[str]:
+    """The ``reportgen estimate`` flags that set this setup (defaults left out)."""
+    from reportgen.cli import SETUP_FIELDS
+
+    default = TrainingSetup().model_dump(mode="json")
+    flags = []
+    for key in SETUP_FIELDS:  # the CLI's order: method first
+        value = setup.get(key, default[key])
+        if value == default[key] and key != "method":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                flags.append(flag)
+        else:
+            flags += [flag, str(value)]
+    # batch and seq always shown: they are what a reader changes first
+    for key in ("batch", "seq"):
+        if "--" + key not in flags:
+            flags += ["--" + key, str(setup[key])]
+    return flags
+
+
+def commands(result: dict) -> dict[str, str]:
+    case = result["case"]
+    base = ["--model", case["model"], "--gpu", case["gpu"]] + setup_flags(case["setup"])
+    tokens = ((result.get("estimate") or {}).get("time") or {}).get("train_tokens")
+    est = ["reportgen", "estimate"] + base + (["--train-tokens", str(int(tokens))] if tokens else [])
+    settings = (result.get("measurement") or {}).get("settings") or {}
+    extra = [f for key in ("warmup", "steps") if settings.get(key) is not None for f in (f"--{key}", str(settings[key]))]
+    if settings.get("cap_to_gpu"):
+        extra.append("--cap-to-gpu")
+    return {"estimate": shlex.join(est),
+            "measure": shlex.join(["reportgen", "measure"] + base + extra + ["--format", "json"])}
+
+
+def show(results_dir: Path, case_id: str, out=print) -> None:
+    from reportgen.views.format import TERM_LABELS, gib, money, pct, rate, seconds
+
+    for sweep, r in find_case(results_dir, case_id):
+        case = r["case"]
+        setup = TrainingSetup.model_validate(case["setup"])
+        out(f"case {r['id']}  (sweep {sweep}, sweep hash {r.get('sweep_hash')}, "
+            f"reportgen {r.get('reportgen_version')}, estimator v{r.get('estimator_version')})")
+        out(f"  model {case['model']}   GPU {case['gpu']}")
+        out(f"  setup {setup.short()}")
+        out("  " + json.dumps(case["setup"], sort_keys=True))
+        out(f"status {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
+        est = r.get("estimate")
+        if est:
+            mem, t = est["memory"], est["time"]
+            out("estimate (GiB = 2^30 bytes):")
+            for key, label in TERM_LABELS.items():
+                if mem.get(key):
+                    out(f"  {label:<42} {gib(mem[key]):>10}")
+            out(f"  {'peak allocated':<42} {gib(mem['peak_allocated']):>10}   at {est.get('peak_phase')}")
+            out(f"  {'peak reserved':<42} {gib(mem['peak_reserved']):>10}")
+            out(f"  {'device total (nvidia-smi)':<42} {gib(mem['device_total']):>10}   "
+                f"{'fits' if est['fits'] else 'does NOT fit'}")
+            if mem.get("host_ram"):
+                out(f"  {'host RAM (offload)':<42} {gib(mem['host_ram']):>10}")
+            out(f"  largest micro-batch {est.get('max_batch') or '-'}   longest sequence {est.get('max_seq') or '-'}")
+            out(f"  step {seconds(t.get('step_s'))}   tokens/s {rate(t.get('tokens_per_s'))}   MFU {pct(t.get('mfu'))}"
+                f"   bound by {t.get('bound')}")
+            if t.get("train_tokens"):
+                hours = "-" if t.get("train_hours") is None else f"{t['train_hours']:.1f} h"
+                out(f"  {t['train_tokens'] / 1e6:,.0f}M tokens: {hours}, {money(t.get('train_dollars'))}")
+            for note in est.get("notes") or []:
+                out(f"  note: {note}")
+        m = r.get("measurement")
+        if m:
+            out(f"measurement: status {m.get('status')}" + (" (FAKE: test fixture)" if m.get("fake") else "")
+                + (f", measured at {m['measured_at']}" if m.get("measured_at") else ""))
+            figures = m.get("measurement") if isinstance(m.get("measurement"), dict) else {
+                k: v for k, v in m.items() if k not in ("status", "environment", "error", "settings", "cap")}
+            for key, value in sorted(figures.items()):
+                if value is None:
+                    continue
+                if key in BYTE_FIGURES:
+                    out(f"  {key:<42} {gib(value):>10} GiB")
+                elif isinstance(value, float):
+                    out(f"  {key:<42} {value:>10.4g}")
+                else:
+                    out(f"  {key:<42} {json.dumps(value, sort_keys=True)}")
+            if m.get("error"):
+                out(f"  error: {m['error'].strip().splitlines()[-1] if m['error'].strip() else ''}")
+            for key in ("cap", "settings"):
+                if m.get(key):
+                    out(f"  {key}: {json.dumps(m[key], sort_keys=True)}")
+            env = m.get("environment") or r.get("environment")
+            if env:
+                out("  environment:")
+                for key, value in sorted(env.items()):
+                    out(f"    {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
+        else:
+            out("measurement: none (estimate only)")
+        cmds = commands(r)
+        out("recompute the estimate:")
+        out(f"  {cmds['estimate']}")
+        out("remeasure on a GPU:")
+        out(f"  {cmds['measure']}")
+        out(f"rerun the whole sweep:\n  reportgen sweep sweeps/{sweep}.yaml")

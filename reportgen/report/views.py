@@ -1,0 +1,285 @@
+"""View models shared by the site's pages: one result file -> one flat row of plain values.
+
+Everything here only reads result dicts and catalog facts; nothing estimates. Numbers stay raw
+(bytes, tokens/s, hours) in the rows; templates format them with the filters of ``render.py`` and
+CSV files write them with units in the column names.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from functools import lru_cache
+
+from reportgen import catalog
+from reportgen.report.page import SiteData
+from reportgen.results import short_hash
+from reportgen.setup import TrainingSetup
+from reportgen.views.format import GIB
+
+#: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
+#: a dark shade without gradient checkpointing, a light one with it
+TECHNIQUE_COLORS = {
+    "Full": "#1f5fa8",
+    "Full + ckpt": "#79aee0",
+    "LoRA": "#1b7d3a",
+    "LoRA + ckpt": "#80c98f",
+    "QLoRA": "#c4470c",
+    "QLoRA + ckpt": "#f5a66b",
+}
+TECHNIQUES = tuple(TECHNIQUE_COLORS)
+#: tokens the site quotes training hours and dollars for
+PER_TOKENS = 100_000_000
+#: the sequence length the overviews (home grid, "best setup" columns) compare at when a sweep has it
+PRIMARY_SEQ = 2048
+#: measured quantities that can be compared with the estimate of the same name
+QUANTITIES = ("peak_allocated", "peak_reserved", "device_total", "tokens_per_s")
+QUANTITY_LABELS = {
+    "peak_allocated": "peak allocated (GiB)",
+    "peak_reserved": "peak reserved (GiB)",
+    "device_total": "device total (GiB)",
+    "tokens_per_s": "tokens/s",
+}
+MEMORY_QUANTITIES = ("peak_allocated", "peak_reserved", "device_total")
+
+
+def technique_slug(technique: str) -> str:
+    """``"QLoRA + ckpt"`` -> ``"qlora-ckpt"`` (CSS classes, file names)."""
+    return technique.lower().replace(" + ", "-").replace(" ", "-")
+
+
+@lru_cache(maxsize=None)
+def _setup(setup_json: str) -> TrainingSetup:
+    return TrainingSetup.model_validate_json(setup_json)
+
+
+def training_setup(setup: dict) -> TrainingSetup:
+    import json
+
+    return _setup(json.dumps(setup, sort_keys=True))
+
+
+def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
+    """The technique plus whatever else differs from the sweep defaults a reader cares about.
+    ``any_mixed``: fp16 and bf16 autocast count as one (same memory; the T4 has no bf16)."""
+    parts = [setup.technique()]
+    mixed = ("bf16-mixed", "fp16-mixed") if any_mixed else ("bf16-mixed",)
+    if setup.precision.value not in mixed:
+        parts.append(setup.precision.value)
+    if setup.optimizer.value != "adamw":
+        parts.append(setup.optimizer.value)
+    if setup.is_peft and (setup.lora_rank != 16 or setup.lora_targets.value != "all-linear"):
+        parts.append(f"r{setup.lora_rank} {setup.lora_targets.value}")
+    if setup.loss.value != "standard":
+        parts.append("fused CE")
+    if setup.accum > 1:
+        parts.append(f"accum {setup.accum}")
+    if setup.offload.value != "none":
+        parts.append(f"offload {setup.offload.value}")
+    if setup.gpus > 1:
+        parts.append(f"{setup.gpus}× {setup.sharding.value.upper()}")
+    return ", ".join(parts)
+
+
+def gpu_label(key: str) -> str:
+    """Short GPU name for charts and navigation: ``NVIDIA GeForce RTX 4090`` -> ``RTX 4090``."""
+    name = catalog.load_gpu(key).name
+    return name.replace("NVIDIA ", "").replace("GeForce ", "").replace("Tesla ", "")
+
+
+def measurement_of(result: dict) -> dict | None:
+    """The successful measurement block of a result, else None. Never invents a value."""
+    m = result.get("measurement")
+    if not m or m.get("status") != "ok":
+        return None
+    return m
+
+
+#: where a quantity may stand in a measurement block: the estimate's device total is what the
+#: harness records as ``device_used`` (this process's memory as NVML/nvidia-smi sees it)
+MEASURED_KEYS = {"device_total": ("device_total", "device_used")}
+
+
+def measured_values(result: dict) -> dict[str, float]:
+    """Measured quantities of a result (``QUANTITIES`` the measurement holds, nulls left out), read
+    from the block's ``measurement`` figures (``reportgen.measure.protocol``) or the block itself."""
+    m = measurement_of(result)
+    if m is None:
+        return {}
+    blocks = [b for b in (m.get("measurement"), m) if isinstance(b, dict)]
+    out: dict[str, float] = {}
+    for q in QUANTITIES:
+        for block in blocks:
+            hit = next((block[k] for k in MEASURED_KEYS.get(q, (q,))
+                        if isinstance(block.get(k), (int, float)) and not isinstance(block.get(k), bool)), None)
+            if hit is not None:
+                out[q] = hit
+                break
+    return out
+
+
+def environment_of(result: dict) -> dict | None:
+    m = measurement_of(result)
+    if m is None:
+        return None
+    env = m.get("environment") or result.get("environment")
+    return env if isinstance(env, dict) and env else None
+
+
+def environment_id(env: dict) -> str:
+    return "env-" + short_hash(env, 8)
+
+
+def row(result: dict) -> dict:
+    """One result as a flat view-model row (raw numbers; None where unknown)."""
+    case = result["case"]
+    setup = training_setup(case["setup"])
+    est = result.get("estimate") or {}
+    mem = est.get("memory") or {}
+    t = est.get("time") or {}
+    train_tokens = t.get("train_tokens")
+    scale = PER_TOKENS / train_tokens if train_tokens else None
+    hours = t.get("train_hours")
+    dollars = t.get("train_dollars")
+    env = environment_of(result)
+    technique = setup.technique()
+    return {
+        "id": result["id"],
+        "sweep": result.get("sweep"),
+        "status": result.get("status"),
+        "error": result.get("error"),
+        "model": case["model"],
+        "gpu": case["gpu"],
+        "technique": technique,
+        "technique_slug": technique_slug(technique),
+        "color": TECHNIQUE_COLORS[technique],
+        "label": setup_label(setup),
+        "family": setup_label(setup, any_mixed=True),
+        "method": setup.method.value,
+        "grad_ckpt": setup.grad_ckpt,
+        "precision": setup.precision.value,
+        "gpus": setup.gpus,
+        "batch": setup.batch,
+        "seq": setup.seq,
+        "fits": est.get("fits"),
+        "peak_allocated": mem.get("peak_allocated"),
+        "peak_reserved": mem.get("peak_reserved"),
+        "device_total": mem.get("device_total"),
+        "terms": {k: v for k, v in mem.items() if k not in ("peak_allocated", "peak_reserved", "device_total",
+                                                            "host_ram")},
+        "host_ram": mem.get("host_ram"),
+        "peak_phase": est.get("peak_phase"),
+        "max_batch": est.get("max_batch"),
+        "max_seq": est.get("max_seq"),
+        "tokens_per_s": t.get("tokens_per_s"),
+        "mfu": t.get("mfu"),
+        "bound": t.get("bound"),
+        "hours_per_100m": None if hours is None or scale is None else hours * scale,
+        "dollars_per_100m": None if dollars is None or scale is None else dollars * scale,
+        "notes": list(est.get("notes") or []),
+        "measured": measured_values(result) or None,
+        "measured_status": (result.get("measurement") or {}).get("status"),
+        "env_id": environment_id(env) if env else None,
+    }
+
+
+@lru_cache(maxsize=None)
+def model_order(name: str) -> tuple:
+    """Models smallest first (by parameter count), then by name; unknown models last."""
+    try:
+        return (0, catalog.load_model(name).total_params, name)
+    except Exception:  # a result may name a config.json that is not on this machine
+        return (1, 0, name)
+
+
+def gpu_order(key: str) -> tuple:
+    """GPUs in catalog order (consumer cards first, as ``gpus.yaml`` lists them)."""
+    names = catalog.gpu_names()
+    return (names.index(key), key) if key in names else (len(names), key)
+
+
+def sort_key(r: dict) -> tuple:
+    """Site order: model (by size), GPU (catalog order), seq, technique (palette order), GPUs, label,
+    batch, id."""
+    return (model_order(r["model"]), gpu_order(r["gpu"]), r["seq"], TECHNIQUES.index(r["technique"]), r["gpus"],
+            r["label"], r["batch"], r["id"])
+
+
+def anchor(name: str) -> str:
+    """Heading id for a model or GPU name: ``llama-3.1-8b`` -> ``llama-3-1-8b``."""
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def site_rows(site: SiteData) -> list[dict]:
+    """Every case once (a case in several sweeps: the copy with a measurement, else the first sweep),
+    in site order."""
+    chosen: dict[str, dict] = {}
+    for result in site.all_results():
+        cid = result["id"]
+        if cid not in chosen or (measurement_of(result) and not measurement_of(chosen[cid])):
+            chosen[cid] = result
+    return sorted((row(r) for r in chosen.values()), key=sort_key)
+
+
+def best_fit(rows: Iterable[dict]) -> dict | None:
+    """Among one model's cases on one GPU: at seq 2048 when the sweeps have it, single-GPU setups
+    when any fits, the fitting case with the highest estimated tokens/s (ties: the smaller batch,
+    then the id). None when nothing fits."""
+    rows = [r for r in rows if r["status"] == "ok"]
+    if any(r["seq"] == PRIMARY_SEQ for r in rows):
+        rows = [r for r in rows if r["seq"] == PRIMARY_SEQ]
+    fitting = [r for r in rows if r["fits"]]
+    fewest = min((r["gpus"] for r in fitting), default=None)
+    fitting = [r for r in fitting if r["gpus"] == fewest]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda r: (-(r["tokens_per_s"] or 0.0), r["batch"], r["id"]))
+
+
+def group(rows: Iterable[dict], *keys: str) -> dict:
+    """``{(k1, k2, ...) or k1: [rows]}`` keeping the rows' order; keys sorted on iteration by callers."""
+    out: dict = {}
+    for r in rows:
+        k = tuple(r[key] for key in keys) if len(keys) > 1 else r[keys[0]]
+        out.setdefault(k, []).append(r)
+    return out
+
+
+# ----- reproducibility ---------------------------------------------------------------------------
+def reproduce(site: SiteData, rows: list[dict], csv: str | None) -> dict:
+    """How to regenerate a table: the sweep commands and hashes behind its rows, the versions that
+    estimated them, the renderer's commit, the CSV next to it."""
+    sweeps = sorted({r["sweep"] for r in rows if r["sweep"]})
+    by_name = {name: site.results.get(name, []) for name in sweeps}
+    info = []
+    for name in sweeps:
+        results = by_name[name]
+        info.append({
+            "name": name,
+            "file": f"sweeps/{name}.yaml",
+            "command": f"reportgen sweep sweeps/{name}.yaml",
+            "hashes": sorted({r.get("sweep_hash") for r in results if r.get("sweep_hash")}),
+            "versions": sorted({r.get("reportgen_version") for r in results if r.get("reportgen_version")}),
+            "estimators": sorted({r.get("estimator_version") for r in results if r.get("estimator_version")}),
+        })
+    return {
+        "sweeps": info,
+        "renderer_version": site.reportgen_version,
+        "git_commit": site.git_commit,
+        "csv": csv,
+        "measured": sum(1 for r in rows if r["measured"]),
+    }
+
+
+# ----- errors ------------------------------------------------------------------------------------
+def error_stats(pairs: list[tuple[float, float]]) -> dict:
+    """Median and worst relative error ``(estimate - measured) / measured`` of (estimate, measured)."""
+    rel = [(e - m) / m for e, m in pairs if m]
+    if not rel:
+        return {"n": 0, "median_abs_rel": None, "worst_rel": None}
+    return {"n": len(rel), "median_abs_rel": statistics.median(abs(x) for x in rel),
+            "worst_rel": max(rel, key=lambda x: (abs(x), x))}
+
+
+def gib_value(n: float | None, digits: int = 3) -> float | None:
+    return None if n is None else round(n / GIB, digits)

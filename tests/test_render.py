@@ -1,0 +1,373 @@
+"""The site's data pages, rendered from fixture result files (the real estimator on the tiny sweeps
+of tests/fixtures/sweeps, plus FAKE measurement blocks marked as such)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import io
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from reportgen import catalog
+from reportgen.cli import main
+from reportgen.report import render
+from reportgen.report.page import Page
+from reportgen.report.views import TECHNIQUE_COLORS
+from tests.fixtures.site_data import PUBLISHED, build_results
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OWN = render.DATA_PROVIDERS
+TECHNIQUE_SLUGS = ["mixed-precision", "lora", "qlora", "gradient-checkpointing", "gradient-accumulation",
+                   "8bit-paged-optimizers", "cpu-offload", "fsdp", "flash-attention", "fused-cross-entropy"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("results")
+    return d, build_results(d)
+
+
+@pytest.fixture(scope="module")
+def estimates_only(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("results-estimates")
+    build_results(d, measured=False)
+    return d
+
+
+@pytest.fixture(scope="module")
+def docs(results, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("docs")
+    render.render_all(results[0], d, published=PUBLISHED, commit=COMMIT, providers=OWN)
+    return d
+
+
+def tree(d: Path) -> dict[str, str]:
+    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+# ----- pages ------------------------------------------------------------------------------------
+def test_every_catalog_gpu_and_model_has_a_page(docs):
+    for key in catalog.gpu_names():
+        assert (docs / "gpus" / f"{key}.md").is_file(), key
+    for name in catalog.model_names():
+        assert (docs / "models" / f"{name}.md").is_file(), name
+    for page in ("index.md", "gpus/index.md", "models/index.md", "validation.md"):
+        assert (docs / page).is_file(), page
+    # a GPU and a model no fixture sweep covers say so plainly
+    assert "No sweep covers the L4 yet" in (docs / "gpus" / "l4.md").read_text()
+    assert "No sweep covers mixtral-8x7b yet" in (docs / "models" / "mixtral-8x7b.md").read_text()
+    assert "No sweep covers" not in (docs / "gpus" / "rtx-4090.md").read_text()
+
+
+def test_gpu_page_content(docs):
+    text = (docs / "gpus" / "rtx-4090.md").read_text()
+    assert "## The card" in text and "24.0 GiB" in text and "$0.34 per GPU-hour" in text
+    assert "### llama-3.1-8b { #llama-3-1-8b }" in text
+    assert '=== "seq 512"' in text and '===+ "seq 2,048"' in text
+    for seq in (512, 2048):
+        assert (docs / "charts" / "gpus" / f"rtx-4090-memory-s{seq}.svg").is_file()
+        assert (docs / "charts" / "gpus" / f"rtx-4090-throughput-s{seq}.svg").is_file()
+    assert "`llama-3.1-8b.rtx-4090.qlora.0ab15373`" in text  # a case id per row
+    assert "reportgen sweep sweeps/tiny.yaml" in text and "(../data/gpus/rtx-4090.csv)" in text
+    assert COMMIT[:12] in text
+    # measured values sit next to their estimate, marked, with their environment linked
+    assert 'class="rg-meas"' in text and "](../validation.md#env-" in text
+    # the failed (OOM) fake measurement is a status, not a number
+    assert "OOM <span class=\"rg-meas\"" in text
+    # no dollars for a card without a price
+    assert "no dated price in the catalog" in (docs / "gpus" / "rtx-3060.md").read_text()
+
+
+def test_fsdp_setup_is_labelled(docs):
+    text = (docs / "gpus" / "h100-sxm.md").read_text()
+    assert "Full + ckpt, 8× FSDP" in text
+
+
+def test_home_grid_and_table(docs):
+    text = (docs / "index.md").read_text()
+    assert text.startswith("---\nhide:")
+    assert "![Grid of 2 models by 3 GPUs" in text
+    assert (docs / "charts" / "home-fit-grid.svg").is_file()
+    assert "[tinyllama-1.1b](models/tinyllama-1.1b.md)" in text
+    assert "](gpus/rtx-4090.md#llama-3-1-8b)" in text
+    assert "not swept" in text  # tinyllama is not in the h100 fixture sweep
+    assert "(data/sweeps/tiny.csv)" in text and "(data/sweeps/tiny-dc.csv)" in text
+
+
+def test_model_page(docs):
+    text = (docs / "models" / "llama-3.1-8b.md").read_text()
+    assert "### Parameters by component" in text and "| **total** | **8,030,261,248** |" in text
+    assert (docs / "charts" / "models" / "llama-3.1-8b-memory-by-seq.svg").is_file()
+    assert "](../gpus/rtx-4090.md#llama-3-1-8b)" in text
+    # fp16 autocast on the T4 and bf16 elsewhere are one line/row on the model page
+    assert "fp16-mixed" not in text.split("## Where it fits")[0]
+
+
+def test_every_image_has_alt_text(docs):
+    for page in docs.rglob("*.md"):
+        for alt, src in re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", page.read_text()):
+            assert len(alt) > 20, (page, src)
+            assert (page.parent / src).resolve().is_file(), (page, src)
+
+
+def test_csv_has_units_and_case_ids(docs, results):
+    rows = list(csv.DictReader(io.StringIO((docs / "data" / "gpus" / "rtx-4090.csv").read_text())))
+    assert rows and all(r["case_id"] for r in rows)
+    assert {"est_peak_allocated_gib", "est_device_total_gib", "est_tokens_per_s", "est_hours_per_100m_tokens",
+            "meas_peak_allocated_gib", "environment_id"} <= set(rows[0])
+    measured = [r for r in rows if r["meas_peak_allocated_gib"]]
+    assert sorted(r["case_id"] for r in measured) == sorted(i for i in results[1]["measured"] if ".rtx-4090." in i)
+    sweep_rows = list(csv.DictReader(io.StringIO((docs / "data" / "sweeps" / "tiny.csv").read_text())))
+    assert len(sweep_rows) == len(list((results[0] / "tiny").glob("*.json")))
+    assert "est_activations_gib" in sweep_rows[0]
+
+
+def test_hours_and_dollars_are_per_100m_tokens(docs, results):
+    # the tiny-dc sweep trains 1e9 tokens: the site scales its hours to 100M
+    import json
+
+    path = results[0] / "tiny-dc" / "llama-3.1-8b.h100-sxm.lora.453de8e9.json"
+    est = json.loads(path.read_text())["estimate"]["time"]
+    rows = {r["case_id"]: r for r in csv.DictReader(io.StringIO((docs / "data" / "gpus" / "h100-sxm.csv").read_text()))}
+    got = float(rows["llama-3.1-8b.h100-sxm.lora.453de8e9"]["est_hours_per_100m_tokens"])
+    assert got == pytest.approx(est["train_hours"] / 10, rel=1e-4)
+
+
+# ----- estimated and measured are told apart ---------------------------------------------------
+def test_validation_page_with_fake_measurements(docs, results):
+    text = (docs / "validation.md").read_text()
+    assert "Fake measurements" in text
+    for cid in results[1]["measured"]:
+        assert cid in text
+    for cid in results[1]["failed"]:  # an OOM is no measured number
+        assert cid not in text
+    assert (docs / "charts" / "validation-scatter.svg").is_file()
+    assert "### Error per quantity" in text and "### Error per technique" in text
+    assert "| peak allocated (GiB) | 3 |" in text
+    assert "## Environments" in text and "FAKE GPU" in text
+    assert "Median absolute error **1.75 GB**" in text  # the fake published comparison
+    assert (docs / "data" / "validation.csv").is_file()
+
+
+def test_shipped_state_without_measurements(estimates_only, tmp_path):
+    render.render_all(estimates_only, tmp_path, published=tmp_path / "absent.json", commit=COMMIT, providers=OWN)
+    text = (tmp_path / "validation.md").read_text()
+    assert "No measurements yet" in text and "Fake" not in text
+    assert "has not been run" in text and "`reportgen compare-published`" in text
+    assert not (tmp_path / "data" / "validation.csv").exists()
+    assert not (tmp_path / "charts" / "validation-scatter.svg").exists()
+    assert "No case has been measured yet" in (tmp_path / "index.md").read_text()
+    csv_text = (tmp_path / "data" / "sweeps" / "tiny.csv").read_text()
+    for r in csv.DictReader(io.StringIO(csv_text)):
+        assert not r["meas_peak_allocated_gib"] and not r["meas_tokens_per_s"]
+
+
+def test_no_measured_number_without_a_measurement(estimates_only, tmp_path):
+    """Without measurements, a "meas." badge appears only in the legend, never next to a number."""
+    render.render_all(estimates_only, tmp_path, published=None, commit=COMMIT, providers=OWN)
+    for page in tmp_path.rglob("*.md"):
+        for line in page.read_text().splitlines():
+            if "rg-meas" in line:
+                assert "measured with CUDA on a real GPU" in line or "meas.</span>) sit under" in line, (page, line)
+
+
+# ----- determinism, stale files, robustness ----------------------------------------------------
+def test_render_is_deterministic(results, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    render.render_all(results[0], a, published=PUBLISHED, commit=COMMIT)
+    render.render_all(results[0], b, published=PUBLISHED, commit=COMMIT)
+    ta, tb = tree(a), tree(b)
+    assert ta == tb
+    assert any(k.endswith(".svg") for k in ta) and any(k.endswith(".csv") for k in ta)
+    svg = (a / "charts" / "home-fit-grid.svg").read_text()
+    assert "<dc:date>" not in svg
+
+
+def test_rerender_removes_stale_files_and_keeps_hand_written(results, tmp_path):
+    src = tmp_path / "results"
+    shutil.copytree(results[0], src)
+    docs = tmp_path / "docs"
+    (docs / "stylesheets").mkdir(parents=True)
+    (docs / "stylesheets" / "site.css").write_text("/* hand-written */\n")
+    (docs / "notes.md").write_text("a page someone wrote by hand\n")
+    render.render_all(src, docs, published=PUBLISHED, commit=COMMIT, providers=OWN)
+    assert (docs / "data" / "sweeps" / "tiny-dc.csv").is_file()
+    assert (docs / "charts" / "gpus" / "h100-sxm-memory-s2048.svg").is_file()
+    shutil.rmtree(src / "tiny-dc")
+    render.render_all(src, docs, published=PUBLISHED, commit=COMMIT, providers=OWN)
+    assert not (docs / "data" / "sweeps" / "tiny-dc.csv").exists()
+    assert not (docs / "charts" / "gpus" / "h100-sxm-memory-s2048.svg").exists()
+    assert not (docs / "data" / "gpus" / "h100-sxm.csv").exists()
+    assert (docs / "gpus" / "h100-sxm.md").is_file()  # the nav is static: the page stays, saying so
+    assert "No sweep covers" in (docs / "gpus" / "h100-sxm.md").read_text()
+    assert (docs / "stylesheets" / "site.css").read_text() == "/* hand-written */\n"
+    assert (docs / "notes.md").is_file()
+
+
+def test_strict_undefined_catches_missing_keys():
+    with pytest.raises(jinja2.UndefinedError):
+        render.render_page(Page(path="gpus/x.md", template="gpu.md.j2", context={"root": "../"}))
+    env = render.environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ row.missing }}").render(row={})
+
+
+def test_a_missing_provider_is_skipped_with_one_warning(results, tmp_path, capsys):
+    specs = OWN + ("reportgen.no_such_module:pages",)
+    render.render_all(results[0], tmp_path / "a", published=None, commit=COMMIT, providers=specs)
+    render.render_all(results[0], tmp_path / "b", published=None, commit=COMMIT, providers=specs)
+    err = capsys.readouterr().err
+    assert err.count("reportgen.no_such_module:pages") == 1
+    assert (tmp_path / "b" / "index.md").is_file()
+
+
+def test_providers_cannot_write_hand_written_folders():
+    with pytest.raises(ValueError, match="hand-written"):
+        render._check_path("stylesheets/x.css", "test")
+    with pytest.raises(ValueError):
+        render._check_path("../outside.md", "test")
+
+
+def test_one_colour_per_technique():
+    assert list(TECHNIQUE_COLORS) == ["Full", "Full + ckpt", "LoRA", "LoRA + ckpt", "QLoRA", "QLoRA + ckpt"]
+    assert len(set(TECHNIQUE_COLORS.values())) == 6
+
+
+# ----- CLI -------------------------------------------------------------------------------------
+def test_cli_render_and_show(results, tmp_path, capsys):
+    assert main(["render", "--results", str(results[0]), "--docs", str(tmp_path / "docs")]) == 0
+    assert (tmp_path / "docs" / "index.md").is_file()
+    cid = results[1]["measured"][1]
+    assert main(["show", cid, "--results", str(results[0])]) == 0
+    out = capsys.readouterr().out
+    assert f"case {cid}" in out and "FAKE" in out and "environment:" in out
+    assert "reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --method qlora" in out
+    assert "--grad-ckpt" in out and "--format json" in out
+
+
+def test_show_recomputes_the_stored_estimate(results, capsys):
+    import json
+    import shlex
+
+    cid = results[1]["measured"][2]
+    main(["show", cid, "--results", str(results[0])])
+    line = next(l.strip() for l in capsys.readouterr().out.splitlines() if l.strip().startswith("reportgen estimate"))
+    argv = shlex.split(line)[1:] + ["--format", "json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    stored = json.loads(next(results[0].glob(f"*/{cid}.json")).read_text())["estimate"]
+    assert got["memory"] == stored["memory"] and got["max_batch"] == stored["max_batch"]
+
+
+def test_show_unknown_id_lists_close_ids(results, capsys):
+    cid = results[1]["measured"][0]
+    assert main(["show", cid[:-1], "--results", str(results[0])]) == 2
+    err = capsys.readouterr().err
+    assert "unknown case id" in err and cid in err
+
+
+# ----- mkdocs ----------------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+
+
+def mkdocs_config() -> dict:
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)
+
+
+def nav_section(nav: list, title: str) -> list[str]:
+    for item in nav:
+        if isinstance(item, dict) and title in item:
+            return [next(iter(x.values())) if isinstance(x, dict) else x for x in item[title]]
+    raise AssertionError(f"no {title} in the nav")
+
+
+def test_mkdocs_nav_lists_the_catalogs():
+    cfg = mkdocs_config()
+    nav = cfg["nav"]
+    gpus = nav_section(nav, "GPUs")
+    assert gpus[0] == "gpus/index.md" and sorted(gpus[1:]) == sorted(f"gpus/{g}.md" for g in catalog.gpu_names())
+    models = nav_section(nav, "Models")
+    assert models[0] == "models/index.md"
+    assert sorted(models[1:]) == sorted(f"models/{m}.md" for m in catalog.model_names())
+    guides = nav_section(nav, "Guides")
+    assert guides == ["guides/index.md"] + [f"guides/{g}.md" for g in catalog.gpu_names()]
+    assert nav_section(nav, "Techniques") == ["techniques/index.md"] + [f"techniques/{s}.md" for s in TECHNIQUE_SLUGS]
+    assert {"Home": "index.md"} in nav and {"Methodology": "methodology.md"} in nav
+    assert {"Validation": "validation.md"} in nav
+    assert cfg["plugins"] == ["search"] and cfg["theme"]["name"] == "material"
+    assert cfg["docs_dir"] == "docs" and cfg["site_dir"] == "site"
+    # mermaid is served from the repository, not a CDN
+    for js in cfg["extra_javascript"]:
+        assert not js.startswith("http") and (ROOT / "docs" / js).is_file()
+
+
+#: nav pages of the other providers, by the provider that writes them
+OTHER_PAGES = {"reportgen.advise.pages:guide_pages": "guides/",
+               "reportgen.report.techniques:technique_pages": "techniques/",
+               "reportgen.report.methodology:methodology_pages": "methodology.md"}
+
+
+def missing_providers() -> set[str]:
+    out = set()
+    for spec in OTHER_PAGES:
+        module, _, name = spec.partition(":")
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            out.add(spec)
+    return out
+
+
+def build_site(results_dir: Path, work: Path, providers=None) -> Path:
+    """Render into ``work/docs`` (with the repository's hand-written stylesheets and javascripts),
+    build with ``mkdocs build --strict`` into ``work/site``. Nav pages of a provider that is not
+    importable (only while another engineer's provider is not there yet) get a stub."""
+    docs = work / "docs"
+    for sub in ("stylesheets", "javascripts"):
+        shutil.copytree(ROOT / "docs" / sub, docs / sub)
+    render.render_all(results_dir, docs, published=PUBLISHED, commit=COMMIT, providers=providers)
+    absent = missing_providers() if providers is None else set(OTHER_PAGES)
+    nav = re.findall(r"(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    for page in nav:
+        if not (docs / page).exists():
+            owner = [s for s, prefix in OTHER_PAGES.items() if page.startswith(prefix)]
+            assert owner and owner[0] in absent, f"{page} is in the nav but no provider wrote it"
+            (docs / page).parent.mkdir(parents=True, exist_ok=True)
+            (docs / page).write_text(f"# {page}\n\nStub: provider {owner[0]} is not available.\n")
+    cfg = (ROOT / "mkdocs.yml").read_text()
+    cfg = re.sub(r"^docs_dir: .*$", f"docs_dir: {docs}", cfg, flags=re.M)
+    cfg = re.sub(r"^site_dir: .*$", f"site_dir: {work / 'site'}", cfg, flags=re.M)
+    (work / "mkdocs.yml").write_text(cfg)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(work / "mkdocs.yml")],
+                          capture_output=True, text=True, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    return work / "site"
+
+
+def test_mkdocs_build_strict(results, tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    site = build_site(results[0], tmp_path)
+    assert (site / "index.html").is_file()
+    assert (site / "gpus" / "rtx-4090" / "index.html").is_file()
+    assert (site / "validation" / "index.html").is_file()
+    assert (site / "data" / "sweeps" / "tiny.csv").is_file()
+    html = (site / "gpus" / "rtx-4090" / "index.html").read_text()
+    assert "../../charts/gpus/rtx-4090-memory-s2048.svg" in html
+    assert "unpkg.com" not in html

@@ -1,0 +1,149 @@
+"""The built site as a reader sees it: headless Chromium opens the home page, a GPU page, a guide
+page and the validation page, and checks that nothing errs, every image loads, Mermaid diagrams
+become SVG (from the vendored mermaid, no network) and search finds a model.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install chromium chromium-driver``)
+and selenium; skipped without them. Screenshots land in the test's tmp dir (printed with ``-s``)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.site_data import build_results
+from tests.test_render import build_site
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                       reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"),
+]
+
+#: forces Material's closed shadow roots (Mermaid diagrams) open so the test can look inside
+OPEN_SHADOW = ("const attach = Element.prototype.attachShadow;"
+               "Element.prototype.attachShadow = function (init) { return attach.call(this, {...init, mode: 'open'}); };")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def served_site(tmp_path_factory):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    work = tmp_path_factory.mktemp("browser-site")
+    results = work / "results"
+    build_results(results)
+    site = build_site(results, work)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": OPEN_SHADOW})
+    yield driver
+    driver.quit()
+
+
+def wait_for(fn, timeout: float = 20.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def open_page(driver, url: str, shots: Path, name: str) -> None:
+    driver.get(url)
+    wait_for(lambda: driver.execute_script("return document.readyState") == "complete", what=f"{url} to load")
+    wait_for(lambda: driver.execute_script(
+        "return Array.from(document.images).every(i => i.complete)"), what=f"images of {url}")
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"{url}: console errors {errors}"
+    broken = driver.execute_script(
+        "return Array.from(document.images).filter(i => !(i.naturalWidth > 0)).map(i => i.src)")
+    assert not broken, f"{url}: images that did not load: {broken}"
+    alts = driver.execute_script("return Array.from(document.querySelectorAll('article img')).map(i => i.alt)")
+    assert all(a.strip() for a in alts), f"{url}: an image without alt text"
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1400, min(height, 8000))
+    driver.save_screenshot(str(shots / f"{name}.png"))
+    driver.execute_script("document.body.setAttribute('data-md-color-scheme', 'slate')")
+    driver.save_screenshot(str(shots / f"{name}-dark.png"))
+    driver.execute_script("document.body.setAttribute('data-md-color-scheme', 'default')")
+    driver.set_window_size(1400, 1000)
+
+
+def mermaid_svgs(driver) -> int:
+    """Mermaid diagrams that Material turned into SVG (``pre.mermaid`` -> ``div.mermaid`` + shadow SVG)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('div.mermaid'))"
+        ".filter(d => d.shadowRoot && d.shadowRoot.querySelector('svg')).length")
+
+
+def test_pages_load_cleanly(served_site, browser, tmp_path):
+    print(f"\nscreenshots: {tmp_path}")
+    pages = {"home": "", "gpu": "gpus/rtx-4090/", "guide": "guides/rtx-4090/", "validation": "validation/",
+             "model": "models/llama-3.1-8b/"}
+    for name, path in pages.items():
+        open_page(browser, served_site + path, tmp_path, name)
+        n_code = browser.execute_script("return document.querySelectorAll('pre.mermaid').length")
+        if name in ("home", "guide") or n_code:
+            if name == "guide" and "Stub:" in browser.page_source:
+                continue  # the guide provider is not there yet: its page is a stub without a diagram
+            wait_for(lambda: mermaid_svgs(browser) > 0 and not browser.execute_script(
+                "return document.querySelectorAll('pre.mermaid').length"), what=f"mermaid SVG on {name}")
+    assert (tmp_path / "home.png").is_file()
+
+
+def test_mermaid_comes_from_the_site_not_a_cdn(served_site, browser):
+    browser.get(served_site)
+    wait_for(lambda: mermaid_svgs(browser) > 0, what="mermaid SVG")
+    sources = browser.execute_script("return Array.from(document.scripts).map(s => s.src).filter(Boolean)")
+    assert any("javascripts/vendor/mermaid" in s for s in sources)
+    assert all(s.startswith(served_site) for s in sources), sources
+
+
+def test_search_finds_a_model(served_site, browser):
+    browser.get(served_site + "gpus/")
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", what="page")
+    from selenium.webdriver.common.by import By
+
+    box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    browser.execute_script("arguments[0].focus()", box)
+    box.send_keys("tinyllama")
+    items = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item"), timeout=30,
+                     what="search results")
+    text = " ".join(i.text for i in items).lower()
+    assert "tinyllama" in text
