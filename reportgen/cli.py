@@ -147,8 +147,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 bar.advance(task)
 
         stats = run_estimates(sweep, args.results, force=args.force, progress=progress)
+    from reportgen.advise.store import write_advice
+
+    t1 = time.perf_counter()
+    advice = write_advice(sweep, args.results, force=args.force)
     console.print(f"{sweep.name}: {len(sweep.cases)} cases, {stats.written} written, {stats.skipped} unchanged, "
-                  f"{stats.failed} failed in {time.perf_counter() - t0:.1f} s -> {args.results / sweep.name}")
+                  f"{stats.failed} failed in {t1 - t0:.1f} s -> {args.results / sweep.name}")
+    console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in "
+                  f"{time.perf_counter() - t1:.1f} s")
     if args.measure or sweep.spec.measure.enabled:
         from reportgen.measure.runner import measure_sweep
 

@@ -50,7 +50,14 @@ class GpuSpec:
 
     @property
     def supports_bf16(self) -> bool:
-        return self.peak_tflops.get("bf16") is not None
+        """bf16 tensor cores arrived with Ampere (compute capability 8.0): a card whose datasheet
+        figure is merely unpublished (A10G) still supports bf16."""
+        return float(self.compute_capability) >= 8.0
+
+    @property
+    def is_consumer(self) -> bool:
+        """GeForce cards: fp16/bf16 tensor throughput with fp32 accumulate is half rate, no NVLink."""
+        return "GeForce" in self.name
 
     @property
     def is_hopper_or_newer(self) -> bool:

@@ -98,8 +98,7 @@ def main() -> int:
         effs, idx = [], []
         for i, (e, m) in enumerate(zip(ests, meas)):
             gpu = catalog.load_gpu(e.gpu)
-            is_consumer = "GeForce" in gpu.name
-            if (cls == "consumer") != is_consumer or e.time.bound != "compute" or not m.get("tokens_per_s"):
+            if (cls == "consumer") != gpu.is_consumer or e.time.bound != "compute" or not m.get("tokens_per_s"):
                 continue
             peak = gpu.peak_flops(e.time.peak_dtype)
             effs.append(e.time.flops_per_token * m["tokens_per_s"] / (peak * e.setup.gpus))

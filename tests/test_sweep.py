@@ -103,4 +103,4 @@ def test_shipped_sweeps_load():
     assert {c.setup.method.value for c in consumer.cases} == {"full", "lora", "qlora"}
     assert min(c.setup.seq for c in consumer.cases) == 512 and max(c.setup.seq for c in consumer.cases) == 8192
     datacenter = load_sweep("sweeps/datacenter.yaml")
-    assert {"a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm", "h200"} == {c.gpu for c in datacenter.cases}
+    assert {"a10g", "l4", "a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm", "h200"} == {c.gpu for c in datacenter.cases}

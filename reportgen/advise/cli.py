@@ -1,7 +1,138 @@
-"""Subcommands of this package (see ``reportgen.cli.PLUGINS``)."""
+"""``reportgen advise``: walk the decision tree for one model and GPU and print every step with its
+numbers; ``--store`` writes the walks of a sweep for the guide pages."""
 
 from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_RESULTS = Path("results")
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
+    p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
+                                      "with estimates at every step",
+                       description="Walk the decision tree (Step 1: weights, gradients, optimizer states; Step 2: "
+                                   "activations; then batch 1 -> n) for one model and GPU, estimating every step. "
+                                   "With --store SWEEP.yaml: write the walks of every (model, GPU, sequence length) "
+                                   "the sweep covers next to its results, for the guide pages.")
+    p.add_argument("--model", help="catalog name (see `reportgen models`) or path to a config.json")
+    p.add_argument("--gpu", help="catalog name (see `reportgen gpus`)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    p.add_argument("--train-tokens", type=float, default=1e8, help="tokens to train, for hours and dollars")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--store", type=Path, metavar="SWEEP.yaml", default=None,
+                   help="instead: store the walks of every single-GPU (model, GPU, seq) of this sweep file")
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results directory (with --store)")
+    p.add_argument("--force", action="store_true", help="with --store: redo walks whose inputs did not change")
+    p.add_argument("--mermaid", action="store_true", help="print the decision tree as a Mermaid flowchart and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reportgen.errors import UserError
+
+    if args.mermaid:
+        from reportgen.advise.tree import mermaid
+
+        print(mermaid())
+        return 0
+    if args.store is not None:
+        from reportgen.advise.store import write_advice
+        from reportgen.sweep import load_sweep
+
+        sweep = load_sweep(args.store)
+        stats = write_advice(sweep, args.results, force=args.force)
+        print(f"{sweep.name}: {stats.written} walks written, {stats.skipped} unchanged, {stats.removed} removed, "
+              f"{stats.failed} failed -> {args.results / sweep.name / '_advice'}")
+        return 1 if stats.failed else 0
+    if not args.model or not args.gpu:
+        raise UserError("--model and --gpu are required (or --store SWEEP.yaml, or --mermaid)",
+                        hint="e.g. reportgen advise --model llama-3.1-8b --gpu rtx-4090")
+    from reportgen import catalog
+    from reportgen.advise.walk import walk
+
+    model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
+    if not 8 <= args.seq <= 1_048_576:
+        raise UserError(f"--seq: must be between 8 and 1048576 (got {args.seq})")
+    doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))
+    if args.format == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    print_walk(doc)
+    return 0
+
+
+# ----- terminal view ----------------------------------------------------------------------------
+def _gib(n) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f}"
+
+
+def _tps(n: dict | None) -> str:
+    from reportgen.views.format import rate
+
+    return "-" if n is None else rate(n["tokens_per_s"])
+
+
+def print_walk(doc: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from reportgen.advise.tree import BY_ID, STAGES
+
+    console = console or (Console() if Console().is_terminal else Console(width=160))
+    cap = doc["gpu_memory_bytes"]
+    console.print(f"[bold]{doc['model']}[/] on [bold]{doc['gpu_name']}[/] ({_gib(cap)} GiB), sequence "
+                  f"{doc['seq']:,} tokens: what to turn on first", highlight=False)
+    console.print("[dim]every number is an estimate (reportgen estimate); GiB = 2^30 bytes; memory is the device "
+                  "total, what nvidia-smi would show[/]", highlight=False)
+    table = Table(title_justify="left")
+    for col, just in (("#", "right"), ("step", "left"), ("setup evaluated", "left"), ("GiB (est.)", "right"),
+                      ("tokens/s (est.)", "right"), ("result", "left")):
+        table.add_column(col, justify=just)
+    stage = None
+    for i, s in enumerate(doc["steps"], 1):
+        node = BY_ID[s["node"]]
+        if node.stage != stage:
+            stage = node.stage
+            table.add_section()
+            table.add_row("", f"[bold]{STAGES[stage]}[/]", "", "", "", "")
+        n = s.get("numbers")
+        if s["kind"] == "action":
+            what = ", ".join(f"{f} {a} -> {b}" for f, (a, b) in s["changed"].items()) or (
+                "baseline" if s["node"] == "start" else "no change")
+            table.add_row(str(i), f"+ {node.label}", n["label"] if n else "-", _gib(n and n["device_total"]),
+                          _tps(n), what + "".join(f"; {note}" for note in s["notes"]))
+        elif s["kind"] == "check":
+            answer = {"yes": "[green]yes[/]", "no": "[red]no[/]"}.get(s["outcome"], s["outcome"])
+            table.add_row(str(i), f"? {s['question']}", n["label"], _gib(n["device_total"]), _tps(n),
+                          f"{answer}: {s['explain']}")
+        else:
+            table.add_row(str(i), f"[bold]{s['title']}[/]", "", "", "", "")
+    console.print(table)
+    taken = [BY_ID[s["node"]] for s in doc["steps"] if s["kind"] == "action" and not s["skipped"]
+             and s["node"] != "start"]
+    if taken:
+        console.print("[bold]turned on, and why[/]")
+        for node in taken:
+            console.print(f"  [bold]{node.label}[/]: {node.why}. [dim]Cost: {node.tradeoff}.[/]", highlight=False)
+    v = doc["verdict"]
+    colour = "green" if v["kind"] == "fits" else "red"
+    console.print(f"[bold {colour}]verdict:[/] {v['summary']}", highlight=False)
+    console.print(v["text"], highlight=False)
+    rec = doc["recommended"]
+    if rec:
+        mb = "-" if rec["max_batch"] is None else rec["max_batch"]
+        console.print(f"recommended: [bold]{rec['label']}[/]: {_gib(rec['device_total'])} of {_gib(cap)} GiB, "
+                      f"{_tps(rec)} tokens/s, largest micro-batch {mb}, peak at {rec['peak_phase']} (est.)",
+                      highlight=False)
+    for o in doc["options"]:
+        mark = "[green]fits[/]" if o["fits"] else "[red]no[/]"
+        tps = "" if not o["numbers"] or not o["numbers"]["tokens_per_s"] else f", {_tps(o['numbers'])} tokens/s"
+        label = o["label"].replace("n GPUs", f"{o['gpus']} GPUs")
+        console.print(f"  option {label}: {mark}: {o['text']}{tps}", highlight=False)
+    console.print(f"cheapest_setup: {doc['search']['text']}", highlight=False)
+    for note in dict.fromkeys((rec or {}).get("notes", [])):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)

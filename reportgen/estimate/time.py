@@ -134,7 +134,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     notes += dnotes
     tokens_mb = setup.batch * setup.seq
     peak = gpu.peak_flops(dtype)
-    eff = K.MATMUL_EFFICIENCY["consumer" if "GeForce" in gpu.name else "datacenter"]
+    eff = K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
     bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
 
     mem_mb = bytes_moved_per_micro_batch(model, setup, activation_bytes, logits_bytes) / bw

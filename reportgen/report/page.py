@@ -24,6 +24,8 @@ class SiteData:
     results: dict[str, list[dict]]  # sweep name -> result dicts sorted by case id
     reportgen_version: str
     git_commit: str | None  # of the code that renders (results carry their own)
+    #: sweep name -> decision-tree walks stored at sweep time (``reportgen.advise.store``)
+    advice: dict[str, list[dict]] = field(default_factory=dict)
 
     def all_results(self) -> list[dict]:
         return [r for name in sorted(self.results) for r in self.results[name]]

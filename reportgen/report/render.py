@@ -77,7 +77,10 @@ def load_site(results_dir: Path, commit: str | None = None) -> SiteData:
                                 hint="rerun the sweep with --force, or delete the file") from None
             if rs:
                 results[sweep_dir.name] = rs
-    return SiteData(results=results, reportgen_version=__version__, git_commit=commit)
+    from reportgen.advise.store import load_advice
+
+    return SiteData(results=results, reportgen_version=__version__, git_commit=commit,
+                    advice=load_advice(results_dir))
 
 
 def providers(published: Path | None = DEFAULT_PUBLISHED,

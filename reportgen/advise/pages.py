@@ -1,0 +1,227 @@
+"""The guide pages: ``guides/index.md`` (the decision tree) and ``guides/<gpu>.md`` for every catalog
+GPU (the tree walked for every model a sweep covers on that card).
+
+Nothing here estimates. The walks are computed when a sweep runs (``store.write_advice``) and
+stored next to its results; the renderer hands them over as ``site.advice`` (``store.load_advice``).
+A (model, GPU) no sweep covers gets the ``reportgen advise`` command instead of numbers. Where a
+step's exact setup was measured in a sweep, the measurement is shown next to the estimate.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from reportgen import catalog
+from reportgen.advise import tree as T
+from reportgen.report.page import Page, SiteData
+from reportgen.report.views import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, setup_label,
+                                    training_setup)
+
+INDEX = "guides/index.md"
+#: cards up to this much memory get the "memory decides" advice (T4, RTX 3060/3090/4090, A10G, L4)
+SMALL_CARD_BYTES = 24 * 2**30
+DEFAULT_SEQ = 2048
+
+
+def guide_path(gpu: str) -> str:
+    return f"guides/{gpu}.md"
+
+
+def rel(page: str, target: str) -> str:
+    """Link from the page at ``page`` to ``target`` (both relative to docs/)."""
+    return posixpath.relpath(target, posixpath.dirname(page) or ".")
+
+
+def technique_link(page: str, slug: str | None) -> str | None:
+    return rel(page, f"techniques/{slug}.md") if slug else None
+
+
+def stored_walks(site: SiteData) -> dict[tuple[str, str, int], dict]:
+    """``{(gpu, model, seq): walk}`` from every sweep's stored walks (the first sweep by name wins)."""
+    out: dict[tuple[str, str, int], dict] = {}
+    advice = getattr(site, "advice", None) or {}
+    for sweep in sorted(advice):
+        for doc in advice[sweep]:
+            out.setdefault((doc["gpu"], doc["model"], doc["seq"]), {**doc, "sweep": doc.get("sweep", sweep)})
+    return out
+
+
+def _measured_by_id(site: SiteData) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in site.all_results():
+        m = measured_values(r)
+        if m and r["id"] not in out:
+            out[r["id"]] = m
+    return out
+
+
+# ----- view models -------------------------------------------------------------------------------
+def _numbers_view(n: dict | None, measured: dict[str, dict]) -> dict | None:
+    if n is None:
+        return None
+    return {"label": n["label"], "short": setup_label(training_setup(n["setup"])), "technique": n["technique"], "fits": n["fits"], "device_total": n["device_total"],
+            "param_side": n["param_side"], "capacity": n["capacity"], "free": n["free"],
+            "tokens_per_s": n["tokens_per_s"], "mfu": n["mfu"], "max_batch": n["max_batch"],
+            "max_seq": n["max_seq"], "host_ram": n["host_ram"], "peak_phase": n["peak_phase"],
+            "batch": n["setup"]["batch"], "accum": n["setup"]["accum"], "gpus": n["setup"]["gpus"],
+            "case_id": n["case_id"], "measured": measured.get(n["case_id"])}
+
+
+def _step_view(i: int, s: dict, page: str, measured: dict[str, dict]) -> dict:
+    node = T.BY_ID[s["node"]]
+    base = {"n": i, "kind": s["kind"], "stage": node.stage, "label": node.label,
+            "numbers": _numbers_view(s.get("numbers"), measured)}
+    if s["kind"] == "action":
+        changed = ", ".join(f"`{f}` {a} → {b}" for f, (a, b) in sorted(s["changed"].items()))
+        base.update(title=node.title, result=changed or ("baseline" if s["node"] == T.ROOT else "no change"),
+                    notes=s["notes"], link=technique_link(page, node.technique))
+    elif s["kind"] == "check":
+        base.update(title=s["question"], result=f"**{s['outcome']}**: {s['explain']}", notes=[], link=None)
+    else:
+        base.update(title=s["title"], result="", notes=[], link=None)
+    return base
+
+
+ADMONITION = {"fits": "success", "shorter-sequence": "warning", "beyond-one-card": "failure"}
+
+
+def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
+    steps = [_step_view(i, s, page, measured) for i, s in enumerate(doc["steps"], 1)]
+    rec = _numbers_view(doc["recommended"], measured)
+    taken = [T.BY_ID[s["node"]] for s in doc["steps"] if s["kind"] == "action" and not s["skipped"]
+             and T.BY_ID[s["node"]].stage in ("step1", "step2", "batch")]
+    options = []
+    for o in doc["options"]:
+        options.append({"label": o["label"].replace("n GPUs", f"{o['gpus']} GPUs"), "fits": o["fits"],
+                        "text": o["text"], "why": o["why"], "tradeoff": o["tradeoff"],
+                        "link": technique_link(page, o["technique"]),
+                        "numbers": _numbers_view(o["numbers"], measured)})
+    notes = []
+    for s in doc["steps"]:
+        notes += (s.get("numbers") or {}).get("notes", [])
+    notes += (doc["recommended"] or {}).get("notes", [])
+    search = doc["search"]
+    verdict = doc["verdict"]
+    return {
+        "seq": doc["seq"],
+        "sweep": doc.get("sweep"),
+        "verdict": verdict["kind"],
+        "admonition": ADMONITION.get(verdict["kind"], "note"),
+        "title": verdict["title"],
+        "summary": verdict["summary"],
+        "text": verdict["text"],
+        "path": " → ".join(n.label for n in taken) or "nothing beyond the defaults",
+        "beyond_defaults": bool(taken),
+        "steps": steps,
+        "has_measured": any(st["numbers"] and st["numbers"]["measured"] for st in steps),
+        "recommended": rec,
+        "options": options,
+        "search": {"text": search["text"], "same": search["same"],
+                   "numbers": _numbers_view(search["numbers"], measured)},
+        "notes": list(dict.fromkeys(notes)),
+        "command": f"reportgen advise --model {doc['model']} --gpu {doc['gpu']} --seq {doc['seq']}",
+    }
+
+
+def _cell(w: dict) -> dict:
+    """One summary-table cell: the verdict of a walk in a few words."""
+    rec = w["recommended"]
+    if rec is not None:
+        return {"fits": True, "label": rec["short"], "tokens_per_s": rec["tokens_per_s"], "batch": rec["batch"],
+                "accum": rec["accum"], "device_total": rec["device_total"], "verdict": w["verdict"]}
+    fitting = [o for o in w["options"] if o["fits"]]
+    return {"fits": False, "label": None, "tokens_per_s": None, "batch": None, "accum": None, "device_total": None,
+            "verdict": w["verdict"], "options": ", ".join(o["label"] for o in fitting) or "none fits"}
+
+
+def gpu_profile(key: str) -> dict:
+    """Catalog facts of one GPU and whether it is a consumer (memory-bound) or data-center
+    (compute-bound) part, as the time model classifies it (``GpuSpec.is_consumer``)."""
+    g = catalog.load_gpu(key)
+    dtype = "bf16" if g.supports_bf16 else "fp16"
+    peak = g.peak_tflops.get(dtype)
+    consumer = g.is_consumer
+    return {"key": g.key, "name": g.name, "label": gpu_label(key), "memory_bytes": g.memory_bytes,
+            "bandwidth_gbs": g.memory_bandwidth_gbs, "dtype": dtype, "peak_tflops": peak,
+            "flops_per_byte": None if peak is None else round(peak * 1e12 / (g.memory_bandwidth_gbs * 1e9)),
+            "host_link": g.host_link or "not published", "host_link_gbs": g.host_link_gbs,
+            "price": g.price_usd_per_hour, "consumer": consumer,
+            # the reference notes' "memory-bound consumer cards": 24 GB and less, whatever the market segment
+            "small": g.memory_bytes <= SMALL_CARD_BYTES,
+            "class": "consumer card" if consumer else "data-center card"}
+
+
+def tree_view(page: str) -> dict:
+    """The tree's nodes as tables for the index page."""
+    def change(c: dict) -> str:
+        return ", ".join(f"`{k}: {v}`" for k, v in c.items())
+
+    actions = [{"label": n.label, "title": n.title, "stage": T.STAGES[n.stage], "change": change(n.change),
+                "why": n.why, "tradeoff": n.tradeoff, "link": technique_link(page, n.technique),
+                "default": n.default} for n in T.NODES if isinstance(n, T.Action)]
+    checks = [{"label": n.label, "question": n.question, "how": n.how, "stage": T.STAGES[n.stage],
+               "variant": n.variant} for n in T.NODES if isinstance(n, T.Check)]
+    ends = [{"label": n.label, "title": n.title, "text": n.text} for n in T.NODES if isinstance(n, T.End)]
+    options = [{"label": o.label, "change": change(o.change), "why": o.why, "tradeoff": o.tradeoff,
+                "link": technique_link(page, o.technique)} for o in T.OPTIONS]
+    symbols = [{"symbol": k, "meaning": v} for k, v in T.SYMBOLS.items()]
+    return {"actions": actions, "checks": checks, "ends": ends, "options": options, "symbols": symbols,
+            "min_activations": change(T.MIN_ACTIVATIONS), "target": T.TARGET_EFFECTIVE_BATCH,
+            "max_micro_batch": T.MAX_MICRO_BATCH, "gpu_counts": ", ".join(map(str, T.FSDP_GPU_COUNTS))}
+
+
+def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
+    path = guide_path(key)
+    mine = {(m, s): w for (g, m, s), w in walks.items() if g == key}
+    models = sorted({m for m, _ in mine}, key=model_order)
+    seqs = sorted({s for _, s in mine})
+    model_views = []
+    summary = []
+    for name in models:
+        views = {s: walk_view(mine[(name, s)], path, measured) for s in seqs if (name, s) in mine}
+        model_views.append({"name": name, "anchor": anchor(name), "walks": list(views.values())})
+        summary.append({"name": name, "anchor": anchor(name),
+                        "cells": [_cell(views[s]) if s in views else None for s in seqs]})
+    uncovered = [m for m in catalog.model_names() if m not in models]
+    uncovered.sort(key=model_order)
+    context = {
+        "root": "../",
+        "gpu": gpu_profile(key),
+        "mermaid": T.mermaid(),
+        "covered": bool(models),
+        "seqs": seqs,
+        "primary_seq": PRIMARY_SEQ if PRIMARY_SEQ in seqs else (seqs[0] if seqs else DEFAULT_SEQ),
+        "summary": summary,
+        "models": model_views,
+        "uncovered": [{"name": m, "command": f"reportgen advise --model {m} --gpu {key} --seq {DEFAULT_SEQ}"}
+                      for m in uncovered],
+        "sweeps": sorted({w["sweep"] for w in mine.values() if w.get("sweep")}),
+        "index": rel(path, INDEX),
+        "gpu_page": rel(path, f"gpus/{key}.md"),
+        "methodology": rel(path, "methodology.md"),
+        "target": T.TARGET_EFFECTIVE_BATCH,
+    }
+    return Page(path=path, template="guide.md.j2", context=context)
+
+
+def guide_pages(site: SiteData) -> list[Page]:
+    """``guides/index.md`` and one guide per catalog GPU, from the stored walks only."""
+    walks = stored_walks(site)
+    measured = _measured_by_id(site)
+    pages = [_gpu_page(key, walks, measured) for key in catalog.gpu_names()]
+    gpus = []
+    for key in catalog.gpu_names():
+        mine = [w for (g, _, _), w in walks.items() if g == key]
+        gpus.append({**gpu_profile(key), "link": rel(INDEX, guide_path(key)), "walks": len(mine),
+                     "fits": sum(1 for w in mine if w["verdict"]["kind"] == "fits"),
+                     "models": len({w["model"] for w in mine})})
+    index = Page(path=INDEX, template="guide_index.md.j2", context={
+        "root": "../",
+        "mermaid": T.mermaid(),
+        "tree": tree_view(INDEX),
+        "gpus": gpus,
+        "any_walks": bool(walks),
+        "methodology": rel(INDEX, "methodology.md"),
+        "techniques": rel(INDEX, "techniques/index.md"),
+    })
+    return [index] + pages

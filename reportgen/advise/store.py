@@ -1,0 +1,108 @@
+"""Stored walks: the decision tree walked at sweep time, read by the guide pages.
+
+Computing never renders and rendering never computes: a guide page needs a walk per model, GPU
+and sequence length, and a walk is estimator work. So ``write_advice`` walks every (model, GPU,
+sequence length) a sweep covers with single-GPU cases, when the sweep runs, and writes one JSON
+file per walk next to the sweep's results::
+
+    results/<sweep>/_advice/<model>.<gpu>.s<seq>.json
+
+(``iter_results`` reads only ``results/<sweep>/*.json``, so these files are not taken for cases.)
+``load_advice`` reads them back for the renderer. A walk is redone when its inputs change: the
+model config, the GPU entry, the estimator version, the tree's data (``tree.tree_hash``), the
+sequence length and the training tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from reportgen import __version__
+from reportgen.advise.tree import tree_hash
+from reportgen.advise.walk import ADVICE_SCHEMA_VERSION, walk
+from reportgen.results import short_hash, write_json_atomic
+from reportgen.runner import inputs_hash
+from reportgen.setup import TrainingSetup
+from reportgen.sweep import Case, Sweep
+
+ADVICE_DIR = "_advice"
+
+
+@dataclass
+class AdviceStats:
+    written: int = 0
+    skipped: int = 0
+    removed: int = 0
+    failed: int = 0
+
+
+def advice_keys(sweep: Sweep) -> list[tuple[str, str, int]]:
+    """(model, GPU, sequence length) of every single-GPU case of the sweep, sorted, once each."""
+    return sorted({(c.model, c.gpu, c.setup.seq) for c in sweep.cases if c.setup.gpus == 1})
+
+
+def advice_path(results_dir: Path, sweep: str, model: str, gpu: str, seq: int) -> Path:
+    model_part = Path(model).stem if model.endswith(".json") else model
+    return Path(results_dir) / sweep / ADVICE_DIR / f"{model_part}.{gpu}.s{seq}.json"
+
+
+def advice_inputs_hash(model: str, gpu: str, seq: int, train_tokens: int) -> str:
+    case = Case(model=model, gpu=gpu, setup=TrainingSetup(seq=seq))
+    return short_hash({"estimate_inputs": inputs_hash(case, train_tokens), "tree": tree_hash(),
+                       "schema": ADVICE_SCHEMA_VERSION}, 16)
+
+
+def write_advice(sweep: Sweep, results_dir: Path, force: bool = False) -> AdviceStats:
+    """Walk the tree for every (model, GPU, seq) the sweep covers; write what changed, remove walks
+    the sweep no longer covers. Call it after ``runner.run_estimates`` for the same sweep."""
+    stats = AdviceStats()
+    keep: set[Path] = set()
+    for model, gpu, seq in advice_keys(sweep):
+        path = advice_path(results_dir, sweep.name, model, gpu, seq)
+        keep.add(path)
+        ihash = advice_inputs_hash(model, gpu, seq, sweep.spec.train_tokens)
+        if path.exists() and not force:
+            try:
+                if json.loads(path.read_text()).get("inputs_hash") == ihash:
+                    stats.skipped += 1
+                    continue
+            except (ValueError, OSError):
+                pass
+        try:
+            doc = walk(model, gpu, seq, train_tokens=sweep.spec.train_tokens)
+        except Exception:  # a failed walk must not stop the sweep: the guide then shows the command
+            stats.failed += 1
+            path.unlink(missing_ok=True)
+            continue
+        doc.update(sweep=sweep.name, inputs_hash=ihash, reportgen_version=__version__)
+        write_json_atomic(path, doc)
+        stats.written += 1
+    folder = Path(results_dir) / sweep.name / ADVICE_DIR
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path not in keep:
+            path.unlink()
+            stats.removed += 1
+    return stats
+
+
+def load_advice(results_dir: Path) -> dict[str, list[dict]]:
+    """``{sweep: [walk, ...]}`` of every stored walk under ``results_dir``, sorted by file name.
+    Walks written by another layout (``schema_version``) are skipped: the next sweep rewrites them."""
+    out: dict[str, list[dict]] = {}
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        return out
+    for folder in sorted(results_dir.glob(f"*/{ADVICE_DIR}")):
+        docs = []
+        for path in sorted(folder.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+            except (ValueError, OSError):
+                continue
+            if doc.get("schema_version") == ADVICE_SCHEMA_VERSION:
+                docs.append(doc)
+        if docs:
+            out[folder.parent.name] = docs
+    return out
