@@ -87,7 +87,9 @@ def _text_color(hex_color: str) -> str:
     return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#ffffff"
 
 
-def _tps(x: float) -> str:
+def _tps(x: float | None) -> str:
+    if x is None:  # no datasheet peak for this card: speed not estimated
+        return "?"
     if x >= 10_000:
         return f"{x / 1000:.0f}k"
     if x >= 1000:
@@ -321,7 +323,11 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
         handles.append(Line2D([], [], color="#555555", linestyle="--", label="dashed: multi-GPU or other variant"))
     if any((r.get("measured") or {}).get("tokens_per_s") is not None for _, rows in panels for r in rows):
         handles.append(Line2D([], [], label="measured", **MEASURED))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0.0), fontsize=7.5)
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0.0), fontsize=7.5)
+    else:  # e.g. a card without a datasheet peak: no speed estimates at all
+        fig.text(0.5, 0.02, "no speed estimates for this card (no datasheet peak FLOP/s)", ha="center",
+                 fontsize=7.5, color="#777777")
     fig.suptitle(title, x=0.1 / w, y=1 - 0.08 / h, ha="left", va="top", fontsize=10, fontweight="bold")
     return _svg(fig, tight=False)
 
