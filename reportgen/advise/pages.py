@@ -9,12 +9,11 @@ step's exact setup was measured in a sweep, the measurement is shown next to the
 
 from __future__ import annotations
 
-import posixpath
 
 from reportgen import catalog
 from reportgen.advise import tree as T
 from reportgen.report.page import Page, SiteData
-from reportgen.report.views import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, setup_label,
+from reportgen.report.views import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, rel, setup_label,
                                     training_setup)
 
 INDEX = "guides/index.md"
@@ -25,11 +24,6 @@ DEFAULT_SEQ = 2048
 
 def guide_path(gpu: str) -> str:
     return f"guides/{gpu}.md"
-
-
-def rel(page: str, target: str) -> str:
-    """Link from the page at ``page`` to ``target`` (both relative to docs/)."""
-    return posixpath.relpath(target, posixpath.dirname(page) or ".")
 
 
 def technique_link(page: str, slug: str | None) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import posixpath
 from pathlib import Path
 
 from reportgen import catalog
@@ -19,15 +18,10 @@ from reportgen.report.page import Page, SiteData
 from reportgen.report.views import (MEMORY_QUANTITIES, PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
                                     TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
                                     error_stats, gib_value, gpu_label, gpu_order, group, measurement_of, model_order,
-                                    reproduce, row, site_rows, sort_key)
+                                    rel, reproduce, row, site_rows, sort_key)
 from reportgen.views.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
-
-
-def rel(page: str, target: str) -> str:
-    """Link from the page at ``page`` to ``target`` (both relative to docs/)."""
-    return posixpath.relpath(target, posixpath.dirname(page) or ".")
 
 
 def _models(rows: list[dict]) -> list[str]:

@@ -7,6 +7,8 @@ CSV files write them with units in the column names.
 
 from __future__ import annotations
 
+import posixpath
+
 import statistics
 from collections.abc import Iterable
 from functools import lru_cache
@@ -70,6 +72,10 @@ def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
         parts.append(setup.optimizer.value)
     if setup.is_peft and (setup.lora_rank != 16 or setup.lora_targets.value != "all-linear"):
         parts.append(f"r{setup.lora_rank} {setup.lora_targets.value}")
+    if setup.method.value == "qlora" and (setup.double_quant or setup.quant.value != "nf4"):
+        parts.append(setup.quant.value + (" + double quant" if setup.double_quant else ""))
+    if setup.attn.value != "sdpa":
+        parts.append(f"{setup.attn.value} attention")
     if setup.loss.value != "standard":
         parts.append("fused CE")
     if setup.accum > 1:
@@ -283,3 +289,8 @@ def error_stats(pairs: list[tuple[float, float]]) -> dict:
 
 def gib_value(n: float | None, digits: int = 3) -> float | None:
     return None if n is None else round(n / GIB, digits)
+
+
+def rel(page: str, target: str) -> str:
+    """Link from the page at ``page`` to ``target`` (both relative to docs/)."""
+    return posixpath.relpath(target, posixpath.dirname(page) or ".")
