@@ -29,13 +29,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.csv}: no such file", hint="run from the repository root or pass --csv")
     summary = compare(args.csv)
     console = Console() if Console().is_terminal else Console(width=170)
-    table = Table(title="published measurements vs reportgen estimates (same measure as the row reports)")
-    for col in ("id", "model", "technique", "GPU", "b", "seq", "measure", "published", "estimated", "error"):
-        table.add_column(col, justify="right" if col in ("b", "seq", "published", "estimated", "error") else "left")
+    table = Table(title="published measurements vs reportgen estimates (same measure as the row reports; "
+                        "GB = 1e9 bytes)")
+    cols = ("id", "model", "technique", "GPU", "b", "seq", "measure", "as published", "published GB", "estimated GB",
+            "error")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("id", "model", "technique", "GPU", "measure") else "right")
     for r in summary["rows"]:
         table.add_row(r["id"], r["model"][-28:], r["technique"][:30], r["gpu"], str(r["batch"]), str(r["seq"]),
-                      r["measure"], f"{r['published']:.2f} {r['unit']}", f"{r['estimated']:.2f} {r['unit']}",
-                      f"{100 * r['rel_error']:+.0f}%")
+                      r["measure"], f"{r['published']:g} {r['unit']}", f"{r['published_gb']:.2f}",
+                      f"{r['estimated_gb']:.2f}", f"{100 * r['rel_error']:+.0f}%")
     console.print(table)
     for src, s in summary["by_source"].items():
         console.print(f"{src}: {s['rows']} rows, median |error| {s['median_abs_error_gb']:.2f} GB, "
