@@ -133,8 +133,9 @@ def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title:
                 name = f"{cell['gpus']}× {name}"
             ax.text(j + 0.5, i + 0.34, name, ha="center", va="center", fontsize=7.2, color=fg, fontweight="bold")
             mark = " ◆" if cell.get("measured") else ""
-            ax.text(j + 0.5, i + 0.7, f"{_tps(cell['tokens_per_s'])} tok/s{mark}", ha="center", va="center",
-                    fontsize=7, color=fg)
+            speed = ("speed n/a" if cell["tokens_per_s"] is None  # no datasheet peak for this card
+                     else f"{_tps(cell['tokens_per_s'])} tok/s")
+            ax.text(j + 0.5, i + 0.7, speed + mark, ha="center", va="center", fontsize=7, color=fg)
     ax.set_xticks([j + 0.5 for j in range(ncol)], [label for _, label in gpus], fontsize=8)
     ax.xaxis.tick_top()
     ax.tick_params(axis="x", length=0, rotation=0)
