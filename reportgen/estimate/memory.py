@@ -156,12 +156,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> Mem
 
     # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
     fixed = act.fixed_activations(model, setup, dt)
-    if setup.grad_ckpt:
-        stack = act.all_layers(model, setup, dt)
-        recompute = act.layer_activations(model, setup, dt, attn=attn).bytes
-    else:
-        stack = act.all_layers(model, setup, dt, attn=attn)
-        recompute = 0
+    stack = act.all_layers(model, setup, dt, attn=attn)
+    # with checkpointing, each layer's backward first recomputes its full activations
+    recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
     lm = logits_memory(model, dt, tokens, fused=setup.loss.value == "fused")
