@@ -5,54 +5,132 @@
 #   REPORTGEN_GIT_COMMIT=<sha> scripts/validate_on_gpu.sh [SHARD] [BUDGET_S]
 #     SHARD     I/N: measure only cases whose index is I modulo N (default 0/1: all 49 cases,
 #               ~15 min on an H100, too long for one 10-minute call; use 0/3, 1/3, 2/3)
-#     BUDGET_S  stop starting cases after this many seconds (default 480): the cases finished
-#               by then are packed, the interrupted one is lost, a later call can redo the rest
-# Writes into $OUT (or ./out): validation-results.tgz (the result files of the cases measured in
-# this call: each holds the estimate and the measurement; merging shards is extracting every
-# archive into results/, one file per case) and validate.log.
+#     BUDGET_S  seconds from this script's start (wheels and import check included) after which no
+#               case is started (default 480); a case is started only if its expected time
+#               (reportgen/measure/runner.py expected_s) fits before that deadline, and a worker
+#               still running at the deadline is killed without writing a result. Cases left over
+#               are listed ("deferred by the deadline"); a later call measures them.
+# Writes into $OUT (or ./out): validation-results.tgz (the result files that hold a measurement:
+# each holds the estimate and the measurement; merging shards is extracting every archive into
+# results/, one file per case), validate.log, and exits with the sweep's exit status.
+# SMOKE_K: a pytest -k expression; when set, tests/test_measure_cuda.py's tests that match it run
+# first (e.g. SMOKE_K='fused or snapshot or cap or oom': what the sweep does not exercise; 'recipes'
+# or 'cuda' for all, about 10 s a test). A failure is logged, the sweep runs all the same; their
+# time counts against the budget.
+# Resume: result files already in results/<sweep name>/ of this tree (extracted from an earlier
+# call's archive) are the starting point, so cases measured there (ok or oom, same settings) are
+# skipped and a second call of the same shard only measures what is missing.
 # The copied tree has no .git: pass the commit the tree is at as REPORTGEN_GIT_COMMIT so every
 # measurement records it (git rev-parse HEAD here; REPORTGEN_GIT_DIRTY=1 if the tree had changes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+START=$(date +%s)
 SHARD=${1:-0/1}
 BUDGET_S=${2:-480}
 SWEEP=${SWEEP:-sweeps/validation.yaml}   # another sweep file (tests)
-WHEELS=${WHEELS:-.whl}                   # folder of wheels to install into /tmp/site
+WHEELS=${WHEELS:-.whl}                   # folder of wheels to install into $SITE
+SITE=${SITE:-/tmp/site}
 OUT=${OUT:-$PWD/out}
 RESULTS=$(mktemp -d /tmp/validation-results.XXXXXX)
 mkdir -p "$OUT"
 LOG="$OUT/validate.log"
+export REPORTGEN_MEASURE_DEADLINE=$((START + BUDGET_S))
 
 {
   echo "== validate_on_gpu.sh shard $SHARD budget ${BUDGET_S}s, $(date -u +%FT%TZ), commit ${REPORTGEN_GIT_COMMIT:-unknown}"
   if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-      || { echo "installing .whl/ failed"; exit 1; }
+    # only what the image lacks, or has older: the image's own newer typing-extensions (say) stays;
+    # pydantic and pydantic-core go together (pydantic pins the core's exact version)
+    python3 - "$WHEELS" > "$RESULTS/wheels.txt" <<'PY' || { echo "choosing wheels failed"; exit 1; }
+import pathlib, sys
+from importlib import metadata
+from packaging.version import Version
+chosen, names = [], {}
+for whl in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    name, version = whl.name.split("-")[:2]
+    key = name.lower().replace("-", "_")
+    names[key] = whl
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        have = None
+    if have is not None and Version(have) >= Version(version):
+        print(f"  wheel {whl.name}: skipped, the image has {name} {have}", file=sys.stderr)
+        continue
+    chosen.append(key)
+if "pydantic" in chosen and "pydantic_core" in names and "pydantic_core" not in chosen:
+    chosen.append("pydantic_core")
+for key in chosen:
+    print(names[key])
+PY
+    stamp="$SITE/.reportgen-wheels"
+    if [ -s "$RESULTS/wheels.txt" ] && ! cmp -s "$RESULTS/wheels.txt" "$stamp"; then
+      xargs -d '\n' python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" < "$RESULTS/wheels.txt" || { echo "installing $WHEELS/ failed"; exit 1; }
+      cp "$RESULTS/wheels.txt" "$stamp"
+    fi
+    sed 's|.*/|  installed |' "$RESULTS/wheels.txt"
   else
     echo "no wheels in $WHEELS/: run scripts/gpu_wheels.sh where there is internet and carry .whl"
   fi
-  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
+  env | grep -E '^(PYTORCH_|CUDA_|CUBLAS_|NVIDIA_TF32)' || echo "no PYTORCH_*/CUDA_* variables set"
   python3 - <<'PY' || exit 1
 import importlib, sys
-for name in ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "torchao", "pynvml", "pydantic",
-             "rich", "yaml", "jinja2", "matplotlib", "reportgen"):
+for name in ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "torchao", "liger_kernel", "triton",
+             "pynvml", "pydantic", "typing_extensions", "rich", "yaml", "jinja2", "matplotlib", "reportgen"):
     try:
         mod = importlib.import_module(name)
-        print(f"{name:13} {getattr(mod, '__version__', '?')}")
+        version = getattr(mod, "__version__", None)
+        if version is None:
+            from importlib import metadata
+            dist = {"pynvml": "nvidia-ml-py", "yaml": "pyyaml", "liger_kernel": "liger-kernel"}.get(name, name)
+            try:
+                version = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                version = "?"
+        print(f"{name:17} {version}  {getattr(mod, '__file__', '')}")
     except Exception as exc:  # report every missing package, fail only for the essential ones
-        print(f"{name:13} MISSING ({type(exc).__name__}: {exc})")
+        print(f"{name:17} MISSING ({type(exc).__name__}: {exc})")
         if name in ("torch", "transformers", "peft", "pydantic", "rich", "yaml", "reportgen"):
             sys.exit(1)
 import torch
 print("cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    torch.empty(1, device="cuda")
+    props = torch.cuda.get_device_properties(0)
+    print(f"device {props.name}, total_memory {props.total_memory} bytes ({props.total_memory / 2**20:.0f} MiB)")
+    try:  # is device_used per process (nvml-process) or the whole device's (nvml-device)?
+        from reportgen.measure.nvml import Nvml, uuid_of
+        used, source = Nvml(uuid_of(props)).process_used()
+        print(f"nvml: {used} bytes used, source {source}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"nvml: unavailable ({type(exc).__name__}: {exc})")
 PY
-  # SIGINT at the budget: the sweep kills its running worker and stops; finished cases are on disk
-  timeout -s INT -k 30 "$BUDGET_S" \
+  if [ -n "${SMOKE_K:-}" ]; then
+    echo "== smoke: pytest tests/test_measure_cuda.py -k '$SMOKE_K'"
+    python3 -m pytest -q -p no:cacheprovider -rs tests/test_measure_cuda.py -k "$SMOKE_K" \
+      && echo "== smoke passed" || echo "== smoke FAILED (status $?): the sweep runs all the same"
+  fi
+  # seed the results with what this tree already holds for the sweep (resume, see above)
+  name=$(python3 -c 'import sys; from reportgen.sweep import load_sweep; print(load_sweep(sys.argv[1]).name)' "$SWEEP") \
+    || { echo "cannot read $SWEEP"; exit 1; }
+  if [ -d "results/$name" ]; then
+    mkdir -p "$RESULTS/$name" && cp -p results/"$name"/*.json "$RESULTS/$name/" 2>/dev/null
+    echo "== seeded $(ls "$RESULTS/$name" | wc -l) result files from results/$name"
+  fi
+  left=$((START + BUDGET_S - $(date +%s)))
+  echo "== $left s of the budget left for the sweep"
+  # the runner stops at REPORTGEN_MEASURE_DEADLINE itself; timeout is only the backstop
+  timeout -s INT -k 20 $((left > 0 ? left + 40 : 40)) \
     python3 -m reportgen sweep "$SWEEP" --measure --no-render --results "$RESULTS" --shard "$SHARD"
-  echo "== sweep exit status $? after ${SECONDS}s"
+  status=$?
+  echo "== sweep exit status $status after $(( $(date +%s) - START ))s"
+  exit $status
 } 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
 
 # pack only the files that hold a measurement: files of other shards' cases hold estimates only
 # and would overwrite measured ones when the archives are merged
@@ -80,3 +158,5 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*/*.json")):
     print(f"{m['status']:>7} {path.stem:55} alloc {gib(v.get('peak_allocated')):>6} GiB  "
           f"step {v.get('step_s') or 0:.3f} s  {(m.get('error') or '').splitlines()[0][:80] if m.get('error') else ''}")
 PY
+echo "== done after $(( $(date +%s) - START ))s, exit status $status" | tee -a "$LOG"
+exit "$status"

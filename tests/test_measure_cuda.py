@@ -1,6 +1,9 @@
 """`reportgen measure` on a real NVIDIA GPU (skipped without CUDA): the memory figures exist and
-are ordered as PyTorch and the driver define them, the cap, the snapshot and a real OOM."""
+are ordered as PyTorch and the driver define them, the cap, the snapshot, a real OOM, and every
+recipe of the validation sweep on a small model (the smoke test scripts/validate_on_gpu.sh runs
+with SMOKE=1 before it spends the GPU's time on the sweep)."""
 
+import importlib.util
 import json
 import os
 
@@ -27,6 +30,15 @@ FAST = ["--gpu", "h100-sxm", "--batch", "2", "--seq", "128", "--warmup", "1", "-
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "tiny-llama.json"
     path.write_text(json.dumps(TINY["llama"]))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The tiny Llama with a 32k vocabulary: its embedding and head (2M elements) are large enough
+    for bitsandbytes to page their states (>= 1e5 elements) and torchao to offload them."""
+    path = tmp_path_factory.mktemp("cfg") / "small-llama.json"
+    path.write_text(json.dumps(dict(TINY["llama"], vocab_size=32768)))
     return str(path)
 
 
@@ -77,3 +89,47 @@ def test_real_oom_under_a_cap(capsys, tiny):
     assert rc == 1
     assert d["status"] == "oom"
     assert "out of memory" in d["error"].lower()
+
+
+#: (flags, distributions it needs beside torch/transformers/peft)
+RECIPES = [
+    (["--method", "full", "--precision", "bf16", "--optimizer", "adamw-8bit"], ["bitsandbytes"]),
+    (["--method", "full", "--precision", "bf16", "--optimizer", "paged-adamw-8bit"], ["bitsandbytes"]),
+    (["--method", "full", "--precision", "bf16", "--optimizer", "adafactor"], []),
+    (["--method", "full", "--precision", "bf16", "--optimizer", "sgd", "--accum", "2"], []),
+    (["--method", "full", "--precision", "bf16-mixed", "--offload", "optimizer"], ["torchao"]),
+    (["--method", "full", "--precision", "bf16-mixed", "--grad-ckpt"], []),
+    (["--method", "lora", "--precision", "fp16-mixed"], []),
+    (["--method", "lora", "--precision", "fp32"], []),
+    (["--method", "lora", "--precision", "bf16", "--attn", "eager"], []),
+    (["--method", "qlora", "--quant", "fp4"], ["bitsandbytes"]),
+    (["--method", "qlora", "--double-quant", "--grad-ckpt", "--optimizer", "paged-adamw-8bit"], ["bitsandbytes"]),
+    (["--method", "lora", "--loss", "fused"], ["liger_kernel"]),
+    (["--method", "qlora", "--loss", "fused", "--grad-ckpt"], ["bitsandbytes", "liger_kernel"]),
+]
+
+
+@pytest.mark.parametrize("flags,needs", RECIPES, ids=[" ".join(f).replace("--", "") for f, _ in RECIPES])
+def test_recipes_on_cuda(capsys, small, flags, needs):
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    rc, d = measure_json(capsys, "--model", small, *FAST, *flags)
+    assert rc == 0, d["error"]
+    m = d["measurement"]
+    assert m["loss_finite"] is True, m.get("final_loss")
+    assert m["peak_reserved"] >= m["peak_allocated"] >= m["memory_after_load"] > 0
+    assert m["step_s"] > 0 and m["params_trainable"] > 0
+    if "fused" in flags:
+        assert "loss: Liger-Kernel fused linear cross-entropy" in m["notes"]
+    if "paged-adamw-8bit" in flags:
+        assert any("managed memory" in n for n in m["notes"])
+    assert d["cap"] is None  # not asked for
+
+
+def test_no_cap_for_the_card_itself(capsys, tiny):
+    """A case whose --gpu is the measuring card is not capped (sweeps set cap_to_gpu for every case)."""
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--cap-to-gpu")
+    assert rc == 0, d["error"]
+    if d["environment"]["gpu_catalog_key"] == "h100-sxm":
+        assert d["cap"]["applied"] is False and d["cap"]["fraction"] is None

@@ -106,3 +106,93 @@ def test_no_gpu_no_cuda_sweep(sweep_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nvml, "nvidia_gpus_present", lambda: (False, "no driver"))
     assert sweep(sweep_file, tmp_path / "results") == 2
     assert "no usable NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_deadline_defers_cases_and_a_cut_case_writes_nothing(sweep_file, tmp_path, monkeypatch, capsys):
+    """REPORTGEN_MEASURE_DEADLINE: no case starts that cannot end before it; a worker still running
+    at the deadline is killed and leaves no result (a later call measures it, it is no timeout)."""
+    import time
+
+    from reportgen.measure import runner
+    from reportgen.measure.protocol import answer, empty_measurement
+
+    seen = []
+
+    def run_case(request, timeout_s):
+        seen.append(timeout_s)
+        status = "timeout" if timeout_s < 120 else "ok"
+        return answer(request, status, measurement=empty_measurement(), environment={"device": "cpu"})
+
+    monkeypatch.setattr(runner, "run_case", run_case)
+    out = tmp_path / "results"
+
+    monkeypatch.setenv(runner.DEADLINE_ENV, str(time.time() + 5))  # less than any case's expected time
+    assert sweep(sweep_file, out) == 0
+    assert seen == [] and all(r["measurement"] is None for r in results(out).values())
+    assert "deferred by the deadline (2)" in capsys.readouterr().err
+
+    monkeypatch.setenv(runner.DEADLINE_ENV, str(time.time() + 100))  # starts, but is cut at the deadline
+    assert sweep(sweep_file, out) == 0
+    assert len(seen) == 1 and 90 < seen[0] <= 100  # the worker's timeout stops at the deadline
+    assert all(r["measurement"] is None for r in results(out).values())
+    err = capsys.readouterr().err
+    assert "nothing written" in err and "deferred by the deadline (2)" in err
+
+    monkeypatch.setenv(runner.DEADLINE_ENV, str(time.time() + 3600))  # far away: the sweep's own limit
+    seen.clear()
+    assert sweep(sweep_file, out) == 0
+    assert seen == [120, 120] and {r["measurement"]["status"] for r in results(out).values()} == {"ok"}
+
+    monkeypatch.setenv(runner.DEADLINE_ENV, "soon")
+    assert sweep(sweep_file, out, "--force") == 2
+
+
+def test_expected_time_of_a_case():
+    from reportgen.measure.runner import CASE_OVERHEAD_S, expected_s
+
+    settings = {"warmup": 2, "steps": 5}
+    assert expected_s({"estimate": None}, settings) == 2 * CASE_OVERHEAD_S
+    slow = expected_s({"estimate": {"time": {"step_s": 4.0}}}, settings)
+    assert slow > expected_s({"estimate": {"time": {"step_s": 0.1}}}, settings) > CASE_OVERHEAD_S
+
+
+def test_validate_on_gpu_script(tmp_path):
+    """scripts/validate_on_gpu.sh end to end on the CPU: one case fails, the next is still measured,
+    the archive holds only measured files under <sweep>/, the log and the exit status are there."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    good = tmp_path / "tiny-llama.json"
+    good.write_text(json.dumps(TINY["llama"]))
+    bad = tmp_path / "bad-llama.json"
+    bad.write_text(json.dumps(dict(TINY["llama"], hidden_act="no-such-activation")))
+    spec = tmp_path / "script.yaml"
+    spec.write_text(f"""
+name: script-check
+grids:
+  - model: [{bad}, {good}]
+    gpu: h100-sxm
+    method: lora
+    seq: 16
+measure: {{warmup: 0, steps: 1, timeout_s: 120}}
+""")
+    out = tmp_path / "out"
+    env = dict(os.environ, SWEEP=str(spec), WHEELS=str(tmp_path / "no-wheels"), OUT=str(out),
+               SITE=str(tmp_path / "site"), REPORTGEN_MEASURE_DEVICE="cpu", REPORTGEN_GIT_COMMIT="0" * 40,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run(["bash", str(root / "scripts" / "validate_on_gpu.sh"), "0/1", "300"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    log = (out / "validate.log").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== packed 2 measured result files" in log and "exit status 0" in log
+    with tarfile.open(out / "validation-results.tgz") as tar:
+        names = sorted(tar.getnames())
+        blocks = {Path(n).name.split(".")[0]: json.load(tar.extractfile(n))["measurement"] for n in names}
+    assert all(n.startswith("script-check/") and n.endswith(".json") for n in names) and len(names) == 2
+    assert blocks["bad-llama"]["status"] == "error" and blocks["tiny-llama"]["status"] == "ok"
+    assert blocks["tiny-llama"]["environment"]["device"] == "cpu" and blocks["tiny-llama"]["settings"]["steps"] == 1
+    assert "no-such-activation" in blocks["bad-llama"]["error"]

@@ -40,6 +40,15 @@ def test_light_environment_needs_no_torch():
     assert env["source"] == "parent" and env["gpu_name"] is None
     assert env["utc"].endswith("+00:00")
     assert "torch" in env["versions"]
+    assert isinstance(env["cuda_env"], dict)  # PYTORCH_CUDA_ALLOC_CONF & co. change what is reserved
+
+
+def test_light_environment_records_allocator_settings(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    env = light_environment()
+    assert env["cuda_env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "CUDA_MODULE_LOADING" not in env["cuda_env"]
 
 
 @pytest.mark.parametrize("text,expected", [(None, (0, 1)), ("0/3", (0, 3)), ("2/3", (2, 3))])
@@ -126,3 +135,113 @@ def test_table_view_of_a_failed_measurement():
     text = console.export_text()
     assert "status: oom (in timed)" in text and "Tried to allocate" in text
     assert "peak allocated" in text and "estimated (rtx-4090)" in text
+
+
+class _FakeNvml:
+    def __init__(self, used):
+        self.used = used
+
+    def process_used(self):
+        return (self.used, "nvml-process") if self.used is not None else (None, "unavailable")
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    """torch.cuda as _cap sees it on an H100 80GB (CUDA total 79.2 GiB), recording the fraction set."""
+    import types
+
+    import torch
+
+    calls = []
+    props = types.SimpleNamespace(total_memory=85_030_000_000, name="NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 * 2**20)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, d)))
+    return calls
+
+
+def _request(gpu):
+    return MeasureRequest(model="llama-3.1-8b", gpu=gpu, setup=TrainingSetup().model_dump(mode="json"),
+                          cap_to_gpu=True)
+
+
+def test_cap_emulates_a_smaller_card_with_the_measured_context(fake_cuda):
+    from reportgen import catalog
+    from reportgen.measure.harness import _cap
+
+    cap = _cap(_request("rtx-4090"), _FakeNvml(600 * 2**20), "h100-sxm")
+    card = catalog.load_gpu("rtx-4090").memory_bytes
+    assert cap["applied"] is True and cap["context_bytes"] == 598 * 2**20  # NVML's figure less the allocator's
+    assert cap["limit_bytes"] == card - 598 * 2**20
+    assert fake_cuda == [(cap["limit_bytes"] / 85_030_000_000, 0)]
+    assert isinstance(fake_cuda[0][0], float) and 0 < fake_cuda[0][0] < 1  # torch refuses anything else
+
+
+def test_cap_without_nvml_assumes_the_context(fake_cuda):
+    from reportgen.estimate.constants import CUDA_CONTEXT_BYTES
+    from reportgen.measure.harness import _cap
+
+    for nvml in (None, _FakeNvml(None)):  # no NVML at all; NVML without this process's figure
+        cap = _cap(_request("rtx-4090"), nvml, "h100-sxm")
+        assert cap["applied"] is True and cap["context_bytes"] == CUDA_CONTEXT_BYTES
+        assert cap["context_source"].startswith("assumed")
+
+
+def test_no_cap_on_the_card_itself_or_a_bigger_one(fake_cuda):
+    """h100-sxm cases on an H100: the catalog's nvidia-smi total (81559 MiB) is above CUDA's total
+    less the context, which would have set a meaningless fraction of ~0.99."""
+    from reportgen.measure.harness import _cap
+
+    cap = _cap(_request("h100-sxm"), _FakeNvml(600 * 2**20), "h100-sxm")
+    assert cap["applied"] is False and cap["fraction"] is None and "emulated card" in cap["note"]
+    cap = _cap(_request("h200"), _FakeNvml(600 * 2**20), "h100-sxm")
+    assert cap["applied"] is False and "no more memory" in cap["note"]
+    assert fake_cuda == []
+
+
+def test_fused_loss_refused_when_liger_does_not_patch(monkeypatch):
+    """Liger returns silently for a model type it has no kernels for: the case must not run the
+    standard loss recorded as fused."""
+    import sys
+    import types
+
+    from reportgen.measure.build import _fuse_cross_entropy
+    from reportgen.measure.optimizers import SetupNotSupported
+
+    def lce_forward(self, *args, **kwargs):
+        return None
+
+    lce_forward.__module__ = "liger_kernel.transformers.model.llama"
+    fake = types.ModuleType("liger_kernel.transformers")
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+
+    class Model:
+        config = types.SimpleNamespace(model_type="llama")
+
+        def forward(self):
+            return None
+
+    fake._apply_liger_kernel_to_instance = lambda model, **kw: None  # an unsupported model type
+    with pytest.raises(SetupNotSupported, match="did not patch"):
+        _fuse_cross_entropy(Model(), [])
+
+    def patch(model, **kw):
+        model.forward = types.MethodType(lce_forward, model)
+
+    fake._apply_liger_kernel_to_instance = patch
+    notes = []
+    _fuse_cross_entropy(Model(), notes)
+    assert notes == ["loss: Liger-Kernel fused linear cross-entropy"]
+
+
+def test_worker_exit_skips_the_interpreter_teardown():
+    """After the answer is written the worker ends at once, even with a helper thread still running
+    (a hung Triton/NCCL thread or a broken CUDA context would otherwise hold it until the timeout)."""
+    import subprocess
+    import sys
+
+    code = ("import threading, time; threading.Thread(target=time.sleep, args=(600,)).start(); "
+            "from reportgen.measure.worker import _exit_now; print('answer written'); _exit_now(0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "answer written" in proc.stdout

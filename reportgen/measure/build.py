@@ -126,8 +126,15 @@ def _fuse_cross_entropy(model, notes: list[str]) -> None:
     isolates the loss (``liger_kernel.transformers._apply_liger_kernel_to_instance``)."""
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
+    from reportgen.measure.optimizers import SetupNotSupported
+
+    # Liger only logs (at INFO) and returns when it has no kernels for a model type: the case would
+    # then run the standard loss while recorded as fused. Check that the forward was replaced.
     _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False,
                                     rope=False, rms_norm=False, swiglu=False, geglu=False, layer_norm=False)
+    if not str(getattr(model.forward, "__module__", "")).startswith("liger_kernel"):
+        raise SetupNotSupported(f"loss='fused': Liger-Kernel did not patch {type(model).__name__} "
+                                f"(model_type {model.config.model_type!r}); the loss would be the standard one")
     notes.append("loss: Liger-Kernel fused linear cross-entropy")
 
 

@@ -28,6 +28,10 @@ from reportgen import __version__
 
 GIB = 2**30
 
+#: environment variables that change what the allocator reserves or what CUDA loads (recorded when set)
+CUDA_ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING", "CUDA_VISIBLE_DEVICES",
+                 "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
+
 #: distributions whose versions every measured result records (null when not installed)
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "torchao", "nvidia-ml-py", "liger-kernel")
 
@@ -98,6 +102,7 @@ def light_environment() -> dict:
         "hostname": socket.gethostname(),
         "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
+        "cuda_env": {name: os.environ[name] for name in CUDA_ENV_VARS if name in os.environ},
         "source": "parent",
     }
 

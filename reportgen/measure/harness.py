@@ -108,12 +108,21 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
-def _cap(request: MeasureRequest, nvml) -> dict | None:
-    """Limit the caching allocator to what the ``--gpu`` card would leave this process."""
+def _cap(request: MeasureRequest, nvml, device_key: str | None = None) -> dict | None:
+    """Limit the caching allocator to what the ``--gpu`` card would leave this process.
+
+    ``device_key``: the catalog key of the measured device (``environment.catalog_gpu_for``). When it
+    is the ``--gpu`` card itself nothing is emulated: the card's own limit applies (the catalog's
+    memory of a card is nvidia-smi's total, not CUDA's ``total_memory``, so a limit computed from it
+    would be a fraction near 1 that records a cap where there is none).
+    """
     import torch
 
     card = catalog.load_gpu(request.gpu)
     total = int(torch.cuda.get_device_properties(0).total_memory)
+    if device_key is not None and device_key == request.gpu:
+        return {"emulated_gpu": request.gpu, "emulated_memory_bytes": card.memory_bytes, "device_total_bytes": total,
+                "fraction": None, "applied": False, "note": "the device is the emulated card: nothing to cap"}
     context, source = None, None
     if nvml is not None:
         used, source = nvml.process_used()
@@ -185,7 +194,7 @@ def run(request: MeasureRequest, environment: dict) -> dict:
             except Exception as exc:  # noqa: BLE001 - no NVML: device_used stays null
                 measurement["device_used_source"] = f"unavailable ({type(exc).__name__}: {exc})"
             if request.cap_to_gpu:
-                cap = _cap(request, nvml)
+                cap = _cap(request, nvml, environment.get("gpu_catalog_key"))
             if request.snapshot:
                 torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
                 snapshot_on = True
@@ -205,6 +214,8 @@ def run(request: MeasureRequest, environment: dict) -> dict:
         measurement["build_s"] = time.perf_counter() - t0
         measurement.update(attn_implementation=built.attn_implementation, storage_dtype=built.storage_dtype,
                            compute_dtype=built.compute_dtype, adapter_dtype=built.adapter_dtype, notes=built.notes)
+        if snapshot_on:
+            built.notes.append("memory history recorded (--snapshot): step times include its overhead")
         trainable = [p for p in model.parameters() if p.requires_grad]
         measurement["params_trainable"] = sum(p.numel() for p in trainable)
         gc.collect()

@@ -29,6 +29,11 @@ Rules:
   fit are measured, to confirm the OOM. The case's ``gpu`` is the card measured, or emulated with
   ``cap_to_gpu``.
 * ``REPORTGEN_MEASURE_DEVICE=cpu`` measures on the CPU (tests; memory figures are then null).
+* ``REPORTGEN_MEASURE_DEADLINE=<unix time>`` (``scripts/validate_on_gpu.sh`` sets it from its
+  budget): a case is started only if it can be expected to end before the deadline (``expected_s``;
+  a smaller case further on may still be started), and its worker's timeout never reaches past it;
+  a case cut by the deadline writes nothing (it is no timeout of the case) and the sweep stops
+  there. The cases left are listed ("deferred by the deadline") for a later call.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ from reportgen.results import read_result, result_path, write_json_atomic
 from reportgen.sweep import Case, Sweep
 
 DEVICE_ENV = "REPORTGEN_MEASURE_DEVICE"
+DEADLINE_ENV = "REPORTGEN_MEASURE_DEADLINE"
+#: a worker's start, imports, CUDA context and model build (an 8B model: a few seconds on an H100)
+CASE_OVERHEAD_S = 30.0
+#: the estimated step time is a roofline, real steps are slower (first steps: cuBLAS/Triton warm-up)
+STEP_TIME_MARGIN = 3.0
 #: estimated peak over this many times the card's memory: not worth a run
 HOPELESS_FACTOR = 2.0
 #: stored statuses that count as measured (a rerun skips them)
@@ -59,6 +69,8 @@ class MeasureStats:
     skipped: int = 0
     hopeless: list[str] = field(default_factory=list)
     by_status: dict[str, int] = field(default_factory=dict)
+    #: cases not measured because the deadline came first (a later call measures them)
+    deferred: list[str] = field(default_factory=list)
 
 
 def parse_shard(shard: str | None) -> tuple[int, int]:
@@ -114,6 +126,25 @@ def hopeless(case: Case, result: dict) -> str | None:
     return None
 
 
+def parse_deadline(value: str | None) -> float | None:
+    if value is None or not str(value).strip():
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UserError(f"{DEADLINE_ENV}={value!r}: expected a unix time in seconds") from None
+
+
+def expected_s(result: dict, settings: dict) -> float:
+    """Seconds one case is expected to take: the worker's fixed cost plus its warm-up and timed
+    steps at the estimated step time, with a margin (no estimate: the fixed cost twice)."""
+    try:
+        step = float(result["estimate"]["time"]["step_s"])
+    except (KeyError, TypeError, ValueError):
+        return 2 * CASE_OVERHEAD_S
+    return CASE_OVERHEAD_S + STEP_TIME_MARGIN * step * (settings["warmup"] + settings["steps"])
+
+
 def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, force: bool = False,
                   console=None) -> MeasureStats:
     from rich.console import Console
@@ -130,6 +161,7 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
             raise UserError(f"--measure: this machine has no usable NVIDIA GPU ({why})",
                             hint=f"measure on a GPU machine, or set {DEVICE_ENV}=cpu for a CPU run (timings only)")
     settings = settings_for(sweep, device)
+    deadline = parse_deadline(os.environ.get(DEADLINE_ENV))
     mine = [case for i, case in enumerate(sweep.cases) if i % count == index]
     stats = MeasureStats()
     t0 = time.perf_counter()
@@ -138,7 +170,7 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
                   transient=not console.is_terminal) as bar:
         task = bar.add_task(f"measuring {sweep.name}" + (f" shard {index}/{count}" if count > 1 else ""),
                             total=len(mine), case="")
-        for case in mine:
+        for n, case in enumerate(mine):
             bar.update(task, case=f"{case.model} {case.setup.short()}")
             path = result_path(results_dir, sweep.name, case.id)
             result = _load_or_create(sweep, case, path)
@@ -154,7 +186,25 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
                 console.print(f"  skip {case.id}: {why}", highlight=False)
                 bar.advance(task)
                 continue
-            block = measure_case(case, settings, sweep.spec.measure.timeout_s)
+            timeout = sweep.spec.measure.timeout_s
+            if deadline is not None:
+                left = deadline - time.time()
+                need = expected_s(result, settings)
+                if left < need:  # a smaller case further on may still fit
+                    stats.deferred.append(case.id)
+                    console.print(f"  defer {case.id}: {max(left, 0):.0f} s left before the deadline, it needs about "
+                                  f"{need:.0f} s", highlight=False)
+                    bar.advance(task)
+                    continue
+                timeout = min(timeout, left)
+            block = measure_case(case, settings, timeout)
+            if block["status"] == "timeout" and timeout < sweep.spec.measure.timeout_s:
+                # cut by the deadline, not by the case's own limit: no result, a later call measures it
+                rest = [c.id for c in mine[n + 1:] if not _settled(results_dir, sweep, c, settings, force)]
+                stats.deferred += [case.id] + rest
+                console.print(f"  stop: the deadline came during {case.id} ({block.get('wall_s', 0):.0f} s): nothing "
+                              "written for it", highlight=False)
+                break
             result = _load_or_create(sweep, case, path)  # re-read: keep whatever the file holds now
             result["measurement"] = block
             write_json_atomic(path, result)
@@ -165,7 +215,22 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
     counts = ", ".join(f"{v} {k}" for k, v in sorted(stats.by_status.items())) or "none run"
     console.print(f"{sweep.name}: measured {stats.measured} ({counts}), {stats.skipped} already measured, "
                   f"{len(stats.hopeless)} hopeless, in {time.perf_counter() - t0:.0f} s -> {results_dir / sweep.name}")
+    if stats.deferred:
+        console.print(f"deferred by the deadline ({len(stats.deferred)}): {' '.join(stats.deferred)}", highlight=False)
     return stats
+
+
+def _settled(results_dir: Path, sweep: Sweep, case: Case, settings: dict, force: bool) -> bool:
+    """Whether a rerun would not run the case: measured with these settings, or hopeless."""
+    path = result_path(results_dir, sweep.name, case.id)
+    try:
+        result = read_result(path)
+    except (ValueError, OSError):
+        return False
+    old = result.get("measurement") or {}
+    if not force and old.get("status") in DONE_STATUSES and _same_settings(old.get("settings") or {}, settings):
+        return True
+    return hopeless(case, result) is not None
 
 
 def measure_case(case: Case, settings: dict, timeout_s: float) -> dict:

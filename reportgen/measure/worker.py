@@ -4,11 +4,17 @@ The parent (``isolate.py``) never imports torch; this process does, measures one
 (``harness.run``) and writes its answer atomically to ``ANSWER.json``. It first writes an interim
 answer (status ``running``) holding the environment, so a parent that has to kill it on timeout,
 or finds it dead, still knows which machine and software it ran on.
+
+Once the answer is written the process ends with ``os._exit``: no interpreter teardown, so a CUDA
+context left broken by the case (an illegal access after an OOM, a hung NCCL or Triton helper
+thread, gigabytes of pinned host memory to unpin) can neither hang the exit until the parent's
+timeout nor turn a written answer into a crash.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -39,5 +45,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown (see the module docstring)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    _exit_now(main(sys.argv[1:]))
