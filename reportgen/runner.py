@@ -31,8 +31,7 @@ class SweepStats:
 
 def inputs_hash(case: Case, train_tokens: int) -> str:
     model = catalog.load_model(case.model)
-    gpu_entry = catalog._gpu_table()[case.gpu]
-    return short_hash({"case": case.as_dict(), "model_config": model.config, "gpu": gpu_entry,
+    return short_hash({"case": case.as_dict(), "model_config": model.config, "gpu": catalog.gpu_entry(case.gpu),
                        "estimator": ESTIMATOR_VERSION, "train_tokens": train_tokens}, 16)
 
 

@@ -20,7 +20,7 @@ numbers, ``pages.py`` draws it (Mermaid) and ``reportgen advise`` prints a walk.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from reportgen.results import short_hash
 

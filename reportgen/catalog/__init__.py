@@ -45,9 +45,14 @@ def gpu_names() -> list[str]:
     return list(_gpu_table())
 
 
-@lru_cache(maxsize=None)
-def load_gpu(name: str) -> GpuSpec:
+def gpu_entry(name: str) -> dict:
+    """The raw catalog entry of a GPU (what a result's inputs hash covers)."""
     table = _gpu_table()
     if name not in table:
         raise unknown_name("GPU", name, list(table))
-    return gpu_from_entry(name, table[name])
+    return table[name]
+
+
+@lru_cache(maxsize=None)
+def load_gpu(name: str) -> GpuSpec:
+    return gpu_from_entry(name, gpu_entry(name))

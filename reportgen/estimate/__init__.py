@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reportgen.estimate import params as P
-from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.memory import MemoryEstimate, estimate_memory
 from reportgen.estimate.search import fits_memory, max_batch, max_seq
 from reportgen.estimate.time import TimeEstimate, estimate_time
@@ -73,4 +72,4 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
     )
 
 
-__all__ = ["ESTIMATOR_VERSION", "Estimate", "estimate", "dtypes_for"]
+__all__ = ["ESTIMATOR_VERSION", "Estimate", "estimate"]
