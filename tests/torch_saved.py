@@ -38,6 +38,7 @@ def saved_bytes(cfg: dict, method: str, precision: str, attn: str, ckpt: bool, b
         kw["num_hidden_layers"] = layers
     model_type = kw.pop("model_type")
     config = AutoConfig.for_model(model_type, **kw)
+    config.use_cache = False  # as the measuring harness builds it (``measure/build.py`` ``hf_config``)
     if method == "full":
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     else:

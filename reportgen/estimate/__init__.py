@@ -18,7 +18,7 @@ from reportgen.model import ModelSpec
 from reportgen.setup import TrainingSetup
 
 #: bump when a formula changes: result files record it, and sweeps recompute older estimates
-ESTIMATOR_VERSION = "1"
+ESTIMATOR_VERSION = "2"
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,12 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         # q, k, v (GQA heads kept), output, logsumexp (fp32 per query head)
         per_token += c * hd * (nq + 2 * nkv) + c * nq * hd + 4 * nq
         o_shared = True
+        if model.family == "phi3":
+            # value_states is a slice of qkv_proj's fused output and is not rotated: the view SDPA
+            # saves keeps the whole (q, k, v) output alive (modeling_phi3 ``Phi3Attention``, with
+            # use_cache=False as in training, where no KV cache copies v out). Eager's matmul
+            # saves a contiguous copy instead.
+            per_token += c * hd * (nq + nkv)
     else:
         kv_heads = nkv if nkv == nq else nq  # repeat_kv materialises all heads
         # matmul(q, k^T) saves q only if k needs a gradient and k only if q does; in the first
