@@ -45,6 +45,7 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--lora-targets", choices=choices(LoraTargets), default="all-linear")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="peft lora_dropout (0 = none)")
     p.add_argument("--quant", choices=choices(Quant), default="nf4")
     p.add_argument("--double-quant", action="store_true")
     p.add_argument("--offload", choices=choices(Offload), default="none")
@@ -53,7 +54,7 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
 
 
 SETUP_FIELDS = ("method", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss", "lora_rank",
-                "lora_alpha", "lora_targets", "quant", "double_quant", "offload", "gpus", "sharding")
+                "lora_alpha", "lora_targets", "lora_dropout", "quant", "double_quant", "offload", "gpus", "sharding")
 
 
 def setup_from_args(args: argparse.Namespace):

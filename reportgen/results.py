@@ -27,10 +27,16 @@ def short_hash(obj: Any, n: int = 10) -> str:
     return hashlib.sha256(canonical(obj).encode()).hexdigest()[:n]
 
 
+#: setup fields added after the first result files, with the value every older setup had: left
+#: out of the hash at that value, so adding a field keeps every existing case id
+ADDED_SETUP_FIELDS = {"lora_dropout": 0.0}
+
+
 def case_id(model: str, gpu: str, setup: dict) -> str:
     """Stable, readable id: ``<model>.<gpu>.<method>.<hash of the whole setup>``."""
     model_part = Path(model).stem if model.endswith(".json") else model
-    return f"{model_part}.{gpu}.{setup['method']}.{short_hash(setup, 8)}"
+    hashed = {k: v for k, v in setup.items() if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
+    return f"{model_part}.{gpu}.{setup['method']}.{short_hash(hashed, 8)}"
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

@@ -84,6 +84,8 @@ class TrainingSetup(BaseModel):
     lora_rank: int = Field(16, ge=1, le=4096)
     lora_alpha: int = Field(32, ge=1)
     lora_targets: LoraTargets = LoraTargets.all_linear
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="peft lora_dropout: each adapter drops its own "
+                                "copy of its input and keeps a mask for backward")
     quant: Quant = Quant.nf4
     double_quant: bool = False
     grad_ckpt: bool = False
@@ -137,6 +139,8 @@ class TrainingSetup(BaseModel):
             parts[0] += f"-{self.quant.value}" + ("-dq" if self.double_quant else "")
         if self.is_peft:
             parts.append(f"r{self.lora_rank} {self.lora_targets.value}")
+            if self.lora_dropout:
+                parts.append(f"dropout {self.lora_dropout:g}")
         parts.append(self.precision.value)
         if self.optimizer != Optimizer.adamw:
             parts.append(self.optimizer.value)

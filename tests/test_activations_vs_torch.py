@@ -52,9 +52,10 @@ def cpu_only_adjustment(fam: str, setup: TrainingSetup) -> int:
     adj = 0
     mha = spec.num_kv_heads == spec.num_heads
     # o_proj saves the copied tensor itself when its weight is trainable, or when a LoRA adapter
-    # reads it without a cast (under autocast peft makes its own copy instead)
+    # reads it without a cast or dropout (under autocast peft's non-4-bit layer makes its own copy)
     o_proj_saves = setup.method.value == "full" or (
-        setup.is_peft and not setup.autocast and setup.lora_targets.value in ("attn", "all-linear"))
+        setup.is_peft and setup.lora_targets.value in ("attn", "all-linear") and not setup.lora_dropout
+        and (not setup.autocast or setup.method.value == "qlora"))
     if setup.attn.value == "sdpa" and mha and o_proj_saves and not setup.grad_ckpt:
         adj += spec.num_layers * setup.batch * setup.seq * spec.q_dim * dtypes_for(setup).compute
     if setup.is_peft and setup.autocast and not setup.grad_ckpt:
@@ -94,3 +95,46 @@ def test_mixtral_all_linear_reaches_experts_and_is_flagged():
     est = estimate(load_model("mixtral-8x7b"), load_gpu("h100-sxm"),
                    TrainingSetup(method="lora", lora_targets="all-linear"))
     assert any("approximate" in n for n in est.notes)
+
+
+def cpu_dropout_mask_adjustment(fam: str, setup: TrainingSetup) -> int:
+    """CUDA's fused dropout keeps a bool mask; on the CPU ``dropout`` is ``input * noise`` and keeps
+    the noise in the input's dtype (``aten/src/ATen/native/Dropout.cpp``,
+    ``is_fused_kernel_acceptable`` is true for CUDA only). One mask per adapter whose input
+    requires a gradient; the input is in the adapter dtype unless peft's 4-bit layer skips the cast
+    under autocast."""
+    if not setup.lora_dropout or setup.grad_ckpt:  # checkpointed layers save only their input
+        return 0
+    spec = from_config(dict(TINY[fam]), name=fam)
+    dt = dtypes_for(setup)
+    x_bytes = dt.compute if (dt.quantized and dt.autocast) else dt.adapter
+    targets = [lin for lin in spec.layer_linears() if setup.lora_targets.value in lin.lora_sets]
+    first_free = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the first layer's input needs no gradient
+    widths = sum(lin.in_features for lin in targets) * spec.num_layers
+    widths -= sum(lin.in_features for lin in targets if lin.name in first_free)
+    return (x_bytes - 1) * widths * setup.batch * setup.seq
+
+
+HARNESS_CASES = [
+    (fam, method, dropout, prec, targets, ckpt)
+    for fam in ("llama", "phi3")
+    for method, dropout in (("qlora", 0.0), ("qlora", 0.1), ("lora", 0.1))
+    for prec in ("fp32", "bf16", "bf16-mixed")
+    for targets in ("qv", "all-linear")
+    for ckpt in (False, True)
+    if not (ckpt and (fam != "llama" or targets != "all-linear"))
+]
+
+
+@pytest.mark.parametrize("fam,method,dropout,prec,targets,ckpt", HARNESS_CASES)
+def test_harness_model_saves_what_the_inventory_says(fam, method, dropout, prec, targets, ckpt):
+    """QLoRA (peft's bitsandbytes layers, seen as on CUDA) and LoRA dropout, on the model the
+    measuring harness builds."""
+    pytest.importorskip("bitsandbytes")
+    from tests.torch_saved import saved_bytes_harness
+
+    setup = TrainingSetup(method=method, precision=prec, attn="sdpa", grad_ckpt=ckpt, batch=BATCH, seq=SEQ,
+                          lora_rank=RANK, lora_alpha=2 * RANK, lora_targets=targets, lora_dropout=dropout)
+    got = saved_bytes_harness(TINY[fam], fam, setup)
+    expected = predicted_saved(fam, setup) + cpu_only_adjustment(fam, setup) + cpu_dropout_mask_adjustment(fam, setup)
+    assert got == expected

@@ -104,3 +104,16 @@ def test_shipped_sweeps_load():
     assert min(c.setup.seq for c in consumer.cases) == 512 and max(c.setup.seq for c in consumer.cases) == 8192
     datacenter = load_sweep("sweeps/datacenter.yaml")
     assert {"a10g", "l4", "a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm", "h200"} == {c.gpu for c in datacenter.cases}
+
+
+def test_a_new_setup_field_at_its_old_value_keeps_case_ids():
+    """Result files are found by case id: adding lora_dropout must not orphan any of them, while a
+    setup that uses it gets its own id."""
+    from reportgen.results import case_id
+    from reportgen.setup import TrainingSetup
+
+    setup = TrainingSetup(method="lora").model_dump(mode="json")
+    before = {k: v for k, v in setup.items() if k != "lora_dropout"}  # a setup as written before the field
+    assert case_id("llama-3.2-1b", "t4", setup) == case_id("llama-3.2-1b", "t4", before)
+    dropped = TrainingSetup(method="lora", lora_dropout=0.1).model_dump(mode="json")
+    assert case_id("llama-3.2-1b", "t4", dropped) != case_id("llama-3.2-1b", "t4", setup)

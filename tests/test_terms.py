@@ -147,3 +147,27 @@ def test_checkpointing_adds_a_forward():
     ckpt, model = flops_per_token(L2, s(seq=8, grad_ckpt=True), s().attn)
     assert ckpt == pytest.approx(base + 2 * matmul_params_per_token(L2) + 4 * 8 * 32 * 128 * 32 * 0.5)
     assert model == pytest.approx(base)
+
+
+def test_lora_dropout_worked_example():
+    """Llama-2-7B, LoRA r16 on q and v, pure bf16, one 1024-token micro-batch (a middle layer).
+    Without dropout the q and v adapters save the norm output itself (one 2-byte copy of 4096
+    features per token, shared). With dropout each adapter saves its own dropped copy (2 x 4096 x
+    2 bytes) plus a bool mask (2 x 4096 x 1 byte): 24576 - 8192 = 16384 bytes more per token."""
+    base = dict(method="lora", precision="bf16", lora_rank=16, lora_targets="qv", batch=1, seq=1024)
+    plain, dropped = TrainingSetup(**base), TrainingSetup(**base, lora_dropout=0.1)
+    a = act.layer_activations(L2, plain, dtypes_for(plain))
+    b = act.layer_activations(L2, dropped, dtypes_for(dropped))
+    assert b.per_token - a.per_token == 2 * 4096 * 2 + 2 * 4096 * 1 - 4096 * 2
+    assert b.bytes - a.bytes == 16384 * 1024
+
+
+def test_qlora_under_autocast_shares_the_adapters_input():
+    """peft's 4-bit LoRA layer skips the fp32 cast under autocast, so lora_A's autocast cast of the
+    bf16 input is a no-op: q and v adapters save the one norm output (4096 x 2 bytes per token)
+    where LoRA on a 16-bit base saves a 16-bit copy per adapter (2 x 4096 x 2 bytes)."""
+    base = dict(precision="bf16-mixed", lora_rank=16, lora_targets="qv", batch=1, seq=1024)
+    lora, qlora = TrainingSetup(method="lora", **base), TrainingSetup(method="qlora", **base)
+    a = act.layer_activations(L2, lora, dtypes_for(lora))
+    b = act.layer_activations(L2, qlora, dtypes_for(qlora))
+    assert a.per_token - b.per_token == 2 * 4096 * 2 - 4096 * 2

@@ -76,3 +76,55 @@ def saved_bytes(cfg: dict, method: str, precision: str, attn: str, ckpt: bool, b
                   and precision == "bf16-mixed")
     total = sum(n for n, _, _ in seen.values())
     return {"total": total, "autocast_weights": weights, "activations": total - weights}
+
+
+@contextlib.contextmanager
+def cuda_autocast_view():
+    """peft's bitsandbytes LoRA layer asks ``torch.is_autocast_enabled()``, which reports *CUDA*
+    autocast. On CUDA under ``torch.autocast("cuda")`` it is true; on this CPU test it would be
+    false although CPU autocast is on. Make that one module see CPU autocast, so the CPU run takes
+    the code path a CUDA run takes (``tuners/lora/bnb.py`` ``requires_conversion``)."""
+    import peft.tuners.lora.bnb as peft_bnb
+    import torch
+
+    class _TorchView:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def is_autocast_enabled(device_type=None):
+            return torch.is_autocast_enabled(device_type or "cpu")
+
+    real = peft_bnb.torch
+    peft_bnb.torch = _TorchView()
+    try:
+        yield
+    finally:
+        peft_bnb.torch = real
+
+
+def saved_bytes_harness(cfg: dict, name: str, setup) -> int:
+    """Bytes saved for backward by one forward pass of the model the measuring harness builds
+    (``reportgen.measure.build``: QLoRA through bitsandbytes' CPU backend, LoRA dropout)."""
+    import torch
+
+    from reportgen.measure.build import build
+    from reportgen.model import from_config
+
+    model = build(from_config(dict(cfg), name=name), setup, "cpu").model
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
+    autocast = setup.precision.value == "bf16-mixed"
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with cuda_autocast_view(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values())

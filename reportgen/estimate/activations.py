@@ -11,8 +11,9 @@ weights are trainable, and the attention kernel:
   tensor that ``weight * x`` needs for the weight gradient.
 * ``F.linear`` saves its input only when its weight needs a gradient. Under autocast every call
   casts its fp32 input itself, so consumers of one fp32 tensor each save their own 16-bit copy.
-* peft LoRA (``tuners/lora/layer.py`` ``Linear.forward``): ``x`` is cast to the adapter dtype,
-  ``lora_A`` saves that input, ``lora_B`` saves the rank-``r`` output of ``lora_A``.
+* peft LoRA (``tuners/lora/layer.py`` ``Linear.forward``): ``x`` is cast to the adapter dtype
+  (not in peft's 4-bit layers under autocast), optionally dropped out (own copy and mask per
+  adapter), ``lora_A`` saves that input, ``lora_B`` saves the rank-``r`` output of ``lora_A``.
 * SDPA (flash / memory-efficient kernels, ``enable_gqa`` as transformers passes it without a
   padding mask): q, k, v at their own head counts, the output and the fp32 logsumexp.
   Eager: q, k and v repeated to all heads, the fp32 softmax and its cast, i.e. O(s^2) per head.
@@ -69,11 +70,12 @@ def _norm_const(h: int, gemma: bool) -> int:
 
 
 def _linear_group(width: int, in_bytes: int, consumers: list[Linear], lora: set[str], dt: Dtypes,
-                  rank: int, shared_saved: bool = False) -> int:
+                  rank: int, shared_saved: bool = False, input_grad: bool = True) -> int:
     """Bytes per token that linears reading the same input tensor save.
 
     ``width``: input features; ``in_bytes``: the input's dtype; ``shared_saved``: the input tensor
-    is already saved by another op (e.g. SDPA's output feeding ``o_proj``).
+    is already saved by another op (e.g. SDPA's output feeding ``o_proj``); ``input_grad``: the
+    input requires a gradient (not in the first layer of LoRA without checkpointing).
     """
     saved = 0
     shared = shared_saved
@@ -85,18 +87,45 @@ def _linear_group(width: int, in_bytes: int, consumers: list[Linear], lora: set[
                 saved += in_bytes * width
                 shared = True
         if lin.name in lora:
-            if dt.autocast:
-                # peft casts x to the fp32 adapter dtype, autocast casts it back to 16 bit: a new
-                # copy per adapter, saved by lora_A.
-                saved += dt.compute * width
-            elif dt.adapter != in_bytes:
-                saved += dt.adapter * width
-            elif not shared:
-                saved += in_bytes * width
-                shared = True
+            kept, shared = _adapter_input(width, in_bytes, dt, shared, input_grad)
             # lora_A output, saved by lora_B
-            saved += (dt.compute if dt.autocast else dt.adapter) * rank * lin.count
+            saved += kept + (dt.compute if dt.autocast else dt.adapter) * rank * lin.count
     return saved
+
+
+#: CUDA's fused dropout (``native_dropout``) keeps a bool mask for backward
+DROPOUT_MASK_BYTES = 1
+
+
+def _adapter_input(width: int, in_bytes: int, dt: Dtypes, shared: bool, input_grad: bool) -> tuple[int, bool]:
+    """Bytes per token one LoRA adapter keeps of its input, and whether ``x`` itself is now saved.
+
+    peft computes ``lora_B(lora_A(dropout(x)))`` (``tuners/lora/layer.py`` ``Linear.forward``):
+
+    * ``x`` is first cast to the adapter dtype (fp32 under mixed precision: a new tensor), except
+      in peft's bitsandbytes layers under autocast (``tuners/lora/bnb.py``: ``requires_conversion
+      = not torch.is_autocast_enabled()``), where ``x`` goes in as it is.
+    * ``lora_dropout > 0``: each adapter drops its own copy of ``x`` (a new tensor) and keeps the
+      mask (``DROPOUT_MASK_BYTES``) when ``x`` requires a gradient.
+    * ``lora_A`` saves its input; under autocast a tensor of another dtype is first cast to 16 bit
+      (a new copy per adapter), one already in 16 bit is passed through, so adapters reading the
+      same 16-bit ``x`` without dropout all save that one tensor.
+    """
+    converts = not (dt.quantized and dt.autocast)
+    x_bytes = dt.adapter if converts else in_bytes
+    new = x_bytes != in_bytes
+    kept = 0
+    if dt.lora_dropout:
+        new = True
+        if input_grad:
+            kept += DROPOUT_MASK_BYTES * width
+    if dt.autocast and x_bytes != dt.compute:
+        return kept + dt.compute * width, shared
+    if new:
+        return kept + x_bytes * width, shared
+    if shared:
+        return kept, shared
+    return kept + in_bytes * width, True
 
 
 def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_layer: bool = False,
@@ -120,7 +149,7 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     # --- attention block ---------------------------------------------------------------------
     per_token += _norm(h, dt, input_grad, gemma)
     qkv = [lins["qkv_proj"]] if model.family == "phi3" else [lins["q_proj"], lins["k_proj"], lins["v_proj"]]
-    per_token += _linear_group(h, norm_out, qkv, lora, dt, rank)
+    per_token += _linear_group(h, norm_out, qkv, lora, dt, rank, input_grad=input_grad)
 
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
     if attn == Attention.sdpa:

@@ -5,6 +5,9 @@ Source: the recipes in ``reportgen/setup.py`` and what the libraries do with the
   weights (PyTorch docs, "Automatic Mixed Precision"; ``aten/src/ATen/autocast_mode.cpp``).
 * peft keeps adapters in fp32 unless ``autocast_adapter_dtype=False`` (peft ``get_peft_model``).
 * transformers runs the residual stream in the dtype of the embedding weight.
+
+It also carries the few library behaviours that decide whether a tensor is a new copy or an
+existing one (``activations.py``): QLoRA under autocast, LoRA dropout.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class Dtypes:
     adapter: int  # LoRA adapter weights
     autocast: bool
     trainable_base: bool  # full fine-tuning: every base parameter needs a gradient
+    quantized: bool = False  # QLoRA: base linears are bitsandbytes 4-bit layers
+    lora_dropout: bool = False  # peft lora_dropout > 0
 
     @property
     def master_copy(self) -> bool:
@@ -39,5 +44,7 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         # Frozen base weights need no fp32 master copy: stored in the 16-bit dtype unless fp32.
         base = 4 if setup.precision == Precision.fp32 else 2
     adapter = 2 if setup.precision == Precision.bf16 else 4
+    quantized = setup.method == Method.qlora
     return Dtypes(base=base, stream=base, compute=c, adapter=adapter, autocast=setup.autocast,
-                  trainable_base=setup.method == Method.full)
+                  trainable_base=setup.method == Method.full, quantized=quantized,
+                  lora_dropout=setup.is_peft and setup.lora_dropout > 0)

@@ -142,7 +142,7 @@ def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
     from peft import LoraConfig, get_peft_model
 
     targets = (LORA_TARGETS_PHI3 if spec.family == "phi3" else LORA_TARGETS)[setup.lora_targets.value]
-    config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=0.0, target_modules=targets,
+    config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout, target_modules=targets,
                         bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, config, autocast_adapter_dtype=setup.precision != Precision.bf16)
     for param in model.parameters():
@@ -190,9 +190,13 @@ def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, n
     _materialize(model, device)
     if any(p.ndim == 3 for n, p in model.named_parameters() if ".experts." in n):
         notes.append("MoE experts are 3-D parameters, not nn.Linear: left unquantized in the compute dtype "
-                     "(the estimator assumes them quantized)")
+                     "(the estimator does the same)")
     for param in model.parameters():
         param.requires_grad_(False)
+    # what transformers' Bnb4BitHfQuantizer sets after from_pretrained(quantization_config=...): peft
+    # reads it to wrap 4-bit layers in its bitsandbytes LoRA layer (tuners/lora/bnb.py), the path a
+    # user's QLoRA takes, instead of the generic one
+    model.is_loaded_in_4bit = True
     return model
 
 
