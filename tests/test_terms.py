@@ -171,3 +171,22 @@ def test_qlora_under_autocast_shares_the_adapters_input():
     a = act.layer_activations(L2, lora, dtypes_for(lora))
     b = act.layer_activations(L2, qlora, dtypes_for(qlora))
     assert a.per_token - b.per_token == 2 * 4096 * 2 - 4096 * 2
+
+
+def test_bitsandbytes_0_43_keeps_each_4bit_input():
+    """bitsandbytes <= 0.43.1 ``MatMul4Bit`` held its input on ctx (``libraries.py``). Llama-2-7B
+    QLoRA, pure bf16, r16 on q and v, 1024 tokens: q/k/v read the norm output the adapters save
+    anyway and o_proj reads SDPA's saved output, so only gate/up (norm output, 4096 features) and
+    down (the SwiGLU product, 11008) add a bf16 tensor: 2 x (4096 + 11008) = 30208 bytes per token
+    and layer, 32 layers at the end of the forward pass. 0.43.2 and later add nothing."""
+    from reportgen.estimate.libraries import Libraries
+    from reportgen.estimate.memory import estimate_memory
+
+    setup = TrainingSetup(method="qlora", precision="bf16", lora_rank=16, lora_targets="qv", batch=1, seq=1024)
+    gpu = catalog.load_gpu("rtx-4090")
+    new = estimate_memory(L2, setup, gpu)
+    old = estimate_memory(L2, setup, gpu, libs=Libraries(bitsandbytes="0.43.1"))
+    assert old.phases["forward-end"] - new.phases["forward-end"] == 32 * 30208 * 1024
+    assert estimate_memory(L2, setup, gpu, libs=Libraries(bitsandbytes="0.43.2")).phases == new.phases
+    with pytest.raises(ValueError, match="0.43.1"):
+        Libraries(bitsandbytes="latest").bnb_4bit_holds_input

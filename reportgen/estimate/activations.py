@@ -80,9 +80,11 @@ def _linear_group(width: int, in_bytes: int, consumers: list[Linear], lora: set[
     saved = 0
     shared = shared_saved
     for lin in consumers:
-        if dt.trainable_base:
-            if dt.autocast and in_bytes != dt.compute:
-                saved += dt.compute * width  # autocast casts the fp32 input per call
+        if dt.trainable_base or (dt.quant_holds_input and input_grad):
+            # a trainable weight needs its input; so did bitsandbytes <= 0.43.1's 4-bit matmul,
+            # which casts to its compute dtype first (``libraries.py``)
+            if in_bytes != dt.compute and (dt.autocast or dt.quant_holds_input):
+                saved += dt.compute * width  # autocast (or bnb) casts the input per call
             elif not shared:
                 saved += in_bytes * width
                 shared = True

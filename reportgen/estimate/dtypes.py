@@ -7,13 +7,14 @@ Source: the recipes in ``reportgen/setup.py`` and what the libraries do with the
 * transformers runs the residual stream in the dtype of the embedding weight.
 
 It also carries the few library behaviours that decide whether a tensor is a new copy or an
-existing one (``activations.py``): QLoRA under autocast, LoRA dropout.
+existing one (``activations.py``): QLoRA under autocast, LoRA dropout, bitsandbytes' version.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.setup import Method, Precision, TrainingSetup
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "uint8": 1, "int64": 8}
@@ -29,6 +30,7 @@ class Dtypes:
     trainable_base: bool  # full fine-tuning: every base parameter needs a gradient
     quantized: bool = False  # QLoRA: base linears are bitsandbytes 4-bit layers
     lora_dropout: bool = False  # peft lora_dropout > 0
+    quant_holds_input: bool = False  # bitsandbytes <= 0.43.1: 4-bit linears keep their input
 
     @property
     def master_copy(self) -> bool:
@@ -36,7 +38,7 @@ class Dtypes:
         return self.autocast and self.trainable_base
 
 
-def dtypes_for(setup: TrainingSetup) -> Dtypes:
+def dtypes_for(setup: TrainingSetup, libs: Libraries = CURRENT) -> Dtypes:
     c = BYTES[setup.compute_dtype]
     if setup.method == Method.full:
         base = 2 if setup.precision == Precision.bf16 else 4
@@ -47,4 +49,5 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
     quantized = setup.method == Method.qlora
     return Dtypes(base=base, stream=base, compute=c, adapter=adapter, autocast=setup.autocast,
                   trainable_base=setup.method == Method.full, quantized=quantized,
-                  lora_dropout=setup.is_peft and setup.lora_dropout > 0)
+                  lora_dropout=setup.is_peft and setup.lora_dropout > 0,
+                  quant_holds_input=quantized and libs.bnb_4bit_holds_input)

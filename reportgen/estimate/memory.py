@@ -25,6 +25,7 @@ from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
 from reportgen.estimate import params as P
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
+from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.logits import logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
@@ -106,8 +107,10 @@ def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> 
     return 3 * 4 * largest
 
 
-def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> MemoryEstimate:
-    dt = dtypes_for(setup)
+def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
+                    libs: Libraries = CURRENT) -> MemoryEstimate:
+    """The step's peak for the library versions the harness runs, or older ones (``libraries.py``)."""
+    dt = dtypes_for(setup, libs)
     notes: list[str] = []
     attn, note = effective_attention(model, setup)
     if note:

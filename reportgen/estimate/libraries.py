@@ -1,0 +1,38 @@
+"""Library versions whose behaviour changes what a training step holds in memory.
+
+The estimator models the libraries the measuring harness runs (``CURRENT``). Older versions that
+behaved differently are modelled only where the difference is a documented code change, so that
+measurements published with those versions (``reportgen/published``) can be compared fairly:
+
+* bitsandbytes <= 0.43.1: ``MatMul4Bit.forward`` kept its input on the autograd context
+  (``ctx.tensors = (A, B)``) whenever an input needed a gradient, although the backward never uses
+  it (the 4-bit weight gets no gradient). 0.43.2 (2024-07-23) stores ``(None, B)``
+  (``bitsandbytes/autograd/_functions.py``; checked in the 0.42.0, 0.43.1, 0.43.2 and 0.50.2 wheels).
+  Every 4-bit linear whose input requires a gradient therefore keeps that input alive until its
+  backward, like a trainable linear would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split("+")[0].split(".")[:3])
+    except ValueError:
+        raise ValueError(f"bitsandbytes version {text!r}: expected digits like '0.43.1'") from None
+
+
+@dataclass(frozen=True)
+class Libraries:
+    bitsandbytes: str = "0.50.2"
+
+    @property
+    def bnb_4bit_holds_input(self) -> bool:
+        """bitsandbytes <= 0.43.1 keeps each 4-bit linear's input for backward (see module doc)."""
+        return _version(self.bitsandbytes) < (0, 43, 2)
+
+
+#: the versions the measuring harness installs (``scripts/gpu_wheels.sh``)
+CURRENT = Libraries()
