@@ -33,7 +33,7 @@ def estimated_bytes(m: Mapped) -> float:
         spec = dataclasses.replace(spec, final_logit_softcapping=None)
         lm = logits_memory(spec, dtypes_for(m.setup), m.setup.batch * m.setup.seq)
         return lm.forward_live if m.measure == "loss-forward" else max(lm.forward_live, lm.backward_live)
-    mem = estimate_memory(spec, m.setup, catalog.load_gpu(m.gpu))
+    mem = estimate_memory(spec, m.setup, catalog.load_gpu(m.gpu), libs=m.libs)
     return mem.peak_reserved if m.measure == "reserved" else mem.peak_allocated
 
 
@@ -60,6 +60,7 @@ def compare(csv_path: Path) -> dict:
             "published_gb": round(m.published * to_gb, 4), "estimated_gb": round(est * to_gb, 4),
             "abs_error_gb": round(abs(err) * to_gb, 4), "rel_error": round(err / m.published, 4),
             "setup": m.setup.model_dump(mode="json"), "assumptions": m.assumptions,
+            "bitsandbytes": m.libs.bitsandbytes,
         })
     summary = {
         "rows": rows,

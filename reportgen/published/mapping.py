@@ -4,13 +4,16 @@ Each source's defaults come from its own code or documentation, cited per mapper
 
 * AnswerDotAI/fsdp_qlora ``benchmarks_03_2024.md`` ran ``train.py`` with its defaults: pure bf16
   (``precision="bf16"``), LoRA rank 64 / alpha 16 / dropout 0.1 on q, k, v, gate, up, down (not
-  o_proj), NF4 without double quantization, AdamW, FSDP activation checkpointing (reentrant), SDPA.
+  o_proj), NF4 without double quantization, AdamW, FSDP activation checkpointing (reentrant), SDPA,
+  in March 2024, when its README asked for bitsandbytes >= 0.43.0 (0.43.0 was current).
   The figure is peak *reserved* memory per GPU in GiB.
 * Lightning-AI/litgpt ``config_hub/finetune/README.md``: ``bf16-true`` (pure bf16), AdamW, no
   activation checkpointing, max length 512 (Alpaca-2k samples are shorter: the peak comes from the
-  longest batch); LoRA rank/targets from the row when stated, else litgpt's ``lora_r=8`` on query
-  and value. litgpt uses its own model code and a chunked cross-entropy, which this estimator does
-  not model exactly: we map its loss to ``fused``. The figure is ``max_memory_allocated / 1e9``.
+  longest batch). LoRA rank, dropout and targets come from the row's own config file
+  (``LITGPT_CONFIGS``), read where the CSV left them blank. The table was added in March 2024
+  (litgpt PRs #1113, #1138), when litgpt 0.2.0 pinned ``bitsandbytes==0.42.0``. litgpt uses its own
+  model code and a chunked cross-entropy, which this estimator does not model exactly: we map its
+  loss to ``fused``. The figure is ``max_memory_allocated / 1e9``.
 * apple/ml-cross-entropy README: memory of the loss op alone (8,192 tokens, vocabulary 256,000,
   bf16 classifier); mapped to the logits term only.
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reportgen import catalog
+from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.model import ModelSpec
 from reportgen.setup import TrainingSetup
 
@@ -59,6 +63,7 @@ class Mapped:
     unit: str  # GiB | GB | MB
     published: float
     assumptions: list[str] = field(default_factory=list)
+    libs: Libraries = CURRENT  # the library versions the source ran
 
     @property
     def spec(self) -> ModelSpec:
@@ -123,13 +128,13 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
     ddp = "DDP" in technique or "DDP" in row["sharding"]
     offload = "params" if row["offload"].lower().startswith("yes") else "none"
     setup = TrainingSetup(method=method, precision="bf16", lora_rank=64, lora_alpha=16, lora_targets="all-linear",
-                          quant="nf4", double_quant=False, grad_ckpt=True, attn="sdpa", batch=_int(row["batch"]) or 1,
+                          lora_dropout=0.1, quant="nf4", double_quant=False, grad_ckpt=True, attn="sdpa", batch=_int(row["batch"]) or 1,
                           seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
                           sharding="ddp" if ddp else "fsdp", offload=offload)
     notes = ["LoRA targets all-linear (fsdp_qlora 'all' leaves out o_proj)",
-             "lora_dropout 0.1 masks not modelled (under checkpointing only one layer holds them)",
+             "bitsandbytes 0.43.0 (March 2024)",
              "reserved memory also keeps what loading and FSDP wrapping cached"]
-    return Mapped(rid, src, model, gpu, setup, "reserved", "GiB", value, notes)
+    return Mapped(rid, src, model, gpu, setup, "reserved", "GiB", value, notes, FSDP_QLORA_LIBS)
 
 
 _PROSE_ALLOCATED = re.compile(r"peak allocated memory is [^0-9]*?([0-9]+\.[0-9]+) GiB")
@@ -142,7 +147,30 @@ def prose_allocated(row: dict, mapped: Mapped) -> Mapped | None:
     if not m:
         return None
     return Mapped(mapped.row_id + "a", mapped.source, mapped.model, mapped.gpu, mapped.setup, "allocated", "GiB",
-                  float(m.group(1)), mapped.assumptions[:2] + ["figure quoted in the benchmark's text"])
+                  float(m.group(1)), mapped.assumptions[:2] + ["figure quoted in the benchmark's text"], mapped.libs)
+
+
+#: Fields of litgpt's ``config_hub/finetune/<config>`` files (rank, alpha, dropout, LoRA targets):
+#: read at the commits named, which agree on these fields with the other stored versions.
+LITGPT_CONFIGS = {
+    "llama-2-7b/lora.yaml": (32, 16, 0.05, "q,v", "56ac240"),
+    "llama-2-7b/qlora.yaml": (32, 16, 0.05, "q,v", "089fc5c"),
+    "llama-3-8b/lora.yaml": (32, 16, 0.05, "q,v", "3352a7a"),
+    "llama-3-8b/qlora.yaml": (32, 16, 0.05, "q,v", "f203eb3"),
+    "llama-3.1-8b/lora.yaml": (32, 16, 0.05, "q,v", "8140a07"),
+    "llama-3.1-8b/qlora.yaml": (32, 16, 0.05, "q,v", "4705387"),
+    "mistral-7b/lora.yaml": (32, 16, 0.05, "q,v", "0d20770"),
+    "mistral-7b/qlora.yaml": (32, 16, 0.05, "q,v", "3ba6da4"),
+    "phi-3/lora.yaml": (8, 16, 0.05, "q,k,v,proj,mlp,head", "a44b83d"),
+    "phi-3/qlora.yaml": (8, 16, 0.05, "q,k,v,proj,mlp,head", "c00df57"),
+    "tiny-llama/lora.yaml": (32, 16, 0.05, "q,k,v,proj,mlp,head", "089fc5c"),
+    "tiny-llama/qlora.yaml": (32, 16, 0.05, "q,k,v,proj,mlp,head", "56ac240"),
+    "gemma2-9b/qlora.yaml": (16, 16, 0.1, "q,k,v,proj,mlp,head", "8b030ec"),
+}
+#: litgpt 0.2.0 (March 2024) pinned bitsandbytes==0.42.0 for its 'all' extra
+LITGPT_LIBS = Libraries(bitsandbytes="0.42.0")
+#: fsdp_qlora's March 2024 benchmarks: bitsandbytes >= 0.43.0, then the newest release
+FSDP_QLORA_LIBS = Libraries(bitsandbytes="0.43.0")
 
 
 def _litgpt(row: dict) -> Mapped | Unmapped:
@@ -160,24 +188,26 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
     method = "qlora" if "QLoRA" in technique else "lora" if "LoRA" in technique else "full"
     gpus = _int(row["gpus"]) or 1
     notes = ["litgpt's own model code and chunked cross-entropy (mapped to loss=fused)",
-             "sequence 512 is the maximum; Alpaca-2k samples are shorter"]
-    rank = _int(row["lora_rank"])
-    targets_text = row["lora_targets"]
-    if method != "full" and rank is None:
+             "sequence 512 is the maximum; Alpaca-2k samples are shorter",
+             "bitsandbytes 0.42.0 (litgpt 0.2.0's pin)"]
+    config = src.rsplit(" row ", 1)[-1].strip()
+    rank, dropout, targets_text = _int(row["lora_rank"]), 0.0, row["lora_targets"]
+    if config in LITGPT_CONFIGS:
+        rank, _alpha, dropout, targets_text, commit = LITGPT_CONFIGS[config]
+        notes.append(f"LoRA r{rank}, dropout {dropout}, on {targets_text}: litgpt {config} at {commit}")
+    elif method != "full" and rank is None:
         rank = 8
         notes.append("LoRA rank not stated: litgpt default r=8 assumed")
-    if "mlp" in targets_text:
-        targets = "all-linear"
-        if "head" in targets_text:
-            notes.append("LoRA on the head not modelled")
-    else:
-        targets = "qv"
-        if method != "full" and not targets_text:
-            notes.append("LoRA targets not stated: litgpt default query,value assumed")
+    targets = "all-linear" if "mlp" in targets_text else "qv"
+    if method != "full" and "head" in targets_text:
+        notes.append("LoRA on the head not modelled")
+    if method == "qlora":
+        notes.append("litgpt also quantizes lm_head (not modelled); litgpt issue #1112 reports its QLoRA "
+                     "using more memory than LoRA at the time")
     setup = TrainingSetup(method=method, precision="bf16", lora_rank=rank or 8, lora_alpha=16, lora_targets=targets,
-                          quant="nf4", attn="sdpa", loss="fused", batch=_int(row["batch"]) or 1, seq=512, gpus=gpus,
-                          sharding="fsdp" if gpus > 1 else "none")
-    return Mapped(rid, src, model, gpu, setup, "allocated", "GB", value, notes)
+                          lora_dropout=dropout if method != "full" else 0.0, quant="nf4", attn="sdpa", loss="fused",
+                          batch=_int(row["batch"]) or 1, seq=512, gpus=gpus, sharding="fsdp" if gpus > 1 else "none")
+    return Mapped(rid, src, model, gpu, setup, "allocated", "GB", value, notes, LITGPT_LIBS)
 
 
 def _cce(row: dict) -> Mapped | Unmapped:
