@@ -3,7 +3,7 @@
 #
 # Run ON the GPU machine, from the repo root, after scripts/gpu_wheels.sh filled .whl/ here:
 #   REPORTGEN_GIT_COMMIT=<sha> scripts/validate_on_gpu.sh [SHARD] [BUDGET_S]
-#     SHARD     I/N: measure only cases whose index is I modulo N (default 0/1: all 49 cases,
+#     SHARD     I/N: measure only cases whose index is I modulo N (default 0/1: all 52 cases,
 #               ~15 min on an H100, too long for one 10-minute call; use 0/3, 1/3, 2/3)
 #     BUDGET_S  seconds from this script's start (wheels and import check included) after which no
 #               case is started (default 480); a case is started only if its expected time
