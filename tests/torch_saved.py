@@ -56,22 +56,9 @@ def saved_bytes(cfg: dict, method: str, precision: str, attn: str, ckpt: bool, b
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     param_shapes = {tuple(p.shape) for p in model.parameters()}
-    seen: dict[int, tuple[int, tuple, object]] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in params and ptr not in seen:
-            seen[ptr] = (st.nbytes(), tuple(t.shape), t.dtype)
-        return t
-
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
-    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with ctx:
-            model(input_ids=ids, labels=ids)
+    seen = _saved_storages(model, ids, autocast=precision == "bf16-mixed")
     weights = sum(n for n, shape, dt in seen.values() if shape in param_shapes and dt == torch.bfloat16
                   and precision == "bf16-mixed")
     total = sum(n for n, _, _ in seen.values())
@@ -112,19 +99,28 @@ def saved_bytes_harness(cfg: dict, name: str, setup) -> int:
     from reportgen.model import from_config
 
     model = build(from_config(dict(cfg), name=name), setup, "cpu").model
+    torch.manual_seed(0)
+    ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
+    with cuda_autocast_view():
+        seen = _saved_storages(model, ids, autocast=setup.precision.value == "bf16-mixed")
+    return sum(nbytes for nbytes, _, _ in seen.values())
+
+
+def _saved_storages(model, ids, autocast: bool) -> dict[int, tuple[int, tuple, object]]:
+    """One training forward pass (loss included) under ``saved_tensors_hooks``: every storage
+    autograd saves that is not a parameter, once, as ``{data_ptr: (bytes, shape, dtype)}``."""
+    import torch
+
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[int, tuple, object]] = {}
 
     def pack(t):
         st = t.untyped_storage()
         if st.data_ptr() not in params:
-            seen.setdefault(st.data_ptr(), st.nbytes())
+            seen.setdefault(st.data_ptr(), (st.nbytes(), tuple(t.shape), t.dtype))
         return t
 
-    torch.manual_seed(0)
-    ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
-    autocast = setup.precision.value == "bf16-mixed"
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with cuda_autocast_view(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
         model(input_ids=ids, labels=ids)
-    return sum(seen.values())
+    return seen

@@ -142,8 +142,8 @@ def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
     from peft import LoraConfig, get_peft_model
 
     targets = (LORA_TARGETS_PHI3 if spec.family == "phi3" else LORA_TARGETS)[setup.lora_targets.value]
-    config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout, target_modules=targets,
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
+                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, config, autocast_adapter_dtype=setup.precision != Precision.bf16)
     for param in model.parameters():
         # peft places adapters in the base layer's dtype when it is a float (else fp32) and upcasts
