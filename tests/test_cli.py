@@ -31,12 +31,13 @@ def test_estimate_json_contract(capsys):
 def test_every_setup_flag_reaches_the_setup(capsys):
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "qlora", "--precision", "bf16",
                  "--optimizer", "paged-adamw-8bit", "--batch", "3", "--seq", "1000", "--accum", "4", "--grad-ckpt",
-                 "--attn", "eager", "--lora-rank", "32", "--lora-alpha", "64", "--lora-targets", "qv", "--lora-dropout",
-                 "0.05", "--quant", "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2", "--sharding", "fsdp")
+                 "--attn", "eager", "--lora-rank", "32", "--lora-alpha", "64", "--lora-targets", "qv",
+                 "--lora-dropout", "0.05", "--quant", "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2",
+                 "--sharding", "fsdp")
     assert d["setup"] == {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
                           "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "loss": "standard", "lora_rank": 32,
-                          "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "quant": "fp4", "double_quant": True,
-                          "offload": "optimizer", "gpus": 2, "sharding": "fsdp"}
+                          "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "quant": "fp4",
+                          "double_quant": True, "offload": "optimizer", "gpus": 2, "sharding": "fsdp"}
 
 
 def test_model_path_accepted(capsys, tmp_path):

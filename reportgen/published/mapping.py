@@ -128,8 +128,8 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
     ddp = "DDP" in technique or "DDP" in row["sharding"]
     offload = "params" if row["offload"].lower().startswith("yes") else "none"
     setup = TrainingSetup(method=method, precision="bf16", lora_rank=64, lora_alpha=16, lora_targets="all-linear",
-                          lora_dropout=0.1, quant="nf4", double_quant=False, grad_ckpt=True, attn="sdpa", batch=_int(row["batch"]) or 1,
-                          seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
+                          lora_dropout=0.1, quant="nf4", double_quant=False, grad_ckpt=True, attn="sdpa",
+                          batch=_int(row["batch"]) or 1, seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
                           sharding="ddp" if ddp else "fsdp", offload=offload)
     notes = ["LoRA targets all-linear (fsdp_qlora 'all' leaves out o_proj)",
              "bitsandbytes 0.43.0 (March 2024)",
@@ -191,9 +191,9 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
              "sequence 512 is the maximum; Alpaca-2k samples are shorter",
              "bitsandbytes 0.42.0 (litgpt 0.2.0's pin)"]
     config = src.rsplit(" row ", 1)[-1].strip()
-    rank, dropout, targets_text = _int(row["lora_rank"]), 0.0, row["lora_targets"]
+    rank, alpha, dropout, targets_text = _int(row["lora_rank"]), 16, 0.0, row["lora_targets"]
     if config in LITGPT_CONFIGS:
-        rank, _alpha, dropout, targets_text, commit = LITGPT_CONFIGS[config]
+        rank, alpha, dropout, targets_text, commit = LITGPT_CONFIGS[config]
         notes.append(f"LoRA r{rank}, dropout {dropout}, on {targets_text}: litgpt {config} at {commit}")
     elif method != "full" and rank is None:
         rank = 8
@@ -204,7 +204,7 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
     if method == "qlora":
         notes.append("litgpt also quantizes lm_head (not modelled); litgpt issue #1112 reports its QLoRA "
                      "using more memory than LoRA at the time")
-    setup = TrainingSetup(method=method, precision="bf16", lora_rank=rank or 8, lora_alpha=16, lora_targets=targets,
+    setup = TrainingSetup(method=method, precision="bf16", lora_rank=rank or 8, lora_alpha=alpha, lora_targets=targets,
                           lora_dropout=dropout if method != "full" else 0.0, quant="nf4", attn="sdpa", loss="fused",
                           batch=_int(row["batch"]) or 1, seq=512, gpus=gpus, sharding="fsdp" if gpus > 1 else "none")
     return Mapped(rid, src, model, gpu, setup, "allocated", "GB", value, notes, LITGPT_LIBS)
