@@ -87,7 +87,8 @@ TECHNIQUES: tuple[Technique, ...] = (
                         commands=_cmds("llama-3.2-1b", "--method full --grad-ckpt", "--method lora --grad-ckpt")),),
         functions=("reportgen.model:ModelSpec.lora_params", "reportgen.estimate.params:adapter_bytes",
                    "reportgen.estimate.params:gradient_bytes", "reportgen.estimate.time:flops_per_token",
-                   "reportgen.estimate.activations:_linear_group")),
+                   "reportgen.estimate.activations:_linear_group",
+                   "reportgen.estimate.activations:_adapter_input")),
     Technique(
         slug="qlora", title="QLoRA (4-bit base weights)", memory="down",
         terms="weights (the frozen base linears: 0.5 byte per parameter plus constants)",
