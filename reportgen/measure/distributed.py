@@ -12,7 +12,8 @@ others' figures from being reported, and no collective is needed to report a fai
 
 Wrapping, per the setup's ``sharding``:
 
-* ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (default 25 MiB gradient buckets). With
+* ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (default 25 MiB gradient buckets;
+  ``find_unused_parameters`` for MoE models, whose unrouted experts get no gradient). With
   ``accum > 1`` the micro-batches before the last run under ``no_sync()`` (accelerate's and HF
   Trainer's gradient accumulation), so the gradients are all-reduced once per optimizer step.
 * ``fsdp``: FSDP2, ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes in
@@ -160,9 +161,14 @@ class Rank:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.local_rank] if device == "cuda" else None
+            config = getattr(model, "config", None)
+            # a MoE layer's experts that no token of a micro-batch reached get no gradient
+            moe = bool(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None))
             notes.append(f"DDP over {self.world_size} ranks ({self.backend}): DistributedDataParallel, 25 MiB buckets"
-                         + ("; gradient accumulation all-reduces once per step (no_sync)" if setup.accum > 1 else ""))
-            return DistributedDataParallel(model, device_ids=ids, output_device=ids[0] if ids else None)
+                         + ("; gradient accumulation all-reduces once per step (no_sync)" if setup.accum > 1 else "")
+                         + ("; find_unused_parameters (MoE experts)" if moe else ""))
+            return DistributedDataParallel(model, device_ids=ids, output_device=ids[0] if ids else None,
+                                           find_unused_parameters=moe)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 

@@ -22,10 +22,11 @@ answer of the case, still the shape of ``protocol.py``::
 
 On the CPU (gloo) every memory figure is null, as in the single-process CPU run.
 
-A failure names its rank. The cause is, in order: the earliest failure a rank reported itself
-(an OOM or an error of its own, not a collective that broke because another rank went away,
-``peer_lost``), else a rank that died without reporting (torchrun's failure summary gives its exit
-code or signal), else the earliest broken collective. The status is the cause's (``oom``,
+A failure names its rank. The cause is, in order: the rank torchrun saw fail first when it died
+without reporting (a SIGKILL, the host's OOM killer: torchrun's failure summary gives its exit code
+or signal), else the earliest failure a rank reported itself (an OOM or an error of its own, not a
+collective that broke because another rank went away, ``peer_lost``; a failing rank exits at once,
+so torchrun sees it first), else another rank that died, else the earliest broken collective. The status is the cause's (``oom``,
 ``error``); a rank that died is ``error``; the parent's time limit is ``timeout``, with the phase
 each rank had reached. The other ranks are listed after the cause.
 """
@@ -136,6 +137,9 @@ def _rank_entry(r: int, ans: dict | None, exits: dict[int, int], timed_out: bool
 
 
 def _cause(entries: list[dict], root: int | None = None) -> dict | None:
+    died_first = next((e for e in entries if e["rank"] == root and e["status"] == "died"), None)
+    if died_first is not None:  # e.g. the host's OOM killer: whatever the others then reported came after
+        return died_first
     own = [e for e in entries if e["status"] in ("oom", "error") and not e.get("peer_lost")]
     if own:
         return min(own, key=lambda e: (e.get("failed_at") or float("inf"), e["rank"]))
@@ -194,11 +198,15 @@ def merge(request: MeasureRequest, answers: dict[int, dict | None], *, log: str 
         measurement[key] = None  # no steady-state peak: the run did not finish
     log_tail = tail(log, 2000)
     if timed_out:
-        where = ", ".join(f"rank {e['rank']} " + ("done" if e["status"] == "ok" else f"in {e['phase']}")
-                          for e in entries)
-        error = f"no result within {timeout_s:g} s: torchrun and all {world} ranks were killed ({where})"
+        def where(e: dict) -> str:
+            if e["status"] == "killed":
+                return f"in {e['phase']}"
+            return "done" if e["status"] == "ok" else f"{e['status']} in {e.get('failed_in')}"
+
+        error = (f"no result within {timeout_s:g} s: torchrun and all {world} ranks were killed ("
+                 + ", ".join(f"rank {e['rank']} {where(e)}" for e in entries) + ")")
         status = "timeout"
-        measurement["failed_in"] = next((e["phase"] for e in entries if e["status"] != "ok"), None)
+        measurement["failed_in"] = next((e["phase"] for e in entries if e["status"] == "killed"), None)
     else:
         cause = _cause(entries, root)
         if cause is None:  # nothing failed by itself and nothing died: torchrun itself failed
