@@ -59,6 +59,13 @@ def test_two_ranks_on_cpu(capsys, tiny, sharding, method):
         assert m[key] is None, key
     assert m["loss_finite"] is True
     assert any(("DDP" if sharding == "ddp" else "FSDP2 fully_shard") in note for note in m["notes"])
+    from reportgen import catalog
+    from reportgen.estimate.params import lora_params
+    from reportgen.setup import TrainingSetup
+
+    spec = catalog.load_model(tiny)  # FSDP's sharded parameters count whole, as on one GPU
+    assert m["params_trainable"] == (spec.total_params if method == "full" else
+                                     lora_params(spec, TrainingSetup(method="lora")))
     # provenance: a CPU run of 2 processes counts for no GPU case
     p = provenance_of(d)
     assert p.world_size == 2 and p.device == "cpu" and p.mismatch is None
@@ -233,3 +240,20 @@ def test_a_rank_killed_from_outside_is_the_cause_even_if_the_other_reported_an_e
     d = merge(_request(), {0: running, 1: other}, log=log)
     assert d["status"] == "error" and d["measurement"]["failed_rank"] == 0
     assert d["error"].startswith("rank 0 of 2 failed (died in timed): rank 0 was killed by signal SIGKILL")
+
+
+def test_a_sweeps_multi_gpu_case_records_how_it_ran(tmp_path, monkeypatch):
+    """In a sweep's measurement file the settings of a 2-GPU case name its world size, launcher and
+    backend; a 1-GPU case's settings stay as they were."""
+    from reportgen.measure import runner
+    from reportgen.measure.protocol import answer, empty_measurement
+    from reportgen.setup import TrainingSetup
+    from reportgen.sweep import Case
+
+    monkeypatch.setattr(runner, "run_case", lambda request, timeout_s: answer(
+        request, "ok", measurement=empty_measurement(), environment={"device": "cpu"}))
+    settings = {"device": "cpu", "warmup": 1, "steps": 1, "timeout_s": 60, "cap_to_gpu": False}
+    two = runner.measure_case(Case("llama-3.2-1b", "h100-sxm", TrainingSetup(gpus=2, sharding="fsdp")), settings, 60)
+    assert two["settings"] == {**settings, "world_size": 2, "launcher": "torchrun", "backend": "gloo"}
+    one = runner.measure_case(Case("llama-3.2-1b", "h100-sxm", TrainingSetup()), settings, 60)
+    assert one["settings"] == settings
