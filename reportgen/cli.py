@@ -63,6 +63,17 @@ def setup_from_args(args: argparse.Namespace):
         raise UserError(f"{flag}: {exc.message}") from None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 or more")
+    return value
+
+
 def positive_count(text: str) -> int:
     """An argparse type: a whole number >= 1, also written as ``1e8``."""
     try:
@@ -93,6 +104,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-render", action="store_true", help="do not render the site pages afterwards")
     p.add_argument("--measure", action="store_true", help="also measure on this machine's GPU")
     p.add_argument("--shard", default=None, help="I/N: measure only every N-th case starting at I (0-based)")
+    p.add_argument("--executor", choices=["local", "slurm"], default="local",
+                   help="where --measure runs: local (this machine, one case after another; the default) or slurm "
+                        "(a Slurm job array through submitit, a shard per task; see the README)")
+    g = p.add_argument_group("Slurm (--executor slurm; submitit's parameter names in brackets)")
+    g.add_argument("--partition", default=None, help="partition to run on [slurm_partition]")
+    g.add_argument("--gpus-per-task", type=positive_int, default=None, metavar="N",
+                   help="GPUs per array task [slurm_gpus_per_task] (default: the most a case needs)")
+    g.add_argument("--time-limit", default=None, metavar="T",
+                   help="time limit per task, minutes or HH:MM:SS or D-HH:MM [timeout_min] (default: each of the "
+                        "task's cases at the sweep's measure.timeout_s, plus a minute)")
+    g.add_argument("--slurm-array-parallelism", type=positive_int, default=None, metavar="K",
+                   help="at most K tasks running at once [slurm_array_parallelism]")
+    g.add_argument("--account", default=None, help="account to charge [slurm_account]")
+    g.add_argument("--qos", default=None, help="quality of service [slurm_qos]")
+    g.add_argument("--slurm-additional", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. constraint=h100 [slurm_additional_parameters]; repeatable")
+    g.add_argument("--tasks", type=positive_int, default=None, metavar="N",
+                   help="split the cases into N shards, one per array task (default: one task per case)")
+    g.add_argument("--slurm-folder", type=Path, default=None, metavar="DIR",
+                   help="submitit's logs and pickles (default: RESULTS/<sweep>/_slurm); on a shared filesystem")
+    g.add_argument("--no-wait", action="store_true",
+                   help="submit, print the job ids and return; rerun to submit what is still missing")
 
     sub.add_parser("models", help="list the model catalog")
     sub.add_parser("gpus", help="list the GPU catalog")
@@ -148,6 +181,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     sweep = load_sweep(args.file)
+    slurm = _slurm_options(args, measuring=args.measure or sweep.spec.measure.enabled)
 
     def warn(message: str) -> None:
         from rich.markup import escape
@@ -176,7 +210,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   f"{args.results / sweep.name}")
     console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in "
                   f"{time.perf_counter() - t1:.1f} s")
-    if args.measure or sweep.spec.measure.enabled:
+    submitted = 0
+    if slurm is not None:  # the estimates above are written once, here, before any task starts
+        from reportgen.measure.cluster import submit
+
+        submitted = submit(sweep, args.results, slurm, force=args.force, console=console)
+    elif args.measure or sweep.spec.measure.enabled:
         from reportgen.measure.runner import measure_sweep
 
         measure_sweep(sweep, args.results, shard=args.shard, force=args.force, console=console)
@@ -185,8 +224,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         pages = render_all(args.results, args.docs)
         console.print(f"rendered {len(pages)} pages into {args.docs}")
-    return 1 if stats.failed else 0
+    return 1 if stats.failed or submitted else 0
 
+
+#: ``reportgen sweep`` flags that only mean something with ``--executor slurm``
+SLURM_FLAGS = ("partition", "gpus_per_task", "time_limit", "slurm_array_parallelism", "account", "qos",
+               "slurm_additional", "tasks", "slurm_folder", "no_wait")
+
+
+def _slurm_options(args: argparse.Namespace, measuring: bool):
+    """The Slurm options of ``reportgen sweep``, checked before anything is computed (None: local)."""
+    given = [f for f in SLURM_FLAGS if getattr(args, f) not in (None, False, [])]
+    if args.executor != "slurm":
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} only applies with --executor slurm")
+        return None
+    if not measuring:
+        raise UserError("--executor slurm submits the measurements: add --measure (or measure: {enabled: true} "
+                        "in the sweep file)")
+    if args.shard is not None:
+        raise UserError("--shard splits a local run; with --executor slurm each array task is a shard (--tasks N)")
+    from reportgen.measure.cluster import (SlurmOptions, check_cluster, parse_additional, parse_time_limit,
+                                           require_submitit)
+
+    if args.time_limit is not None:
+        parse_time_limit(args.time_limit)
+    parse_additional(args.slurm_additional)
+    require_submitit()
+    check_cluster()
+    return SlurmOptions(partition=args.partition, gpus_per_task=args.gpus_per_task, time_limit=args.time_limit,
+                        array_parallelism=args.slurm_array_parallelism, account=args.account, qos=args.qos,
+                        tasks=args.tasks, additional=list(args.slurm_additional), folder=args.slurm_folder,
+                        wait=not args.no_wait)
 
 def wide_console():
     """Tables of the catalogs stay unwrapped when piped (rich assumes 80 columns there)."""

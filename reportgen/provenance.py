@@ -14,6 +14,12 @@ larger card). A case is always for one catalog card, its ``gpu``. The rule:
 * a CPU run, a CUDA device the catalog does not know, or a block without an environment counts for
   no GPU case at all. It may be shown, labelled as what it is ("CPU run"), never as a GPU
   measurement.
+* a multi-GPU run (``environment.world_size`` > 1, one environment per rank in
+  ``measurement.ranks``) is judged on every rank: it counts for a card only when all ranks ran on
+  that card (the same device kind and catalog key, and for a cap, the same applied cap). A run
+  counts only for a case with as many GPUs as it had processes: a single-process block never
+  describes a 2-GPU case, nor a 2-process block a 1-GPU or 4-GPU one (when the block names its
+  case).
 
 The renderer (``report/views.py``), the validation page, ``reportgen show`` and
 ``scripts/calibrate.py`` all ask ``provenance_of(block).valid_quantities(case_gpu)``; nothing else
@@ -39,14 +45,16 @@ class Provenance:
     device_gpu: str | None  # GPU catalog key of the CUDA device that ran it; None when not known
     emulated_gpu: str | None  # catalog key whose memory a cap emulated (only when the cap was applied)
     fake: bool = False  # a test fixture, never a real run
+    world_size: int = 1  # processes (GPUs) of the run: torchrun's WORLD_SIZE, 1 for a single-process run
+    mismatch: str | None = None  # why the run compares with nothing (ranks disagree, GPU count of the case)
 
     @property
     def is_gpu(self) -> bool:
-        return self.device == "cuda" and self.device_gpu is not None
+        return self.device == "cuda" and self.device_gpu is not None and self.mismatch is None
 
     def memory_counts_for(self, gpu: str) -> bool:
         """Memory figures (and an OOM) of this run describe card ``gpu``."""
-        cuda = self.device == "cuda"
+        cuda = self.device == "cuda" and self.mismatch is None
         return cuda and gpu is not None and (self.device_gpu == gpu or self.emulated_gpu == gpu)
 
     def speed_counts_for(self, gpu: str) -> bool:
@@ -65,10 +73,14 @@ class Provenance:
     def label(self, gpu: str) -> str:
         """What the run is, in words, for a case on ``gpu`` (badges, ``show``, tables)."""
         name = self.device_name or self.device_gpu or "an unnamed device"
+        if self.world_size > 1:
+            name = f"{self.world_size}x {name}" if self.device == "cuda" else f"{name}, {self.world_size} processes"
         if self.device == "cpu":
             return f"CPU run ({name}): timings of the CPU, not a GPU measurement"
         if self.device != "cuda":
-            return "run on an unrecorded device: not comparable"
+            return "run on an unrecorded device: not comparable" + (f" ({self.mismatch})" if self.mismatch else "")
+        if self.mismatch:
+            return f"measured on {name}, but {self.mismatch}: not comparable"
         if self.device_gpu is not None and self.device_gpu == gpu:
             return f"measured on {name}"
         if self.emulated_gpu == gpu:
@@ -92,5 +104,39 @@ def provenance_of(block: dict | None) -> Provenance:
     cap = block.get("cap") if isinstance(block.get("cap"), dict) else {}
     emulated = cap.get("emulated_gpu") if cap.get("applied") else None
     name = env.get("gpu_name") if device == "cuda" else env.get("cpu")
-    return Provenance(device=device, device_name=name, device_gpu=env.get("gpu_catalog_key") if device == "cuda"
-                      else None, emulated_gpu=emulated, fake=bool(block.get("fake")))
+    key = env.get("gpu_catalog_key") if device == "cuda" else None
+    world, mismatch = _world_size(block, env)
+    measurement = block.get("measurement") if isinstance(block.get("measurement"), dict) else {}
+    ranks = measurement.get("ranks")
+    if world > 1 and mismatch is None:
+        if not isinstance(ranks, list) or len(ranks) != world:
+            mismatch = f"{world} processes but {len(ranks) if isinstance(ranks, list) else 'no'} per-rank records"
+        else:
+            envs = [r.get("environment") if isinstance(r, dict) else None for r in ranks]
+            envs = [e if isinstance(e, dict) else {} for e in envs]
+            devices = {e.get("device") for e in envs}
+            keys = {e.get("gpu_catalog_key") for e in envs}
+            if devices != {device}:
+                mismatch = f"its ranks ran on {' and '.join(sorted(str(d) for d in devices))}"
+            elif device == "cuda" and len(keys) != 1:
+                mismatch = f"its ranks ran on different cards ({', '.join(sorted(str(k) for k in keys))})"
+            else:
+                key = keys.pop() if device == "cuda" else None
+            rank_caps = [r.get("cap") if isinstance(r, dict) and isinstance(r.get("cap"), dict) else {} for r in ranks]
+            if emulated and not all(c.get("applied") and c.get("emulated_gpu") == emulated for c in rank_caps):
+                emulated = None  # a cap counts only when every rank ran under it
+    return Provenance(device=device, device_name=name, device_gpu=key, emulated_gpu=emulated,
+                      fake=bool(block.get("fake")), world_size=world, mismatch=mismatch)
+
+
+def _world_size(block: dict, env: dict) -> tuple[int, str | None]:
+    """The run's process count, and the mismatch with its case's GPU count (when the block names
+    its case: measurement files and ``reportgen measure`` answers do)."""
+    world = env.get("world_size")
+    world = world if isinstance(world, int) and world >= 1 else 1
+    case = block.get("case") if isinstance(block.get("case"), dict) else {}
+    setup = case.get("setup") if isinstance(case.get("setup"), dict) else {}
+    gpus = setup.get("gpus", 1)
+    if isinstance(gpus, int) and gpus != world:
+        return world, (f"it ran as {world} process{'es' if world > 1 else ''} for a {gpus}-GPU case")
+    return world, None

@@ -123,3 +123,43 @@ def test_show_prints_what_each_run_counts_for(site, capsys):
     out = capsys.readouterr().out
     assert "compares with the estimate: peak_allocated, peak_reserved, device_total" in out
     assert "tokens_per_s" not in out.split("compares with the estimate:")[1].splitlines()[0]
+
+
+# ----- multi-GPU runs: every rank is judged ---------------------------------------------------------
+def ranked(keys=("h100-sxm", "h100-sxm"), gpus=None, world=None, caps=None):
+    """A measurement block of a torchrun run, one environment per rank (``measure/ranks.py``)."""
+    b = block(key=keys[0])
+    b["environment"]["world_size"] = len(keys) if world is None else world
+    b["measurement"]["ranks"] = [{"rank": r, "environment": {"device": "cuda", "gpu_catalog_key": k},
+                                  "cap": (caps or {}).get(r)} for r, k in enumerate(keys)]
+    b["case"] = {"gpu": "h100-sxm", "setup": {"gpus": len(keys) if gpus is None else gpus}}
+    return b
+
+
+@pytest.mark.parametrize("what, b, valid", [
+    ("every rank on the case's card", ranked(), QUANTITIES),
+    ("one rank on another card", ranked(keys=("h100-sxm", "a100-80gb")), ()),
+    ("a 2-process run for a 4-GPU case", ranked(gpus=4), ()),
+    ("a single-process run for a 2-GPU case", dict(block(), case={"gpu": "h100-sxm", "setup": {"gpus": 2}}), ()),
+    ("world size without per-rank records", dict(ranked(), measurement={"peak_allocated": 1}), ()),
+])
+def test_multi_gpu_runs_count_only_when_every_rank_ran_on_the_card(what, b, valid):
+    p = provenance_of(b)
+    assert set(p.valid_quantities("h100-sxm")) == set(valid), what
+    if not valid:
+        assert "not comparable" in p.label("h100-sxm")
+
+
+def test_a_multi_gpu_label_says_how_many():
+    assert provenance_of(ranked()).label("h100-sxm") == "measured on 2x NVIDIA H100 80GB HBM3"
+    assert "different cards" in provenance_of(ranked(keys=("h100-sxm", "a100-80gb"))).label("h100-sxm")
+
+
+def test_a_multi_gpu_cap_counts_only_when_every_rank_applied_it():
+    both = {0: {"applied": True, "emulated_gpu": "rtx-4090"}, 1: {"applied": True, "emulated_gpu": "rtx-4090"}}
+    b = ranked(caps=both)
+    b["cap"] = both[0]
+    assert provenance_of(b).memory_counts_for("rtx-4090")
+    b = ranked(caps={0: both[0], 1: {"applied": False, "emulated_gpu": "rtx-4090"}})
+    b["cap"] = both[0]
+    assert not provenance_of(b).memory_counts_for("rtx-4090")

@@ -90,7 +90,11 @@ def hf_config(spec: ModelSpec, attn: str):
     return config
 
 
-def build(spec: ModelSpec, setup: TrainingSetup, device: str) -> Built:
+def build(spec: ModelSpec, setup: TrainingSetup, device: str, quant_storage: str | None = None) -> Built:
+    """The model of one case on ``device``. ``quant_storage`` (QLoRA only): the dtype the packed
+    4-bit weights are stored in (bitsandbytes ``quant_storage``; default uint8). FSDP shards and
+    all-gathers them as ordinary tensors of that dtype, so ``distributed.py`` asks for the compute
+    dtype, as fsdp_qlora and transformers' ``bnb_4bit_quant_storage`` do."""
     import torch
 
     attn, note = effective_attention(spec, setup)
@@ -99,7 +103,8 @@ def build(spec: ModelSpec, setup: TrainingSetup, device: str) -> Built:
     config = hf_config(spec, attn.value)
     torch.manual_seed(0)
     if setup.method == Method.qlora:
-        model = _build_quantized(config, setup, device, _torch_dtype(compute), notes)
+        model = _build_quantized(config, setup, device, _torch_dtype(compute), notes,
+                                 _torch_dtype(quant_storage) if quant_storage else None)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -158,7 +163,8 @@ def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
     return model
 
 
-def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, notes: list[str]):
+def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, notes: list[str],
+                     quant_storage=None):
     import bitsandbytes as bnb
     import torch
     from torch import nn
@@ -170,6 +176,7 @@ def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, n
     head = model.get_output_embeddings()
     std = float(getattr(config, "initializer_range", 0.02) or 0.02)
     quant_type = setup.quant.value
+    storage = {"quant_storage": quant_storage} if quant_storage is not None else {}
     quantized = 0
     for name, module in list(model.named_modules()):
         if type(module) is not nn.Linear or module is head:
@@ -177,11 +184,11 @@ def _build_quantized(config, setup: TrainingSetup, device: str, compute_dtype, n
         with torch.device("meta"):
             q = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=module.bias is not None,
                                   compute_dtype=compute_dtype, compress_statistics=setup.double_quant,
-                                  quant_type=quant_type)
+                                  quant_type=quant_type, **storage)
         w = torch.empty(module.out_features, module.in_features, dtype=compute_dtype, device=device).normal_(0, std)
         # .to(device) on a not-yet-quantized Params4bit runs quantize_4bit on that device
         q.weight = bnb.nn.Params4bit(w, requires_grad=False, compress_statistics=setup.double_quant,
-                                     quant_type=quant_type, module=q).to(device)
+                                     quant_type=quant_type, module=q, **storage).to(device)
         del w
         if module.bias is not None:
             q.bias = nn.Parameter(torch.zeros(module.out_features, dtype=compute_dtype, device=device),

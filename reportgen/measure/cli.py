@@ -3,7 +3,8 @@
 ``reportgen measure`` takes the setup flags of ``reportgen estimate`` and runs the case for real,
 in a subprocess (``isolate.py``); this process never imports torch. ``--format json`` prints
 exactly one JSON object (``protocol.py``); the exit status is 0 for ``ok``, 1 for ``oom``,
-``error`` and ``timeout`` (the answer is printed all the same).
+``error`` and ``timeout`` (the answer is printed all the same). ``--gpus N --sharding ddp|fsdp``
+runs one process per GPU under torchrun (``distributed.py``, ``ranks.py``).
 """
 
 from __future__ import annotations
@@ -62,12 +63,15 @@ def cmd_measure(args: argparse.Namespace) -> int:
         if args.device != "cuda":
             raise UserError("--snapshot: CUDA memory snapshots need --device cuda")
         snapshot = str((args.snapshot / f"{case_id(args.model, args.gpu, setup_dict)}.pickle").resolve())
+    if snapshot is not None and setup.gpus > 1:
+        raise UserError("--snapshot: a CUDA memory snapshot records one process; not with --gpus > 1")
     if args.cap_to_gpu and args.device != "cuda":
         raise UserError("--cap-to-gpu: caps the CUDA allocator; needs --device cuda")
     request = MeasureRequest(model=args.model, gpu=args.gpu, setup=setup_dict, device=args.device,
                              warmup=args.warmup, steps=args.steps, cap_to_gpu=args.cap_to_gpu, snapshot=snapshot)
     err = Console(stderr=True)
-    what = f"measuring {model.name} {setup.short()} on {args.device} (subprocess, timeout {args.timeout:g} s)"
+    how = "subprocess" if setup.gpus == 1 else f"torchrun, {setup.gpus} processes"
+    what = f"measuring {model.name} {setup.short()} on {args.device} ({how}, timeout {args.timeout:g} s)"
     with err.status(what):
         result = run_case(request, args.timeout)
     if args.format == "json":

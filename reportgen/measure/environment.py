@@ -107,8 +107,9 @@ def light_environment() -> dict:
     }
 
 
-def collect_environment(device: str) -> dict:
-    """Full provenance, in the worker, after ``import torch``."""
+def collect_environment(device: str, index: int = 0) -> dict:
+    """Full provenance, in the worker, after ``import torch``; ``index``: the CUDA device this
+    process measures on (its local rank under torchrun, else 0)."""
     import torch
 
     env = light_environment()
@@ -117,7 +118,7 @@ def collect_environment(device: str) -> dict:
     env["cuda_version"] = torch.version.cuda
     env["versions"]["torch"] = torch.__version__  # the imported one, with its local tag (+cu130)
     if device == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(index)
         env["gpu_name"] = props.name
         env["gpu_total_bytes"] = int(props.total_memory)
         env["gpu_count"] = torch.cuda.device_count()

@@ -44,9 +44,16 @@ Cap (``cap_to_gpu``): ``torch.cuda.set_per_process_memory_fraction(f)`` with
 allocator can reserve at most what a process could on the emulated card. The allocator raises an
 ordinary OOM at the limit. CUDA managed memory (paged optimizers) is not limited by it.
 
+Multi-GPU (``gpus > 1``): one process per GPU under torchrun, each running ``run`` with its
+``distributed.Rank`` (``dist``): it joins the process group, wraps the built model (DDP or FSDP2),
+draws its own micro-batches, runs the same loop and reports its own figures on device
+``local_rank``; the parent merges the ranks' answers (``ranks.py``). Without ``dist`` nothing of
+this happens and the single-GPU run is unchanged.
+
 Test-only fault injection: ``REPORTGEN_FAULT=oom`` raises ``torch.OutOfMemoryError`` in the first
 warm-up step, ``crash`` kills the worker with SIGKILL, ``hang`` sleeps forever, ``error`` raises
-``RuntimeError``. Never set it for real measurements: the measurement records it if it is set.
+``RuntimeError``; ``REPORTGEN_FAULT_RANK=R`` limits it to rank R of a multi-GPU run. Never set it
+for real measurements: the measurement records it if it is set.
 """
 
 from __future__ import annotations
@@ -70,24 +77,43 @@ SNAPSHOT_MAX_ENTRIES = 200_000
 
 
 class Phase:
-    """Where the run is, so a failure can say where it failed."""
+    """Where the run is, so a failure can say where it failed; ``listener(name)`` hears each change
+    (a multi-GPU rank records it, so a timeout can say where every rank was)."""
 
-    def __init__(self) -> None:
-        self.name = "setup"
+    def __init__(self, listener=None) -> None:
+        self._listener = listener
+        self._name = "setup"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+        if self._listener is not None:
+            self._listener(value)
 
 
-def check_supported(setup: TrainingSetup, device: str) -> None:
-    """Refuse, with a clear message, what the harness cannot run here (before importing much)."""
-    if setup.gpus > 1:
+def check_supported(setup: TrainingSetup, device: str, world_size: int = 1) -> None:
+    """Refuse, with a clear message, what the harness cannot run here (before importing much).
+    ``world_size``: the processes of this run (torchrun's ``WORLD_SIZE``; 1 without torchrun)."""
+    if setup.gpus > 1 and world_size > 1:
+        from reportgen.measure.distributed import check_supported as check_ranks
+
+        check_ranks(setup, device, world_size)
+    elif setup.gpus > 1:
         import torch
 
         have = torch.cuda.device_count() if device == "cuda" and torch.cuda.is_available() else 0
         if have < setup.gpus:
             raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}) needs {setup.gpus} GPUs; "
                                     f"this machine has {have}")
-        raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}): multi-GPU measurement is not "
-                                "implemented by the harness (one process, one GPU)")
-    if setup.offload == Offload.params:
+        raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}): measured with one process per GPU "
+                                "under torchrun, which `reportgen measure` starts; this worker runs alone")
+    if setup.offload == Offload.params and world_size > 1 and setup.sharding.value in ("fsdp", "no-shard"):
+        pass  # FSDP2's CPUOffloadPolicy (distributed.py)
+    elif setup.offload == Offload.params:
         raise SetupNotSupported("offload=params (FSDP CPU offload of parameters) is not implemented by the harness; "
                                 "only offload=optimizer (torchao CPUOffloadOptimizer) is measured")
     if setup.loss.value == "fused" and device != "cuda":
@@ -119,18 +145,19 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
-def _cap(request: MeasureRequest, nvml, device_key: str | None = None) -> dict | None:
+def _cap(request: MeasureRequest, nvml, device_key: str | None = None, index: int = 0) -> dict | None:
     """Limit the caching allocator to what the ``--gpu`` card would leave this process.
 
     ``device_key``: the catalog key of the measured device (``environment.catalog_gpu_for``). When it
     is the ``--gpu`` card itself nothing is emulated: the card's own limit applies (the catalog's
     memory of a card is nvidia-smi's total, not CUDA's ``total_memory``, so a limit computed from it
-    would be a fraction near 1 that records a cap where there is none).
+    would be a fraction near 1 that records a cap where there is none). ``index``: the CUDA device
+    (a multi-GPU rank's local rank).
     """
     import torch
 
     card = catalog.load_gpu(request.gpu)
-    total = int(torch.cuda.get_device_properties(0).total_memory)
+    total = int(torch.cuda.get_device_properties(index).total_memory)
     if device_key is not None and device_key == request.gpu:
         return {"emulated_gpu": request.gpu, "emulated_memory_bytes": card.memory_bytes, "device_total_bytes": total,
                 "fraction": None, "applied": False, "note": "the device is the emulated card: nothing to cap"}
@@ -151,7 +178,7 @@ def _cap(request: MeasureRequest, nvml, device_key: str | None = None) -> dict |
                    note="the device has no more memory than the emulated card: nothing to cap")
         return cap
     fraction = limit / total
-    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     cap.update(fraction=fraction, applied=True)
     return cap
 
@@ -172,9 +199,11 @@ def _mfu(spec, setup: TrainingSetup, attn, tokens_per_s: float, device_key: str 
     return model_flops * tokens_per_s / peak, basis
 
 
-def run(request: MeasureRequest, environment: dict) -> dict:
-    """Measure one case; every outcome (ok, OOM, error) is an answer, never an exception."""
-    phase = Phase()
+def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) -> dict:
+    """Measure one case; every outcome (ok, OOM, error) is an answer, never an exception.
+    ``dist``: this process's ``distributed.Rank`` in a multi-GPU run (None: one process, one GPU);
+    ``on_phase(name)``: called at each phase change."""
+    phase = Phase(on_phase)
     measurement = empty_measurement()
     cap = None
     snapshot_on = cuda_started = False
@@ -184,33 +213,39 @@ def run(request: MeasureRequest, environment: dict) -> dict:
         setup = TrainingSetup.model_validate(request.setup)
         spec = catalog.load_model(request.model)
         device = request.device
+        index = dist.local_rank if dist is not None else 0  # the CUDA device of this process
         measurement.update(warmup=request.warmup, steps=request.steps, tokens_per_step=setup.tokens_per_step)
         fault = os.environ.get(FAULT_ENV) or None
+        if dist is not None:
+            fault = dist.fault(fault)
         if fault:
             measurement["fault_injected"] = fault
         if device == "cuda" and not torch.cuda.is_available():
             raise SetupNotSupported("--device cuda: no CUDA device is visible to PyTorch "
                                     f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
-        check_supported(setup, device)
+        check_supported(setup, device, dist.world_size if dist is not None else 1)
         cuda = device == "cuda"
         nvml = None
         if cuda:
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(index)
             cuda_started = True
             torch.empty(1, device="cuda")  # create the context before reading its size
             try:
                 from reportgen.measure.nvml import Nvml, uuid_of
 
-                nvml = Nvml(uuid_of(torch.cuda.get_device_properties(0)))
+                nvml = Nvml(uuid_of(torch.cuda.get_device_properties(index)))
             except Exception as exc:  # noqa: BLE001 - no NVML: device_used stays null
                 measurement["device_used_source"] = f"unavailable ({type(exc).__name__}: {exc})"
             if request.cap_to_gpu:
-                cap = _cap(request, nvml, environment.get("gpu_catalog_key"))
+                cap = _cap(request, nvml, environment.get("gpu_catalog_key"), index)
             if request.snapshot:
                 torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
                 snapshot_on = True
             # fp32 matmuls run on CUDA cores unless TF32 is allowed (PyTorch's default: not allowed)
             measurement["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        if dist is not None:
+            phase.name = "connect"
+            dist.connect(device)
 
         # ----- build ----------------------------------------------------------------------------
         phase.name = "build"
@@ -219,8 +254,14 @@ def run(request: MeasureRequest, environment: dict) -> dict:
         from reportgen.measure.data import MicroBatches
 
         t0 = time.perf_counter()
-        built = build(spec, setup, device)
+        if dist is None:
+            built = build(spec, setup, device)
+        else:
+            built = build(spec, setup, device, quant_storage=dist.quant_storage(setup))
         model = built.model
+        if dist is not None:
+            phase.name = "wrap"
+            model = dist.wrap(model, setup, device, built.notes)
         if cuda:
             torch.cuda.synchronize()
         measurement["build_s"] = time.perf_counter() - t0
@@ -247,13 +288,15 @@ def run(request: MeasureRequest, environment: dict) -> dict:
                 return torch.autocast(device_type=device, dtype=amp_dtype)
             return contextlib.nullcontext()
 
-        gen = torch.Generator(device=device).manual_seed(0)
+        gen = torch.Generator(device=device).manual_seed(dist.rank if dist is not None else 0)
         data = MicroBatches(setup, spec.vocab_size, device, gen)
         batches = data.next_step(longest=True)
         last_loss: list[float] = []
 
         keep = setup.keep_outputs.value
         kept: list = []  # outputs the loop holds (keep_outputs): past the loss, or into the next step
+        # multi-GPU: the context of each micro-batch (DDP's no_sync before the last one)
+        sync = dist.micro_batch_sync(model, setup) if dist is not None else None
         offload = torch.autograd.graph.save_on_cpu(pin_memory=cuda) if setup.act_offload else contextlib.nullcontext()
 
         def forward(ids, mask, labels):
@@ -264,7 +307,7 @@ def run(request: MeasureRequest, environment: dict) -> dict:
 
         def step() -> None:
             train_step(model, optimizer, batches, setup.accum, autocast, scaler, last_loss, keep=keep, kept=kept,
-                       offload=offload, forward=forward)
+                       offload=offload, forward=forward, sync=sync)
 
         # ----- warm-up --------------------------------------------------------------------------
         phase.name = "warmup"
@@ -324,6 +367,10 @@ def run(request: MeasureRequest, environment: dict) -> dict:
         if isinstance(exc, KeyboardInterrupt):
             raise
         measurement["failed_in"] = phase.name
+        if dist is not None:  # when, and whether only because another rank went away (ranks.py)
+            from reportgen.measure.distributed import is_peer_failure
+
+            measurement.update(failed_at=time.time(), peer_lost=is_peer_failure(exc))
         if cuda_started:
             # how far it got: the allocator's peak up to the failure (since the warm-up's reset when
             # it failed in a timed step); not the case's peak, which the run never reached

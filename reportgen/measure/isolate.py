@@ -5,6 +5,13 @@ allocator cache or fragmentation carries over between cases, a crash (segfault, 
 error that poisons the context) ends only that case, and the caller never imports torch. The
 worker runs in its own process group (``start_new_session``); on timeout the whole group is
 killed (SIGKILL), so data-loader or compile helpers die with it.
+
+A multi-GPU case (``gpus > 1``) runs ``torchrun`` instead of one worker (``ranks.py``): one worker
+per GPU, each writing its own answer, merged here into one. torchrun starts every rank in a session
+of its own, so on a timeout the parent kills torchrun's group and then each rank's group by the
+pid the rank wrote (and each rank has asked Linux to kill it when torchrun dies,
+``distributed.die_with_parent``). When one rank fails it exits at once and torchrun stops the
+others, so a failure is reported within seconds, not at the time limit.
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ def require_measure_packages() -> None:
 
 def run_case(request: MeasureRequest, timeout_s: float) -> dict:
     """The worker's answer (see ``protocol.py``) plus ``wall_s``; never raises for a failed case."""
+    if int(request.setup.get("gpus", 1)) > 1:
+        return _run_ranks(request, timeout_s)
     with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
         req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "worker.log"
         req_path.write_text(request.to_json())
@@ -104,5 +113,70 @@ def run_case(request: MeasureRequest, timeout_s: float) -> dict:
         out = answer(request, "error", measurement=empty_measurement(), environment=environment,
                      error=f"the measuring worker {how} before it reported" +
                            (f"\n--- worker output ---\n{log_tail}" if log_tail else ""))
+    out["wall_s"] = wall
+    return out
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _kill_ranks(pids: dict[int, int], wait_s: float = 10.0) -> None:
+    """SIGKILL each rank's process group (torchrun starts each rank in a session of its own), else
+    the rank alone, and wait until they are gone."""
+    for pid in pids.values():
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+    deadline = time.monotonic() + wait_s
+    while any(process_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _run_ranks(request: MeasureRequest, timeout_s: float) -> dict:
+    """A multi-GPU case: torchrun with one worker per GPU, the ranks' answers merged (``ranks.py``)."""
+    from reportgen.measure import ranks
+
+    world = int(request.setup["gpus"])
+    with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
+        req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "torchrun.log"
+        req_path.write_text(request.to_json())
+        t0 = time.perf_counter()
+        timed_out = False
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(ranks.torchrun_command(request, req_path, ans_path), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)
+                _kill_ranks(ranks.read_ranks(ans_path, world)[1])
+                raise
+            finally:
+                answers, pids = ranks.read_ranks(ans_path, world)
+                if timed_out:
+                    _kill_ranks(pids)
+        wall = time.perf_counter() - t0
+        log_text = log_path.read_text(errors="replace")
+    out = ranks.merge(request, answers, log=log_text, timed_out=timed_out, timeout_s=timeout_s,
+                      returncode=proc.returncode)
     out["wall_s"] = wall
     return out

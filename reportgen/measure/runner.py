@@ -13,7 +13,8 @@ document adds it with ``id`` and ``sweep``) plus the settings it was measured wi
      "measurement": {"peak_allocated", "peak_reserved", "device_used", "memory_after_load",
                      "step_s", "step_s_min", "step_s_max", "step_times_s", "tokens_per_s", "mfu", ...},
      "error": str | null, "environment": {...}, "cap": null | {...},
-     "settings": {"device", "warmup", "steps", "timeout_s", "cap_to_gpu"},
+     "settings": {"device", "warmup", "steps", "timeout_s", "cap_to_gpu"}
+                 (+ "world_size", "launcher", "backend" for a multi-GPU case: torchrun, one process per GPU),
      "measured_at": "2026-11-21T17:00:00+00:00", "wall_s": 41.2}
 
 What a measurement may be compared with (the device that ran it, the cap) is decided by
@@ -151,14 +152,16 @@ def expected_s(result: dict, settings: dict) -> float:
 
 
 def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, force: bool = False,
-                  console=None) -> MeasureStats:
+                  console=None, device: str | None = None) -> MeasureStats:
+    """Measure this shard's cases (module docstring); ``device``: ``cuda`` or ``cpu`` (default: the
+    ``REPORTGEN_MEASURE_DEVICE`` environment variable, else ``cuda``)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = console or Console(stderr=True)
     index, count = parse_shard(shard)
     require_measure_packages()
-    device = os.environ.get(DEVICE_ENV, "cuda")
+    device = device or os.environ.get(DEVICE_ENV, "cuda")
     if device == "cuda":
         from reportgen.measure.nvml import nvidia_gpus_present
 
@@ -232,6 +235,10 @@ def measure_case(case: Case, settings: dict, timeout_s: float) -> dict:
     answer = run_case(request, timeout_s)
     answer.pop("case", None)
     answer["settings"] = dict(settings)
+    if case.setup.gpus > 1:  # never mistaken for a single-GPU run
+        from reportgen.measure.distributed import LAUNCHER, backend_for
+
+        answer["settings"].update(world_size=case.setup.gpus, launcher=LAUNCHER, backend=backend_for(settings["device"]))
     answer["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return answer
 

@@ -10,7 +10,8 @@ keeps its outputs, ``loss.backward()`` (through the GradScaler for fp16-mixed); 
 ``keep`` (``TrainingSetup.keep_outputs``): ``step`` holds the micro-batches' outputs until after the
 optimizer step; ``next-step`` holds the last one until the next forward returns (``kept`` carries
 it from one call to the next). ``offload``: a context entered around each forward (activation
-offloading). A batch is ``(input_ids, attention_mask, labels)`` or a bare ids tensor (labels = ids).
+offloading). ``sync(last)``: a context around each micro-batch (DDP's ``no_sync`` on all but the
+last). A batch is ``(input_ids, attention_mask, labels)`` or a bare ids tensor (labels = ids).
 
 ``mark(phase)`` is called where the step enters a phase (``forward``, ``backward``,
 ``optimizer-step``, ``zero-grad``, ``end``); the harness passes none, the tracer uses it to label
@@ -33,29 +34,32 @@ def _default_forward(model):
 
 def train_step(model, optimizer, batches: list, accum: int, autocast: Callable, scaler=None,
                last_loss: list | None = None, mark: Callable[[str], None] | None = None, *, keep: str = "none",
-               kept: list | None = None, offload=None, forward: Callable | None = None) -> None:
+               kept: list | None = None, offload=None, forward: Callable | None = None,
+               sync: Callable[[bool], contextlib.AbstractContextManager] | None = None) -> None:
     mark = mark or (lambda phase: None)
     forward = forward or _default_forward(model)
     kept = kept if kept is not None else []
-    for batch in batches:
+    for i, batch in enumerate(batches):
         ids, mask, labels = batch if isinstance(batch, tuple) else (batch, None, batch)
-        mark("forward")
-        with autocast(), (offload if offload is not None else contextlib.nullcontext()):
-            loss, out = forward(ids, mask, labels)
-        if keep == "next-step":
-            kept[:] = [out]  # the previous step's outputs are released only now
-        elif keep == "step":
-            kept.append(out)
-        loss = loss / accum
-        del out
-        mark("backward")
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        if last_loss is not None:
-            last_loss[:] = [loss.detach()]
-        del loss
+        # multi-GPU: DDP's no_sync on every micro-batch but the last (distributed.micro_batch_sync)
+        with sync(i == len(batches) - 1) if sync is not None else contextlib.nullcontext():
+            mark("forward")
+            with autocast(), (offload if offload is not None else contextlib.nullcontext()):
+                loss, out = forward(ids, mask, labels)
+            if keep == "next-step":
+                kept[:] = [out]  # the previous step's outputs are released only now
+            elif keep == "step":
+                kept.append(out)
+            loss = loss / accum
+            del out
+            mark("backward")
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if last_loss is not None:
+                last_loss[:] = [loss.detach()]
+            del loss
     mark("optimizer-step")
     if scaler is not None:
         scaler.step(optimizer)

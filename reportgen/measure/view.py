@@ -50,6 +50,16 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
     if m.get("step_times_s"):
         console.print("step times: " + ", ".join(seconds(t) for t in m["step_times_s"])
                       + f" after {m.get('warmup')} warm-up steps", highlight=False)
+    if m.get("ranks"):
+        env_line = f"{m.get('world_size')} ranks ({env.get('launcher')}, {env.get('backend')}); " \
+                   "memory is the largest rank's, a step ends with its slowest rank"
+        console.print(env_line, highlight=False)
+        for r in m["ranks"]:
+            renv = r.get("environment") or {}
+            console.print(f"  rank {r['rank']}: {r.get('status')}"
+                          f" on {renv.get('gpu_name') or renv.get('device') or '?'}"
+                          f", peak allocated {gib(r.get('peak_allocated'))} GiB"
+                          f", steps {', '.join(seconds(t) for t in r.get('step_times_s') or []) or '-'}", highlight=False)
     if result.get("cap"):
         cap = result["cap"]
         if cap.get("applied"):

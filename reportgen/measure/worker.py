@@ -9,6 +9,13 @@ Once the answer is written the process ends with ``os._exit``: no interpreter te
 context left broken by the case (an illegal access after an OOM, a hung NCCL or Triton helper
 thread, gigabytes of pinned host memory to unpin) can neither hang the exit until the parent's
 timeout nor turn a written answer into a crash.
+
+Under torchrun (a multi-GPU case: ``... REQUEST.json ANSWER.json --torchrun``) every rank runs
+``rank_main``: it writes its pid, then its own interim and final answers to
+``ANSWER.rank<R>.json`` (``distributed.rank_paths``; the interim one is rewritten at each phase, so
+a timeout can say where every rank was), and ends with status 1 when its case failed, so torchrun
+stops the other ranks at once instead of leaving them waiting in a collective. The parent merges
+the rank files (``ranks.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -24,9 +32,14 @@ from reportgen.results import write_json_atomic
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m reportgen.measure.worker REQUEST.json ANSWER.json", file=sys.stderr)
+    from reportgen.measure.distributed import TORCHRUN_FLAG
+
+    ranked = argv[2:] == [TORCHRUN_FLAG]
+    if len(argv) != 2 and not ranked:
+        print(f"usage: python -m reportgen.measure.worker REQUEST.json ANSWER.json [{TORCHRUN_FLAG}]", file=sys.stderr)
         return 2
+    if ranked:
+        return rank_main(Path(argv[0]), Path(argv[1]))
     request = MeasureRequest.from_file(Path(argv[0]))
     out = Path(argv[1])
     environment = None
@@ -43,6 +56,42 @@ def main(argv: list[str]) -> int:
                         error=tail("".join(traceback.format_exception(exc))))
     write_json_atomic(out, json.loads(json.dumps(result, default=str)))
     return 0
+
+
+def rank_main(request_path: Path, answer_path: Path) -> int:
+    """One rank of a torchrun launch (module docstring)."""
+    from reportgen.measure import distributed
+
+    distributed.die_with_parent()
+    rank_no = int(os.environ.get("RANK", "-1"))
+    out, pid_file = distributed.rank_paths(answer_path, rank_no)
+    pid_file.write_text(str(os.getpid()))
+    request = MeasureRequest.from_file(request_path)
+    environment = None
+    result = None
+    try:
+        rank = distributed.Rank.from_env(request.device)
+        from reportgen.measure.environment import collect_environment
+
+        environment = collect_environment(request.device, index=rank.local_rank)
+        environment.update(rank.environment())
+
+        def interim(phase: str) -> None:
+            write_json_atomic(out, answer(request, "running", environment=environment,
+                                          measurement=dict(empty_measurement(), phase=phase, pid=os.getpid())))
+
+        interim("setup")
+        from reportgen.measure.harness import run
+
+        result = run(request, environment, dist=rank, on_phase=interim)
+    except Exception as exc:  # noqa: BLE001 - the harness returns failures itself; this is the last net
+        result = answer(request, "error", environment=environment,
+                        measurement=dict(empty_measurement(), failed_in="setup", failed_at=time.time()),
+                        error=tail("".join(traceback.format_exception(exc))))
+    write_json_atomic(out, json.loads(json.dumps(result, default=str)))
+    if result["status"] != "ok":
+        return 1  # torchrun stops the other ranks now
+    return 0 if rank.finish() else 1
 
 
 def _exit_now(code: int) -> None:
