@@ -85,16 +85,22 @@ def positive_count(text: str) -> int:
     return int(value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reportgen", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"reportgen {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_estimate_parser(sub) -> argparse.ArgumentParser:
+    """The ``estimate`` subcommand (also built alone by the site's calculator, ``reportgen.browser``)."""
     p = sub.add_parser("estimate", help="memory, time and fit of one setup (no GPU, no torch needed)")
     add_setup_flags(p)
     p.add_argument("--train-tokens", type=positive_count, default=100_000_000,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reportgen", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"reportgen {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_estimate_parser(sub)
 
     p = sub.add_parser("sweep", help="estimate (and measure, if the sweep asks) every case of a sweep file")
     p.add_argument("file", type=Path)
@@ -138,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if getattr(args, "gpu_memory", None) and getattr(args, "gpu", None):
-            args.gpu = catalog.gpu_key(args.gpu, args.gpu_memory)
-        handler = getattr(args, "func", None) or COMMANDS[args.command]
-        return handler(args)
+        return run_command(args)
     except UserError as exc:
         from rich.console import Console
         from rich.markup import escape
@@ -154,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished results are saved; rerun to continue", file=sys.stderr)
         return 130
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run parsed arguments; a ``UserError`` propagates (``main`` prints it, the calculator shows it)."""
+    if getattr(args, "gpu_memory", None) and getattr(args, "gpu", None):
+        args.gpu = catalog.gpu_key(args.gpu, args.gpu_memory)
+    handler = getattr(args, "func", None) or COMMANDS[args.command]
+    return handler(args)
 
 
 # ----- commands ----------------------------------------------------------------------------------

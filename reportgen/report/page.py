@@ -16,7 +16,8 @@ class Page:
     path: str  # relative to the docs directory, POSIX, e.g. "guides/rtx-4090.md"
     template: str  # template name under reportgen/report/templates/, e.g. "guide.md.j2"
     context: dict  # the view model the template sees
-    files: dict[str, str] = field(default_factory=dict)  # extra text files (relative path -> content)
+    #: extra files (relative path -> content): text, or bytes for binary assets (the calculator's runtime)
+    files: dict[str, str | bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 ``render_all`` reads every sweep under the results directory (one subdirectory per sweep), asks
 every provider for its pages, renders each page's template with its view model, writes the
-pages and their extra files (SVG charts, CSV downloads) under ``docs/``, and removes what an
-earlier render wrote that this one no longer does (``docs/.reportgen-manifest.json``). Hand-written
-``docs/stylesheets`` and ``docs/javascripts`` are never touched. Nothing here estimates or measures.
+pages and their extra files (SVG charts, CSV downloads; bytes for the calculator's runtime) under
+``docs/``, and removes what an earlier render wrote that this one no longer does
+(``docs/.reportgen-manifest.json``). Hand-written ``docs/stylesheets`` and ``docs/javascripts`` are
+never touched. Nothing here estimates or measures.
 
 Templates live in ``reportgen/report/templates/`` and may use these filters:
 ``gib`` (bytes -> "12.34", GiB = 2**30), ``rate`` (tokens/s), ``pct`` (0.123 -> "12.3%"), ``money``,
@@ -49,6 +50,7 @@ PROVIDERS = DATA_PROVIDERS + (
     "reportgen.advise.pages:guide_pages",
     "reportgen.report.techniques:technique_pages",
     "reportgen.report.methodology:methodology_pages",
+    "reportgen.report.calculator:calculator_pages",
 )
 
 _warned: set[str] = set()
@@ -149,9 +151,10 @@ def _check_path(rel: str, owner: str) -> str:
 
 
 def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
-                  specs: tuple[str, ...] | None = None) -> tuple[dict[str, str], list[str]]:
-    """``({relative path: text}, [page paths])`` of every provider; fails on two writers of one path."""
-    outputs: dict[str, str] = {}
+                  specs: tuple[str, ...] | None = None) -> tuple[dict[str, str | bytes], list[str]]:
+    """``({relative path: text or bytes}, [page paths])`` of every provider; fails on two writers of one
+    path."""
+    outputs: dict[str, str | bytes] = {}
     owners: dict[str, str] = {}
     pages: list[str] = []
     for spec, fn in providers(published, specs):
@@ -166,7 +169,7 @@ def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
     return outputs, pages
 
 
-def write_outputs(docs_dir: Path, outputs: dict[str, str]) -> None:
+def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
     """Write what changed (unchanged files keep their mtime for ``mkdocs serve``), remove what the
     last render wrote and this one did not, and record the list in the manifest."""
     docs_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +182,7 @@ def write_outputs(docs_dir: Path, outputs: dict[str, str]) -> None:
             old = []
     for rel in sorted(outputs):
         target = docs_dir / rel
-        data = outputs[rel].encode()
+        data = outputs[rel] if isinstance(outputs[rel], bytes) else outputs[rel].encode()
         if target.is_file() and target.read_bytes() == data:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)

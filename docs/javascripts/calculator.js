@@ -1,0 +1,239 @@
+// The calculator page (calculator/index.md, rendered by reportgen/report/calculator.py).
+//
+// This file estimates nothing. It starts calculator-worker.js, which loads Pyodide from this site
+// (calculator/pyodide-<version>/) and reportgen's estimator bundle (calculator/estimator-<hash>.json:
+// the package's own source files), and on every change of the form sends the form as JSON to
+// reportgen.browser.run, which runs `reportgen estimate --format json` through the CLI's own parser
+// and returns the JSON, the command line and rows of formatted strings that this file only places.
+// The form itself is rendered from TrainingSetup.model_fields; the setup lives in the URL's hash so
+// a link restores it.
+//
+// For tests: #rg-calc gets data-first-answer-ms (ms from navigation start to the first result shown),
+// data-timings (the start-up's steps), data-compute-ms (last change to result shown), data-python-ms,
+// data-seq (results shown so far) and data-worker-requests (the URLs the worker fetched).
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") node.textContent = v;
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+// ----- the form <-> an object <-> the URL hash ----------------------------------------------------
+function controls(form) {
+  return Array.from(form.elements).filter((e) => e.name && e.name !== "paste" && e.name !== "config");
+}
+
+function method(form) { return form.elements["setup.method"]?.value || ""; }
+
+function applies(control, form) {
+  const box = control.closest("[data-applies]");
+  const methods = box ? box.dataset.applies.split(" ").filter(Boolean) : [];
+  return methods.length === 0 || methods.includes(method(form));
+}
+
+function valueOf(control) {
+  return control.type === "checkbox" ? (control.checked ? "1" : "0") : control.value;
+}
+
+function setValue(control, text) {
+  if (control.type === "checkbox") control.checked = text === "1" || text === "true";
+  else control.value = text;
+}
+
+function readForm(form) {
+  const out = { setup: {} };
+  for (const c of controls(form)) {
+    if (!applies(c, form)) continue;
+    if (c.name.startsWith("setup.")) {
+      out.setup[c.name.slice(6)] = c.type === "checkbox" ? c.checked : c.value;
+    } else {
+      out[c.name] = c.value;
+    }
+  }
+  if (form.elements.paste.checked) out.config = form.elements.config.value;
+  return out;
+}
+
+function hashOf(form) {
+  const params = new URLSearchParams();
+  for (const c of controls(form)) {
+    const v = valueOf(c);
+    if (applies(c, form) && v !== c.dataset.default) params.set(c.name.replace(/^setup\./, ""), v);
+  }
+  if (form.elements.paste.checked) params.set("config", form.elements.config.value);
+  return params.toString();
+}
+
+function restore(form, hash) {
+  const params = new URLSearchParams(hash.replace(/^#/, ""));
+  for (const c of controls(form)) {
+    const key = c.name.replace(/^setup\./, "");
+    setValue(c, params.has(key) ? params.get(key) : c.dataset.default);
+  }
+  const pasted = params.has("config");
+  form.elements.paste.checked = pasted;
+  form.elements.config.value = pasted ? params.get("config") : "";
+  sync(form);
+}
+
+function sync(form) {
+  const pasted = form.elements.paste.checked;
+  $("rg-config-box").hidden = !pasted;
+  form.elements.model.disabled = pasted;
+  for (const box of form.querySelectorAll("[data-applies]")) {
+    const methods = box.dataset.applies.split(" ").filter(Boolean);
+    box.classList.toggle("rg-calc-off", methods.length > 0 && !methods.includes(method(form)));
+  }
+}
+
+// ----- the result --------------------------------------------------------------------------------
+function table(section) {
+  const body = el("tbody");
+  for (const row of section.rows) {
+    const tr = el("tr", { "data-row": row.key });
+    tr.append(el("th", { scope: "row", text: row.label }));
+    tr.append(el("td", { class: "rg-calc-num", "data-key": row.key, text: row.value }));
+    const extra = el("td", { class: "rg-calc-note" });
+    if (row.bar !== undefined) {
+      extra.append(el("span", { class: "rg-calc-bar", style: `width:${(100 * row.bar).toFixed(1)}%` }));
+    } else if (row.note) {
+      extra.textContent = row.note;
+    }
+    tr.append(extra);
+    body.append(tr);
+  }
+  return el("table", { class: "rg-calc-table", "data-section": section.id },
+    el("caption", { text: section.title }), body);
+}
+
+function showResult(out, form) {
+  const result = $("rg-result"), error = $("rg-error");
+  $("rg-command").textContent = out.command;
+  $("rg-paste-note").hidden = !form.elements.paste.checked;
+  $("rg-share").value = location.href;
+  $("rg-repro").hidden = false;
+  if (out.error) {
+    error.replaceChildren(el("strong", { text: "error: " }), el("span", { "data-key": "error", text: out.error.message }));
+    if (out.error.hint) error.append(el("div", { class: "rg-calc-hint", text: "hint: " + out.error.hint }));
+    error.hidden = false;
+    result.hidden = true;  // an earlier result would not match the form
+    $("rg-repro-label").textContent = "The same command on your machine stops with the same error:";
+    $("rg-json").textContent = "";
+    $("rg-json-box").hidden = true;
+    return;
+  }
+  error.hidden = true;
+  $("rg-repro-label").textContent = "The same numbers on your machine (add --format json for the JSON below):";
+  $("rg-json-box").hidden = false;
+  const v = out.view;
+  const verdict = el("div", { class: "rg-calc-verdict rg-calc-" + v.verdict.replace(/ /g, "-") },
+    el("span", { class: "rg-calc-verdict-word", "data-key": "verdict", text: v.verdict }),
+    el("span", { text: " " + v.verdict_text.slice(v.verdict.length) }));
+  const head = el("div", { class: "rg-calc-head" },
+    el("p", { class: "rg-calc-title" }, el("span", { class: "rg-est", title: "analytic estimate", text: "est." }), " ",
+      el("span", { "data-key": "title", text: v.title })),
+    el("p", { class: "rg-calc-params", "data-key": "params", text: v.params }), verdict);
+  const tables = el("div", { class: "rg-calc-tables" }, ...v.sections.map(table));
+  const notes = el("ul", { class: "rg-calc-notes" }, ...v.notes.map((n) => el("li", { "data-key": "note", text: n })));
+  result.replaceChildren(head, tables);
+  if (v.notes.length) result.append(el("p", { class: "rg-calc-label", text: "Notes" }), notes);
+  result.hidden = false;
+  $("rg-json").textContent = out.json;
+}
+
+// ----- the Python worker -----------------------------------------------------------------------
+// calculator-worker.js runs Pyodide and reportgen.browser; this side sends forms and gets JSON.
+function startWorker(root) {
+  if (!root.dataset.runtime) throw new Error("this build of the site has no Python runtime (see the warning above)");
+  const worker = new Worker(new URL("calculator-worker.js", import.meta.url), { type: "module" });
+  const waiting = new Map();
+  let next = 0, onReady, onFailed;
+  const ready = new Promise((resolve, reject) => { onReady = resolve; onFailed = reject; });
+  worker.onmessage = (event) => {
+    const msg = event.data;
+    if (msg.requests) root.dataset.workerRequests = JSON.stringify(msg.requests);
+    if (msg.type === "ready") onReady(msg.timings);
+    else if (msg.type === "failed") onFailed(new Error(msg.message));
+    else if (msg.type === "result") { waiting.get(msg.id)(msg); waiting.delete(msg.id); }
+  };
+  worker.onerror = (event) => onFailed(new Error(event.message || "the worker failed to start"));
+  // the worker's clock starts when it does: its marks are shifted onto the page's
+  const offset = performance.now();
+  worker.postMessage({
+    type: "boot",
+    runtime: new URL(root.dataset.runtime, document.baseURI).href,
+    bundle: new URL(root.dataset.bundle, document.baseURI).href,
+  });
+  return {
+    ready: ready.then((t) => Object.fromEntries(Object.entries(t).map(([k, v]) => [k, Math.round(v + offset)]))),
+    run(form) {
+      return new Promise((resolve) => { const id = next++; waiting.set(id, resolve); worker.postMessage({ type: "run", id, form }); });
+    },
+  };
+}
+
+async function main(root) {
+  const started = Math.round(performance.now());
+  const form = root.querySelector("form");
+  const status = $("rg-status");
+  restore(form, location.hash);
+  let python = null, changedAt = null, seq = 0, busy = false, dirty = false;
+
+  async function compute() {
+    if (!python || busy) { dirty = true; return; }
+    busy = true;
+    dirty = false;
+    const since = changedAt ?? performance.now();
+    changedAt = null;
+    const answer = await python.run(JSON.stringify(readForm(form)));
+    showResult(JSON.parse(answer.out), form);
+    root.dataset.pythonMs = answer.ms.toFixed(1);
+    root.dataset.computeMs = (performance.now() - since).toFixed(1);
+    root.dataset.seq = String(++seq);
+    busy = false;
+    if (dirty) compute();
+  }
+
+  function changed() {
+    changedAt ??= performance.now();
+    sync(form);
+    const hash = hashOf(form);
+    history.replaceState(null, "", hash ? "#" + hash : location.pathname + location.search);
+    compute();
+  }
+
+  form.addEventListener("input", changed);
+  form.addEventListener("change", changed);
+  window.addEventListener("hashchange", () => { restore(form, location.hash); changed(); });
+  $("rg-copy").addEventListener("click", async () => {
+    const share = $("rg-share");
+    share.select();
+    try { await navigator.clipboard.writeText(share.value); } catch { document.execCommand?.("copy"); }
+  });
+
+  let timings;
+  try {
+    const worker = startWorker(root);
+    timings = { script: started, ...(await worker.ready) };
+    python = worker;
+  } catch (exc) {
+    status.textContent = "The estimator could not start: " + (exc && exc.message ? exc.message : exc);
+    status.classList.add("rg-no");
+    return;
+  }
+  status.hidden = true;
+  await compute();
+  timings.answer = Math.round(performance.now());
+  root.dataset.timings = JSON.stringify(timings);
+  root.dataset.firstAnswerMs = String(timings.answer);
+}
+
+const root = document.getElementById("rg-calc");
+if (root) main(root);

@@ -1,0 +1,254 @@
+"""What the site's calculator runs in the browser (under Pyodide); it runs the same on CPython.
+
+The calculator page (``docs/javascripts/calculator.js``) sends its form as JSON to ``run``, which
+
+1. turns the form into the argument list of ``reportgen estimate`` (``argv``: the flags that differ
+   from their defaults, in the order of ``TrainingSetup.model_fields``);
+2. parses it with the CLI's own ``estimate`` parser (``reportgen.cli.add_estimate_parser``) and runs
+   the CLI's own command (``reportgen.cli.run_command``) with ``--format json``;
+3. returns that JSON text as the CLI printed it, the command line, and ``view``: the JSON laid out as
+   rows of strings formatted by ``reportgen.views.format`` (the page only places them).
+
+So the numbers on the page are the ones ``reportgen estimate --format json`` prints for the command
+line shown beside them, and nothing here estimates. A user error (a bad value, a malformed pasted
+config) comes back as the CLI's message, never as a traceback.
+
+A pasted config.json is written to ``config.json`` in the working directory and passed as
+``--model config.json``: the command line works as shown once a reader saves the config under that
+name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shlex
+from contextlib import redirect_stdout
+from enum import Enum
+from pathlib import Path
+
+from reportgen import catalog, cli
+from reportgen.errors import UserError
+from reportgen.setup import TrainingSetup
+from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seconds
+
+#: the file a pasted config.json is written to (relative to the working directory)
+PASTED = "config.json"
+#: ``reportgen estimate``'s default number of training tokens (its ``--train-tokens``)
+DEFAULT_TRAIN_TOKENS = 100_000_000
+#: keys of the ``memory`` object that are totals, not terms
+TOTALS = ("peak_allocated", "peak_reserved", "device_total", "host_ram")
+
+_last_pasted: str | None = None
+
+
+class ArgumentError(Exception):
+    """What argparse would print before exiting (a value the parser refuses)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse calls it instead of raising; subparsers share the class
+        raise ArgumentError(message)
+
+
+_parser: argparse.ArgumentParser | None = None
+
+
+def parser() -> argparse.ArgumentParser:
+    """``reportgen`` with its ``estimate`` subcommand only (the other subcommands need more than the
+    estimator core)."""
+    global _parser
+    if _parser is None:
+        _parser = _Parser(prog="reportgen")
+        cli.add_estimate_parser(_parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    return _parser
+
+
+# ----- the form -> the command line --------------------------------------------------------------
+def form_fields() -> list[dict]:
+    """Every setup field as the form shows it: flag, kind, choices, bounds, default, meaning (from
+    ``TrainingSetup.model_fields``, like the CLI's flags)."""
+    default = TrainingSetup()
+    out = []
+    for name, spec in TrainingSetup.model_fields.items():
+        t = spec.annotation
+        value = getattr(default, name)
+        field = {"name": name, "flag": "--" + name.replace("_", "-"), "description": spec.description,
+                 "optional": spec.optional, "min": spec.ge, "max": spec.le, "below": spec.lt}
+        if isinstance(t, type) and issubclass(t, Enum):
+            field.update(kind="enum", choices=[m.value for m in t], default=value.value)
+        elif t is bool:
+            field.update(kind="bool", default=value)
+        else:
+            field.update(kind="int" if t is int else "float", default=value)
+        out.append(field)
+    return out
+
+
+def _is_default(spec, text: str, default) -> bool:
+    t = spec.annotation
+    try:
+        if isinstance(t, type) and issubclass(t, Enum):
+            return text == default.value
+        if t is int:
+            return default is not None and int(text) == default
+        if t is float:
+            return default is not None and float(text) == default
+    except ValueError:
+        return False
+    return False
+
+
+def _train_tokens_default(text: str) -> bool:
+    try:
+        return cli.positive_count(text) == DEFAULT_TRAIN_TOKENS
+    except argparse.ArgumentTypeError:
+        return False
+
+
+def argv(form: dict) -> list[str]:
+    """``reportgen estimate`` arguments for a form: ``model`` (a catalog name) or ``config`` (a
+    pasted config.json), ``gpu``, ``gpu_memory`` (optional, e.g. ``48GiB``), ``train_tokens``
+    (optional) and ``setup`` (field -> value; a field left out takes its default)."""
+    model = PASTED if form.get("config") is not None else str(form.get("model") or "")
+    out = ["estimate", "--model", model, "--gpu", str(form.get("gpu") or "")]
+    memory = str(form.get("gpu_memory") or "").strip()
+    if memory:
+        out += ["--gpu-memory", memory]
+    default = TrainingSetup()
+    setup = form.get("setup") or {}
+    for name, spec in TrainingSetup.model_fields.items():
+        if name not in setup:
+            continue
+        flag, value, d = "--" + name.replace("_", "-"), setup[name], getattr(default, name)
+        if spec.annotation is bool:
+            if bool(value) != d:
+                out.append(flag if value else "--no-" + flag[2:])
+            continue
+        text = "" if value is None else str(value).strip()
+        if (text == "" and spec.optional) or _is_default(spec, text, d):
+            continue
+        out += [flag, text]
+    tokens = str(form.get("train_tokens") or "").strip()
+    if tokens and not _train_tokens_default(tokens):
+        out += ["--train-tokens", tokens]
+    return out
+
+
+def command_line(args: list[str]) -> str:
+    """The shell command for an argument list."""
+    return "reportgen " + shlex.join(args)
+
+
+# ----- running it --------------------------------------------------------------------------------
+def _write_pasted(text: str) -> None:
+    """Write a pasted config where ``--model config.json`` finds it; a new text drops the catalog's
+    cached model of that path."""
+    global _last_pasted
+    if text != _last_pasted or not Path(PASTED).is_file():
+        Path(PASTED).write_text(text)
+        catalog.load_model.cache_clear()
+        _last_pasted = text
+
+
+def estimate_json(args: list[str]) -> str:
+    """What ``reportgen <args> --format json`` prints; raises ``UserError`` or ``ArgumentError``."""
+    parsed = parser().parse_args(args + ["--format", "json"])
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        cli.run_command(parsed)
+    return buf.getvalue()
+
+
+def run(form_json: str) -> str:
+    """The page's one call: form JSON in; JSON out with ``command`` and ``argv``, and either
+    ``json`` (the CLI's output text) and ``view``, or ``error`` (``message``, ``hint``)."""
+    form = json.loads(form_json)
+    args = argv(form)
+    out: dict = {"argv": args, "command": command_line(args)}
+    try:
+        if form.get("config") is not None:
+            _write_pasted(str(form["config"]))
+        text = estimate_json(args)
+        out.update(json=text, view=view(json.loads(text)))
+    except UserError as exc:
+        out["error"] = {"message": exc.message, "hint": exc.hint}
+    except ArgumentError as exc:
+        out["error"] = {"message": str(exc), "hint": "see reportgen estimate --help"}
+    return json.dumps(out)
+
+
+# ----- the JSON laid out for the page ------------------------------------------------------------
+def _row(key: str, label: str, value: str, note: str = "", **extra) -> dict:
+    return {"key": key, "label": label, "value": value, "note": note, **extra}
+
+
+def _count(x: int | None, none: str) -> str:
+    return none if x is None else f"{x:,}"
+
+
+def view(d: dict) -> dict:
+    """``reportgen estimate --format json``'s object as titled sections of rows of strings (the
+    terminal table's content, ``reportgen.views.terminal``); each row has a stable ``key``."""
+    setup = TrainingSetup.model_validate(d["setup"])
+    gpu = catalog.load_gpu(d["gpu"])
+    mem, t, params = d["memory"], d["time"], d["params"]
+    capacity = f"{d['capacity'] / GIB:.1f} GiB"
+
+    terms = [k for k in TERM_LABELS if k in mem] + sorted(k for k in mem if k not in TERM_LABELS and k not in TOTALS)
+    shown = [k for k in terms if mem[k]]
+    biggest = max((mem[k] for k in shown), default=0) or 1
+    memory = [_row(f"memory.{k}", TERM_LABELS.get(k, k.replace("_", " ")), gib(mem[k]), bar=round(mem[k] / biggest, 4))
+              for k in shown]
+
+    totals = [
+        _row("memory.peak_allocated", "peak allocated", gib(mem["peak_allocated"]),
+             f"torch.cuda.max_memory_allocated, at {d['peak_phase']}"),
+        _row("memory.peak_reserved", "peak reserved", gib(mem["peak_reserved"]), "torch.cuda.max_memory_reserved"),
+        _row("memory.device_total", "device total", gib(mem["device_total"]),
+             f"nvidia-smi: {d['verdict']} in {capacity}"),
+    ]
+    band = d.get("band")
+    if band:
+        lo, hi = band["device_total_range"]
+        totals.append(_row("band.device_total_range", "expected range (error band)", f"{gib(lo)}-{gib(hi)}",
+                           f"{100 * band['lo']:+.0f}% to {100 * band['hi']:+.0f}%, from {band['n']} comparisons"))
+    if mem.get("host_ram"):
+        totals.append(_row("memory.host_ram", "host RAM (offload)", gib(mem["host_ram"])))
+
+    hours = t.get("train_hours")
+    time_rows = [
+        _row("time.step_s", "step time", seconds(t["step_s"])),
+        _row("time.tokens_per_s", "tokens/s (all GPUs)", rate(t["tokens_per_s"])),
+        _row("time.mfu", "MFU (PaLM model FLOPs)", pct(t["mfu"])),
+        _row("time.hfu", "HFU (FLOPs the kernels execute)", pct(t["hfu"])),
+        _row("time.bound", "bound by", t["bound"] or "-"),
+        _row("time.model_flops_per_token", "model FLOPs per token", f"{t['model_flops_per_token'] / 1e9:.1f} GFLOP"),
+        _row("time.hardware_flops_per_token", "hardware FLOPs per token",
+             f"{t['hardware_flops_per_token'] / 1e9:.1f} GFLOP"),
+        _row("time.train_hours", f"hours for {t['train_tokens'] / 1e6:,.0f}M tokens",
+             "-" if hours is None else f"{hours:.1f} h"),
+        _row("time.train_dollars", f"dollars for {t['train_tokens'] / 1e6:,.0f}M tokens", money(t.get("train_dollars")),
+             "" if t.get("train_dollars") is not None else "the GPU catalog has no price for this card"),
+    ]
+    limit = d.get("context_limit")
+    reverse = [
+        _row("max_batch", f"largest micro-batch at seq {setup.seq:,}", _count(d["max_batch"], "none fits")),
+        _row("max_seq", f"longest sequence at batch {setup.batch}", _count(d["max_seq"], "none fits"),
+             f"the model's context is {limit:,}" if limit else ""),
+    ]
+    share = 100 * params["trainable"] / params["total"] if params["total"] else 0.0
+    return {
+        "title": f"{d['model']} on {gpu.name} ({capacity}): {setup.short()}",
+        "params": f"parameters {params['total']:,}, trainable {params['trainable']:,} ({share:.2f}%)",
+        "verdict": d["verdict"],
+        "verdict_text": f"{d['verdict']} in {capacity}",
+        "sections": [
+            {"id": "memory", "title": "Memory on one GPU, by term (GiB = 2^30 bytes)", "rows": memory},
+            {"id": "totals", "title": "Totals and fit", "rows": totals},
+            {"id": "time", "title": "Time (analytic roofline)", "rows": time_rows},
+            {"id": "reverse", "title": "Largest batch and longest sequence that fit", "rows": reverse},
+        ],
+        "notes": list(d["notes"]),
+    }

@@ -1,0 +1,340 @@
+"""The calculator page without a browser: what the page calls (``reportgen.browser``) prints what the
+CLI prints, the estimator bundle holds every module that code imports (checked in a Python that can
+import nothing else), the page and its files render byte for byte the same, and the Pyodide
+runtime is taken only from the pinned, checked tarball."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import sys
+import tarfile
+import textwrap
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from reportgen import browser, catalog
+from reportgen.cli import main
+from reportgen.errors import UserError
+from reportgen.report import calculator, pyodide, render
+from reportgen.report.page import SiteData
+from reportgen.setup import TrainingSetup
+
+ROOT = Path(__file__).resolve().parents[1]
+MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
+
+#: (form the page sends, the command line it must show)
+FORMS = [
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "train_tokens": "1e8",
+      "setup": {f["name"]: f["default"] for f in browser.form_fields()}},
+     "reportgen estimate --model llama-3.2-1b --gpu rtx-4090"),
+    ({"model": "llama-3.1-8b", "gpu": "a100-80gb",
+      "setup": {"method": "lora", "lora_rank": "64", "lora_targets": "qv", "lora_dropout": "0.05", "batch": "4",
+                "seq": "1024", "accum": "4", "padding": "packed", "grad_ckpt": False}},
+     "reportgen estimate --model llama-3.1-8b --gpu a100-80gb --method lora --lora-rank 64 --lora-targets qv "
+     "--lora-dropout 0.05 --batch 4 --seq 1024 --accum 4 --padding packed"),
+    ({"model": "llama-3.1-8b", "gpu": "rtx-4090", "gpu_memory": "48GiB",
+      "setup": {"method": "qlora", "double_quant": True, "grad_ckpt": True, "loss": "chunked", "batch": "2",
+                "seq_mean": ""}},
+     "reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --gpu-memory 48GiB --method qlora --double-quant "
+     "--grad-ckpt --loss chunked --batch 2"),
+    ({"model": "llama-3.2-3b", "config": MISTRAL, "gpu": "t4", "train_tokens": "2e7",
+      "setup": {"method": "qlora", "quant": "fp4", "grad_ckpt": True, "seq": "1024", "seq_mean": "600"}},
+     "reportgen estimate --model config.json --gpu t4 --method qlora --quant fp4 --grad-ckpt --seq 1024 "
+     "--seq-mean 600 --train-tokens 2e7"),
+    ({"model": "llama-3.1-70b", "gpu": "h100-sxm",
+      "setup": {"grad_ckpt": True, "batch": "2", "gpus": "8", "sharding": "fsdp"}},
+     "reportgen estimate --model llama-3.1-70b --gpu h100-sxm --grad-ckpt --batch 2 --gpus 8 --sharding fsdp"),
+]
+
+
+def cli_json(command: str) -> str:
+    """What ``command --format json`` prints, run through ``reportgen.cli.main``."""
+    catalog.load_model.cache_clear()  # a config.json written since the last call
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(shlex.split(command)[1:] + ["--format", "json"]) == 0
+    return buf.getvalue()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(browser, "_last_pasted", None)
+    catalog.load_model.cache_clear()
+    yield tmp_path
+    catalog.load_model.cache_clear()
+
+
+# ----- what the page calls -----------------------------------------------------------------------
+@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp"])
+def test_the_page_prints_what_the_cli_prints(form, command, workdir):
+    out = json.loads(browser.run(json.dumps(form)))
+    assert "error" not in out, out.get("error")
+    assert out["command"] == command
+    assert out["json"] == cli_json(command)  # the exact text, every number and the estimator hash
+    data = json.loads(out["json"])
+    assert out["view"] == browser.view(data)
+    keys = [r["key"] for s in out["view"]["sections"] for r in s["rows"]]
+    assert len(keys) == len(set(keys))
+    assert {"memory.device_total", "time.tokens_per_s", "max_batch", "max_seq"} <= set(keys)
+
+
+def test_the_view_shows_every_term_and_the_reverse_answers(workdir):
+    out = json.loads(browser.run(json.dumps(FORMS[2][0])))
+    data = json.loads(out["json"])
+    rows = {r["key"]: r for s in out["view"]["sections"] for r in s["rows"]}
+    for term, value in data["memory"].items():
+        if term not in browser.TOTALS and value:
+            assert rows[f"memory.{term}"]["value"] == f"{value / 2**30:.2f}"
+    assert data["max_batch"] > 1 and rows["max_batch"]["value"] == f"{data['max_batch']:,}"
+    assert rows["max_seq"]["value"] == f"{data['max_seq']:,}"
+    assert out["view"]["verdict"] == data["verdict"]
+    assert data["gpu"] == "rtx-4090@48GiB" and data["capacity"] == 48 * 2**30
+
+
+def test_a_new_pasted_config_is_read_again(workdir):
+    form = dict(FORMS[3][0])
+    first = json.loads(json.loads(browser.run(json.dumps(form)))["json"])
+    config = json.loads(MISTRAL)
+    config["num_hidden_layers"] = 16
+    second = json.loads(json.loads(browser.run(json.dumps({**form, "config": json.dumps(config)})))["json"])
+    assert second["params"]["total"] < first["params"]["total"]
+
+
+@pytest.mark.parametrize("form, message", [
+    ({"config": '{"model_type": "llama",,}', "gpu": "t4"}, "config.json:1: not valid JSON"),
+    ({"config": '{"model_type": "llama"}', "gpu": "t4"}, "config.json"),
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "gpu_memory": "48G"}, "GPU memory '48G'"),
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "setup": {"batch": "0"}}, "--batch: must be >= 1 (got 0)"),
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "setup": {"gpus": "2"}}, "--sharding: gpus=2 needs sharding"),
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "setup": {"batch": "1.5"}}, "invalid int value: '1.5'"),
+])
+def test_user_errors_come_back_as_the_cli_message(form, message, workdir):
+    out = json.loads(browser.run(json.dumps(form)))
+    assert message in out["error"]["message"]
+    assert "Traceback" not in json.dumps(out) and "json" not in out
+    args = shlex.split(out["command"])[1:] + ["--format", "json"]
+    with pytest.raises((UserError, SystemExit)):  # the CLI refuses the same command
+        from reportgen.cli import build_parser, run_command
+
+        run_command(build_parser().parse_args(args))
+
+
+def test_argv_leaves_defaults_out_and_keeps_the_cli_order():
+    setup = {"batch": "1", "seq": "2048", "lora_dropout": "0.0", "method": "full", "grad_ckpt": False,
+             "seq_mean": "", "accum": "3", "precision": "bf16"}
+    assert browser.argv({"model": "m", "gpu": "g", "setup": setup, "train_tokens": "100000000"}) == [
+        "estimate", "--model", "m", "--gpu", "g", "--precision", "bf16", "--accum", "3"]
+    fields = browser.form_fields()
+    assert [f["name"] for f in fields] == list(TrainingSetup.model_fields)
+    assert all(f["kind"] in ("enum", "int", "float", "bool") for f in fields)
+
+
+# ----- the bundle: everything the page runs, nothing else ----------------------------------------
+def _bundle_dir(tmp_path: Path) -> Path:
+    _, text = calculator.bundle()
+    out = tmp_path / "bundle"
+    for rel, content in json.loads(text)["files"].items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(content)
+    return out
+
+
+ISOLATED = textwrap.dedent("""
+    import importlib.abc, json, sys
+    bundle, stdlib = sys.argv[1], json.loads(sys.argv[2])
+    allowed = set(stdlib) | {"reportgen", "yaml"}
+
+    class OnlyTheBundle(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top not in allowed and top not in sys.builtin_module_names:
+                raise ModuleNotFoundError(f"{name} is neither in the bundle nor in Pyodide's standard library")
+            return None
+
+    sys.meta_path.insert(0, OnlyTheBundle())
+    sys.path.insert(0, bundle)
+    from reportgen import browser
+    forms = json.loads(sys.stdin.read())
+    import os; os.chdir(sys.argv[3])
+    print(json.dumps([json.loads(browser.run(json.dumps(f))) for f in forms]))
+    outside = sorted(m for m, mod in sys.modules.items() if m.partition(".")[0] in ("reportgen", "yaml")
+                     and not (getattr(mod, "__file__", None) or bundle).startswith(bundle))
+    assert not outside, outside
+    import yaml
+    assert not yaml.__with_libyaml__
+    print(json.dumps(sorted(sys.modules)))
+""")
+
+
+def _stdlib_names() -> list[str]:
+    """Top-level modules of Pyodide's standard library: the pure-Python ones in its zip (from the
+    cached runtime; without it, CPython's) and the C modules (``_struct``, ...) built into its wasm."""
+    import importlib.util
+
+    names = set()
+    for n in sys.stdlib_module_names:
+        spec = importlib.util.find_spec(n) if n not in sys.modules else sys.modules[n].__spec__
+        origin = getattr(spec, "origin", None) or ""
+        if origin in ("built-in", "frozen") or origin.endswith(".so"):
+            names.add(n)
+    try:
+        data = pyodide.runtime_files(download=False)["python_stdlib.zip"]
+    except pyodide.RuntimeUnavailable:
+        return sorted(names | set(sys.stdlib_module_names))
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        for n in z.namelist():
+            top = n.split("/")[0]
+            names.add(top[:-len(".pyc")] if top.endswith(".pyc") else top[:-3] if top.endswith(".py") else top)
+    return sorted(names)
+
+
+def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
+    bundle = _bundle_dir(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    forms = [f for f, _ in FORMS] + [{"config": "{", "gpu": "t4"}]
+    # -I -S: no site-packages (no editable install, no PyYAML C extension), only the bundle and the
+    # standard library, and of that only what Pyodide ships
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED, str(bundle), json.dumps(_stdlib_names()),
+                           str(work)], input=json.dumps(forms), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results, modules = (json.loads(line) for line in proc.stdout.splitlines())
+    for (form, command), out in zip(FORMS, results):
+        (tmp_path / "cli").mkdir(exist_ok=True)
+        if "config" in form:
+            (tmp_path / "cli" / "config.json").write_text(form["config"])
+        import os
+
+        cwd = os.getcwd()
+        os.chdir(tmp_path / "cli")
+        try:
+            assert out["json"] == cli_json(command), command  # same text: the hash of the same sources too
+        finally:
+            os.chdir(cwd)
+    assert "not valid JSON" in results[-1]["error"]["message"]
+    assert "reportgen.estimate.search" in modules and "yaml.constructor" in modules
+    assert not any(m.startswith(("reportgen.measure", "reportgen.report", "rich", "pydantic")) for m in modules)
+
+
+def test_the_bundle_lists_its_sources_and_pyyaml_license():
+    name, text = calculator.bundle()
+    files = json.loads(text)["files"]
+    assert name.startswith("estimator-") and name.endswith(".json")
+    assert "yaml/LICENSE" in files and "Permission is hereby granted" in files["yaml/LICENSE"]
+    for rel in ("reportgen/browser.py", "reportgen/cli.py", "reportgen/catalog/gpus.yaml",
+                "reportgen/estimate/error_band.json", "reportgen/runner.py", "reportgen/results.py"):
+        assert rel in files, rel
+    assert all(f"reportgen/catalog/models/{m}.json" in files for m in catalog.model_names())
+    assert not any(".so" in f or "__pycache__" in f for f in files)
+
+
+# ----- the page ----------------------------------------------------------------------------------
+FAKE_RUNTIME = {n: (b"\0asm fake " + n.encode()) for n in pyodide.FILES}
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch):
+    monkeypatch.setattr(pyodide, "runtime_files", lambda download=True: dict(FAKE_RUNTIME))
+
+
+SITE = SiteData(results={}, reportgen_version="0.1.0", git_commit=None)
+
+
+def test_the_page_renders_byte_for_byte_the_same(fake_runtime, tmp_path):
+    a, b = calculator.calculator_pages(SITE), calculator.calculator_pages(SITE)
+    assert [(p.path, render.render_page(p), p.files) for p in a] == [(p.path, render.render_page(p), p.files)
+                                                                     for p in b]
+    spec = ("reportgen.report.calculator:calculator_pages",)
+    for d in ("x", "y"):
+        render.render_all(tmp_path / "results", tmp_path / d, published=None, commit=None, providers=spec)
+    tree = {d: {p.relative_to(tmp_path / d).as_posix(): p.read_bytes() for p in sorted((tmp_path / d).rglob("*"))
+                if p.is_file()} for d in ("x", "y")}
+    assert tree["x"] == tree["y"]
+    assert tree["x"]["calculator/pyodide-314.0.7/pyodide.asm.wasm"] == FAKE_RUNTIME["pyodide.asm.wasm"]
+
+
+def test_the_form_has_every_setup_field_model_and_gpu(fake_runtime):
+    page = calculator.calculator_pages(SITE)[0]
+    text = render.render_page(page)
+    for name in TrainingSetup.model_fields:
+        assert text.count(f'name="setup.{name}"') == 1, name
+    for name in catalog.model_names():
+        assert f'<option value="{name}"' in text
+    for key in catalog.gpu_names():
+        assert f'<option value="{key}"' in text
+    assert 'data-runtime="pyodide-314.0.7/"' in text and f'data-bundle="{page.context["bundle"]}"' in text
+    assert f"calculator/{page.context['bundle']}" in page.files
+    assert 'src="../javascripts/calculator.js"' in text and "rg-est" in text and "rg-legend" in text
+    assert "\n\n" not in text[text.index('<div id="rg-calc"'):text.index("</form>")]  # one raw HTML block
+    assert "MPL-2.0" in page.files["calculator/third-party.txt"]
+
+
+def test_a_new_setup_field_appears_without_editing_the_page(fake_runtime, monkeypatch):
+    from reportgen.setup import FieldSpec
+
+    fields = {**TrainingSetup.model_fields, "new_knob": FieldSpec(int, ge=1, description="a field added later")}
+    monkeypatch.setattr(TrainingSetup, "model_fields", fields)
+    monkeypatch.setattr(TrainingSetup, "new_knob", 3, raising=False)
+    groups = calculator.form_groups()
+    assert groups[-1]["title"] == "More settings" and [f["name"] for f in groups[-1]["fields"]] == ["new_knob"]
+
+
+def test_without_the_runtime_the_page_says_so(monkeypatch, capsys):
+    def unavailable(download=True):
+        raise pyodide.RuntimeUnavailable("offline")
+
+    monkeypatch.setattr(pyodide, "runtime_files", unavailable)
+    page = calculator.calculator_pages(SITE)[0]
+    text = render.render_page(page)
+    assert 'data-runtime=""' in text and "cannot run on this build" in text
+    assert not any("pyodide-" in f for f in page.files)
+    assert "without its Python runtime" in capsys.readouterr().err
+
+
+# ----- the runtime: pinned and checked -----------------------------------------------------------
+def _tarball(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"package/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_the_runtime_is_checked_against_the_pinned_integrity(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPORTGEN_CACHE", str(tmp_path))
+    data = _tarball(FAKE_RUNTIME)
+    calls = []
+
+    class Response(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def urlopen(url, timeout):
+        calls.append(url)
+        return Response(data)
+
+    monkeypatch.setattr(pyodide.urllib.request, "urlopen", urlopen)
+    with pytest.raises(pyodide.RuntimeUnavailable, match="integrity"):
+        pyodide.tarball()
+    assert calls == ["https://registry.npmjs.org/pyodide/-/pyodide-314.0.7.tgz"]
+    assert not list(tmp_path.iterdir())  # nothing unchecked is cached
+    with pytest.raises(pyodide.RuntimeUnavailable, match="missing"):
+        pyodide.tarball(download=False)
+    monkeypatch.setattr(pyodide, "INTEGRITY", pyodide.integrity_of(data))
+    monkeypatch.setenv("npm_config_registry", "https://mirror.example/npm/")
+    assert pyodide.runtime_files() == FAKE_RUNTIME
+    assert calls[-1] == "https://mirror.example/npm/pyodide/-/pyodide-314.0.7.tgz"
+    assert pyodide.runtime_files() == FAKE_RUNTIME and len(calls) == 2  # cached

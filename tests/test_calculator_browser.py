@@ -1,0 +1,346 @@
+"""The calculator page in headless Chromium: it runs reportgen's own estimator under Pyodide, served
+from the built site alone, and shows what ``reportgen estimate --format json`` prints.
+
+For several setups (full, full with checkpointing across 8 GPUs with FSDP, LoRA, QLoRA on a card
+with ``--gpu-memory``, a pasted config.json) the test sets the form as a reader would (values and
+input events), then checks that the page's command line is the expected ``reportgen estimate``
+command, that the JSON the page shows is byte for byte the CLI's output for that command (run in a
+subprocess), and that every number the page shows is that JSON formatted by
+``reportgen.browser.view``. It also checks that no request leaves 127.0.0.1 (other hosts are
+unreachable and every request is logged), times the first answer and the recomputations, restores
+a setup from its link, and shows a malformed pasted config's error.
+
+Needs Chromium, chromedriver, selenium and the Pyodide runtime (``reportgen.report.pyodide``:
+downloaded once from the npm registry into ~/.cache/reportgen); skipped without them. Timings and
+screenshots are printed with ``-s``; ``REPORTGEN_SHOTS=DIR`` keeps the screenshots in DIR."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reportgen.browser import view
+from reportgen.report import pyodide
+from tests.fixtures.site_data import build_results
+from tests.test_render import build_site
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+ROOT = Path(__file__).resolve().parents[1]
+MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                       reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"),
+]
+
+#: name -> (form controls to set, the command line the page must show)
+SETUPS = {
+    "full": ({}, "reportgen estimate --model llama-3.2-1b --gpu rtx-4090"),
+    "fsdp-ckpt": ({"model": "llama-3.1-70b", "gpu": "h100-sxm", "setup.grad_ckpt": True, "setup.batch": "2",
+                   "setup.gpus": "8", "setup.sharding": "fsdp"},
+                  "reportgen estimate --model llama-3.1-70b --gpu h100-sxm --grad-ckpt --batch 2 --gpus 8 "
+                  "--sharding fsdp"),
+    "lora": ({"model": "llama-3.1-8b", "gpu": "a100-80gb", "setup.method": "lora", "setup.lora_rank": "64",
+              "setup.lora_targets": "qv", "setup.batch": "4", "setup.seq": "1024", "setup.accum": "4",
+              "setup.padding": "packed"},
+             "reportgen estimate --model llama-3.1-8b --gpu a100-80gb --method lora --lora-rank 64 --lora-targets qv "
+             "--batch 4 --seq 1024 --accum 4 --padding packed"),
+    "qlora-48gib": ({"model": "llama-3.1-8b", "gpu": "rtx-4090", "gpu_memory": "48GiB", "setup.method": "qlora",
+                     "setup.double_quant": True, "setup.grad_ckpt": True, "setup.batch": "2"},
+                    "reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --gpu-memory 48GiB --method qlora "
+                    "--double-quant --grad-ckpt --batch 2"),
+    "pasted": ({"paste": True, "config": MISTRAL, "gpu": "t4", "setup.method": "qlora", "setup.grad_ckpt": True,
+                "setup.seq": "1024", "train_tokens": "2e7"},
+               "reportgen estimate --model config.json --gpu t4 --method qlora --grad-ckpt --seq 1024 "
+               "--train-tokens 2e7"),
+}
+BAD_CONFIG = '{"model_type": "llama", "hidden_size": 4096,,}'
+
+#: sets form controls by name (the rest back to their defaults, unless keep), then fires the
+#: events typing would; resolves when the page has shown a new result
+SET_FORM = """
+const [values, keep, done] = arguments;
+const root = document.getElementById('rg-calc'), form = root.querySelector('form');
+const before = root.dataset.seq;
+if (!keep) for (const e of form.elements) {
+  if (!e.name) continue;
+  if (e.type === 'checkbox') e.checked = e.dataset.default === '1';
+  else if (e.name === 'config') e.value = '';
+  else e.value = e.dataset.default;
+}
+for (const [name, value] of Object.entries(values)) {
+  const e = form.elements[name];
+  if (!e) { done('no control ' + name); return; }
+  if (e.type === 'checkbox') e.checked = value; else e.value = value;
+}
+const t0 = performance.now();
+const obs = new MutationObserver(() => {
+  if (root.dataset.seq === before) return;
+  obs.disconnect();
+  requestAnimationFrame(() => setTimeout(() => done(performance.now() - t0)));  // painted
+});
+obs.observe(root, {attributes: true});
+const last = form.elements[Object.keys(values).pop() || 'model'];
+last.dispatchEvent(new Event('input', {bubbles: true}));
+last.dispatchEvent(new Event('change', {bubbles: true}));
+"""
+
+READ_PAGE = """
+const q = (s) => document.querySelector(s);
+return {
+  command: q('#rg-command').textContent,
+  json: q('#rg-json').textContent,
+  share: q('#rg-share').value,
+  error: q('#rg-error').hidden ? null : q('#rg-error [data-key=error]').textContent,
+  shown: Array.from(document.querySelectorAll('#rg-result [data-key]')).map((e) => [e.dataset.key, e.textContent]),
+  form: Object.fromEntries(Array.from(q('#rg-calc form').elements).filter((e) => e.name)
+    .map((e) => [e.name, e.type === 'checkbox' ? e.checked : e.value])),
+};
+"""
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".mjs": "text/javascript", ".wasm": "application/wasm", ".json": "application/json"}
+    served: list[str] = []  # paths requested from the site
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.served.append(self.path)
+        super().do_GET()
+
+
+@pytest.fixture(scope="module")
+def served_site(tmp_path_factory):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    try:
+        pyodide.runtime_files()
+    except pyodide.RuntimeUnavailable as exc:
+        pytest.skip(f"the calculator's Pyodide runtime is unavailable ({exc})")
+    work = tmp_path_factory.mktemp("calculator-site")
+    build_results(work / "results")
+    site = build_site(work / "results", work)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+
+def _driver(profile: Path):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={profile}",
+                 # no host but this machine resolves: the site must work offline
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = _driver(tmp_path_factory.mktemp("chromium-profile"))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    d = Path(os.environ["REPORTGEN_SHOTS"]) if os.environ.get("REPORTGEN_SHOTS") else tmp_path_factory.mktemp("shots")
+    d.mkdir(parents=True, exist_ok=True)
+    print(f"\ncalculator screenshots: {d}")
+    return d
+
+
+def wait_for(fn, timeout: float = 60.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def first_answer(driver, url: str | None) -> float:
+    """Open ``url`` (None: the page already opening) and wait for its first result; ms from
+    navigation start (the page's own clock)."""
+    if url is not None:
+        driver.get("about:blank")
+        driver.get(url)
+    ms = wait_for(lambda: driver.execute_script(
+        "const r = document.getElementById('rg-calc');"
+        "if (document.getElementById('rg-status').classList.contains('rg-no')) return 'failed: ' + "
+        "document.getElementById('rg-status').textContent;"
+        "return r && r.dataset.firstAnswerMs"), what="the calculator's first answer")
+    assert not str(ms).startswith("failed"), ms
+    return float(ms)
+
+
+def requests_of(driver) -> list[str]:
+    """Every URL the browser requested since the last call (DevTools' Network events)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def screenshot(driver, path: Path) -> None:
+    height = driver.execute_script("return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
+    driver.set_window_size(1400, min(height + 200, 6000))  # the window is taller than its viewport
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
+
+
+def cli(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``command --format json`` in a fresh process (the reader's machine), from ``cwd``."""
+    args = shlex.split(command)
+    assert args[:2] == ["reportgen", "estimate"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "reportgen", *args[1:], "--format", "json"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def expected_shown(cli_json: str) -> list[list[str]]:
+    v = view(json.loads(cli_json))
+    rows = [["title", v["title"]], ["params", v["params"]], ["verdict", v["verdict"]]]
+    rows += [[r["key"], r["value"]] for s in v["sections"] for r in s["rows"]]
+    return rows + [["note", n] for n in v["notes"]]
+
+
+# ----- the tests ---------------------------------------------------------------------------------
+def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, shots):
+    """A reader's first visit (empty cache) and later visits: the time to the first answer, and
+    every request the page makes goes to the site."""
+    url = served_site + "calculator/"
+    cold, warm = [], []
+    for visit in range(2):  # each in a fresh profile: nothing cached
+        driver = _driver(tmp_path_factory.mktemp("fresh-profile"))
+        try:
+            driver.get("about:blank")
+            driver.get(url)
+            if visit:
+                screenshot(driver, shots / "calculator-loading.png")  # before the runtime is up
+            cold.append(first_answer(driver, None))
+            steps = driver.execute_script("return document.getElementById('rg-calc').dataset.timings")
+            warm += [first_answer(driver, url) for _ in range(3)]
+            urls = requests_of(driver)  # the page's (DevTools)
+            entries = driver.execute_script(  # the page's and its worker's (resource timing)
+                "const r = document.getElementById('rg-calc');"
+                "return performance.getEntriesByType('resource').map(e => e.name)"
+                ".concat(JSON.parse(r.dataset.workerRequests))")
+            severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        finally:
+            driver.quit()
+        assert not severe, severe
+        # network requests (chrome://, data:, blob: never leave the browser)
+        outside = [u for u in urls + entries
+                   if u.split(":")[0] in ("http", "https", "ws", "wss", "ftp") and not u.startswith(served_site)]
+        assert not outside, f"requests that leave the site: {outside}"
+        assert any(u.endswith("/calculator/pyodide-314.0.7/pyodide.asm.wasm") for u in entries)
+    served = set(_Handler.served)
+    assert "/calculator/pyodide-314.0.7/pyodide.asm.wasm" in served  # by the page's worker
+    assert any(p.startswith("/calculator/estimator-") for p in served)
+    print(f"\nfirst answer, ms from navigation start: first visit {cold}, later visits {warm} "
+          f"(median {statistics.median(warm):.0f}); steps of the last first visit: {steps}")
+    assert statistics.median(warm) <= 5000, warm
+    assert min(cold) <= 15000, cold  # a first visit also downloads and compiles 13 MB
+
+
+def test_numbers_equal_the_cli_for_every_setup(served_site, browser, tmp_path, shots):
+    first_answer(browser, served_site + "calculator/")
+    (tmp_path / "config.json").write_text(MISTRAL)
+    reverse = 0
+    for name, (values, command) in SETUPS.items():
+        ms = browser.execute_async_script(SET_FORM, values, False)
+        assert isinstance(ms, (int, float)), ms
+        page = browser.execute_script(READ_PAGE)
+        assert page["error"] is None, (name, page["error"])
+        assert page["command"] == command, name
+        proc = cli(command, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert page["json"] == proc.stdout, name  # every field, byte for byte (estimator hash too)
+        assert page["shown"] == expected_shown(proc.stdout), name  # every number shown, formatted alike
+        data = json.loads(proc.stdout)
+        reverse += data["max_batch"] is not None and data["max_batch"] > 1 and data["max_seq"] is not None
+        if name == "qlora-48gib":
+            assert data["gpu"] == "rtx-4090@48GiB" and data["capacity"] == 48 * 2**30
+            screenshot(browser, shots / "calculator-result.png")
+    assert reverse >= 2  # largest batch and longest sequence are real answers, not "none fits"
+
+
+def test_recomputation_is_fast(served_site, browser):
+    first_answer(browser, served_site + "calculator/")
+    browser.execute_async_script(SET_FORM, SETUPS["qlora-48gib"][0], False)
+    times = []
+    for batch in range(1, 13):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.batch": str(batch)}, True))
+    for seq in ("1024", "4096", "8192"):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.seq": seq}, True))
+    for method in ("lora", "full", "qlora"):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.method": method}, True))
+    python = float(browser.execute_script("return document.getElementById('rg-calc').dataset.pythonMs"))
+    print(f"\nrecompute, change to painted result: median {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
+          f"over {len(times)} changes (last Python call {python:.0f} ms)")
+    assert statistics.median(times) <= 300, times
+
+
+def test_the_link_restores_the_setup(served_site, browser):
+    first_answer(browser, served_site + "calculator/")
+    for name in ("qlora-48gib", "pasted"):
+        browser.execute_async_script(SET_FORM, SETUPS[name][0], False)
+        before = browser.execute_script(READ_PAGE)
+        assert before["share"].startswith(served_site + "calculator/#")
+        first_answer(browser, before["share"])  # a fresh page load from the link
+        after = browser.execute_script(READ_PAGE)
+        assert after["form"] == before["form"], name
+        assert after["command"] == before["command"] == SETUPS[name][1]
+        assert after["json"] == before["json"] and after["shown"] == before["shown"]
+
+
+def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, shots):
+    first_answer(browser, served_site + "calculator/")
+    browser.execute_async_script(SET_FORM, {"paste": True, "config": BAD_CONFIG, "gpu": "t4"}, False)
+    page = browser.execute_script(READ_PAGE)
+    assert page["command"] == "reportgen estimate --model config.json --gpu t4"
+    (tmp_path / "config.json").write_text(BAD_CONFIG)
+    proc = cli(page["command"], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert page["error"] == proc.stderr.splitlines()[0][len("error: "):]
+    assert "not valid JSON" in page["error"]
+    screenshot(browser, shots / "calculator-error.png")
+    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'slate')")
+    screenshot(browser, shots / "calculator-error-dark.png")
+    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'default')")
+    # fixing the config brings the result back
+    browser.execute_async_script(SET_FORM, {"config": MISTRAL}, True)
+    assert browser.execute_script(READ_PAGE)["error"] is None
