@@ -80,6 +80,8 @@ def form_fields() -> list[dict]:
             field.update(kind="enum", choices=[m.value for m in t], default=value.value)
         elif t is bool:
             field.update(kind="bool", default=value)
+        elif t is str:
+            field.update(kind="str", default=value, pattern=spec.pattern)
         else:
             field.update(kind="int" if t is int else "float", default=value)
         out.append(field)
@@ -91,6 +93,8 @@ def _is_default(spec, text: str, default) -> bool:
     try:
         if isinstance(t, type) and issubclass(t, Enum):
             return text == default.value
+        if t is str:
+            return text.strip() == default
         if t is int:
             return default is not None and int(text) == default
         if t is float:

@@ -132,7 +132,12 @@ def test_argv_leaves_defaults_out_and_keeps_the_cli_order():
         "estimate", "--model", "m", "--gpu", "g", "--precision", "bf16", "--accum", "3"]
     fields = browser.form_fields()
     assert [f["name"] for f in fields] == list(TrainingSetup.model_fields)
-    assert all(f["kind"] in ("enum", "int", "float", "bool") for f in fields)
+    assert all(f["kind"] in ("enum", "int", "float", "bool", "str") for f in fields)
+    # a module list is typed as text and sent only when it differs from the default
+    assert browser.argv({"model": "m", "gpu": "g", "setup": {"lora_targets": " all-linear "}}) == [
+        "estimate", "--model", "m", "--gpu", "g"]
+    assert browser.argv({"model": "m", "gpu": "g", "setup": {"lora_targets": "q,v,lm_head"}}) == [
+        "estimate", "--model", "m", "--gpu", "g", "--lora-targets", "q,v,lm_head"]
 
 
 # ----- the bundle: everything the page runs, nothing else ----------------------------------------

@@ -53,14 +53,14 @@ BUNDLE = (
 GROUPS = (
     ("Technique", ("method", "precision", "optimizer")),
     ("LoRA", ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")),
-    ("QLoRA", ("quant", "double_quant")),
+    ("QLoRA", ("quant", "double_quant", "quant_head")),
     ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean")),
     ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
     ("Training loop", ("keep_outputs", "optimizer_in_backward")),
     ("GPUs", ("gpus", "sharding")),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
-APPLIES = {"lora_": ("lora", "qlora"), "quant": ("qlora",), "double_quant": ("qlora",)}
+APPLIES = {"lora_": ("lora", "qlora"), "quant": ("qlora",), "double_quant": ("qlora",), "quant_head": ("qlora",)}
 DEFAULT_MODEL = "llama-3.2-1b"
 DEFAULT_GPU = "rtx-4090"
 
