@@ -77,7 +77,9 @@ def form_fields() -> list[dict]:
         field = {"name": name, "flag": "--" + name.replace("_", "-"), "description": spec.description,
                  "optional": spec.optional, "min": spec.ge, "max": spec.le, "below": spec.lt}
         if isinstance(t, type) and issubclass(t, Enum):
-            field.update(kind="enum", choices=[m.value for m in t], default=value.value)
+            # an optional choice (None: the recipe's default) is offered as "" first
+            field.update(kind="enum", choices=([""] if spec.optional else []) + [m.value for m in t],
+                         default=value.value if value is not None else "")
         elif t is bool:
             field.update(kind="bool", default=value)
         elif t is str:
@@ -92,7 +94,7 @@ def _is_default(spec, text: str, default) -> bool:
     t = spec.annotation
     try:
         if isinstance(t, type) and issubclass(t, Enum):
-            return text == default.value
+            return text == (default.value if default is not None else "")
         if t is str:
             return text.strip() == default
         if t is int:

@@ -40,7 +40,8 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
         value = getattr(default, name)
         t = spec.annotation
         if isinstance(t, type) and issubclass(t, Enum):
-            p.add_argument(flag, choices=[m.value for m in t], default=value.value, help=spec.description)
+            p.add_argument(flag, choices=[m.value for m in t], default=value.value if value is not None else None,
+                           help=spec.description)
         elif t is bool:
             p.add_argument(flag, action="store_true" if not value else argparse.BooleanOptionalAction, default=value,
                            help=spec.description)

@@ -86,6 +86,17 @@ class Sharding(str, Enum):
     no_shard = "no-shard"
 
 
+class FrozenDtype(str, Enum):
+    compute = "compute"
+    fp32 = "fp32"
+
+
+class KbitPrep(str, Enum):
+    none = "none"
+    peft = "peft"
+    trl = "trl"
+
+
 class Padding(str, Enum):
     max = "max"
     longest = "longest"
@@ -180,6 +191,8 @@ class TrainingSetup:
     optimizer_in_backward: bool = False
     act_offload: bool = False
     quant_head: bool = False
+    frozen_dtype: FrozenDtype = FrozenDtype.compute
+    kbit_prep: KbitPrep | None = None
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -230,6 +243,16 @@ class TrainingSetup:
                                  "them back in backward (torchtune enable_activation_offloading)"),
         "quant_head": FieldSpec(bool, description="QLoRA: quantize the LM head to 4 bit too (Lightning Fabric's "
                                 "BitsandbytesPrecision, litgpt; transformers leaves lm_head in 16 bit)"),
+        "frozen_dtype": FieldSpec(FrozenDtype, description="LoRA/QLoRA under mixed precision: the dtype of the "
+                                  "frozen, unquantized base weights: compute (transformers' from_pretrained("
+                                  "torch_dtype=bfloat16), the default) or fp32 (Lightning's bf16-mixed keeps "
+                                  "every parameter in fp32 and autocast casts each one per use)"),
+        "kbit_prep": FieldSpec(KbitPrep, optional=True, description="QLoRA: the Hugging Face recipe's "
+                               "preparation of the 4-bit model: peft (prepare_model_for_kbit_training: every "
+                               "parameter that is not 4-bit, embeddings, norms and LM head, upcast to fp32), trl "
+                               "(peft's, then TRL SFTTrainer's bf16 cast back of embeddings and head, norms "
+                               "kept fp32) or none (fsdp_qlora, litgpt, torchtune); default: peft under mixed "
+                               "precision, none under pure bf16 and fp32"),
     }
 
     def __post_init__(self) -> None:
@@ -249,6 +272,15 @@ class TrainingSetup:
             raise SetupError("optimizer_in_backward", "is not combined with CPU offload")
         if self.quant_head and self.method != Method.qlora:
             raise SetupError("quant_head", "quantizes the LM head with the other 4-bit linears: needs method qlora")
+        peft_mixed = self.method != Method.full and self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
+        if self.frozen_dtype == FrozenDtype.fp32 and not peft_mixed:
+            raise SetupError("frozen_dtype", "fp32 frozen weights are a LoRA/QLoRA mixed-precision choice: needs "
+                             "method lora or qlora and precision fp16-mixed or bf16-mixed")
+        if self.kbit_prep is not None and self.method != Method.qlora:
+            raise SetupError("kbit_prep", "prepares a 4-bit model: needs method qlora")
+        if self.kbit_prep not in (None, KbitPrep.none) and not peft_mixed:
+            raise SetupError("kbit_prep", f"{self.kbit_prep.value!r} is the mixed-precision recipe (TRL/Trainer "
+                             "bf16=True); with precision bf16 or fp32 use 'none'")
         if self.seq_mean is not None and self.seq_mean > self.seq:
             raise SetupError("seq_mean", f"the mean sample length ({self.seq_mean}) cannot exceed seq, the longest "
                              f"({self.seq})")
@@ -256,6 +288,9 @@ class TrainingSetup:
         d = self.__dict__
         d["is_peft"] = self.method in (Method.lora, Method.qlora)
         d["autocast"] = self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
+        # the preparation the QLoRA recipe applies (kbit_prep; None = the recipe's default)
+        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed else KbitPrep.none)) \
+            if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
 
@@ -297,6 +332,8 @@ class TrainingSetup:
     autocast: ClassVar[bool]
     #: dtype of matmul inputs/outputs: ``fp32``, ``fp16`` or ``bf16``
     compute_dtype: ClassVar[str]
+    #: the QLoRA preparation in effect (``kbit_prep`` or its default; ``none`` for other methods)
+    kbit: ClassVar[KbitPrep]
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -344,6 +381,10 @@ class TrainingSetup:
             parts.append("act-offload")
         if self.quant_head:
             parts.append("4bit-head")
+        if self.frozen_dtype == FrozenDtype.fp32:
+            parts.append("fp32-frozen")
+        if self.kbit_prep is not None:
+            parts.append(f"kbit-prep-{self.kbit_prep.value}")
         return " ".join(parts)
 
     def technique(self) -> str:

@@ -34,20 +34,23 @@ def test_every_setup_flag_reaches_the_setup(capsys):
                  "--attn", "eager", "--lora-rank", "32", "--lora-alpha", "64", "--lora-targets", "qv",
                  "--lora-dropout", "0.05", "--quant", "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2",
                  "--sharding", "fsdp", "--loss", "fused", "--padding", "packed", "--seq-mean", "500",
-                 "--keep-outputs", "next-step", "--act-offload", "--quant-head")
+                 "--keep-outputs", "next-step", "--act-offload", "--quant-head", "--kbit-prep", "none")
     expected = {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
                 "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "loss": "fused", "lora_rank": 32,
                 "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "quant": "fp4",
                 "double_quant": True, "offload": "optimizer", "gpus": 2, "sharding": "fsdp", "padding": "packed",
                 "seq_mean": 500, "keep_outputs": "next-step", "optimizer_in_backward": False, "act_offload": True,
-                "quant_head": True}
+                "quant_head": True, "frozen_dtype": "compute", "kbit_prep": "none"}
     assert d["setup"] == expected
     from reportgen.setup import TrainingSetup
 
     default = TrainingSetup().model_dump(mode="json")
     assert set(expected) == set(TrainingSetup.model_fields)  # every field has a flag, tested here
-    # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload)
-    assert all(expected[k] != default[k] for k in expected if k != "optimizer_in_backward")
+    # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload,
+    # frozen_dtype fp32 pure bf16: both are checked below)
+    assert all(expected[k] != default[k] for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))
+    d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--frozen-dtype", "fp32")
+    assert d["setup"]["frozen_dtype"] == "fp32"
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--optimizer-in-backward")
     assert d["setup"]["optimizer_in_backward"] is True
 

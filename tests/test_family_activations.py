@@ -117,9 +117,9 @@ def test_phi2_dropout_masks_and_qlora_fp32_stream():
     no_dropout = dataclasses.replace(spec, resid_dropout=0.0)
     assert (act.layer_activations(spec, setup, d).per_token
             - act.layer_activations(no_dropout, setup, d).per_token) == 2 * 2560
-    q = TrainingSetup(method="qlora", precision="bf16-mixed", grad_ckpt=True, batch=1, seq=8)
+    q = TrainingSetup(method="qlora", precision="bf16-mixed", grad_ckpt=True, batch=1, seq=8, kbit_prep="none")
     assert act.all_layers(spec, q, dtypes_for(q)) == (2 + 31 * 4) * 2560 * 8
-    lora = q.model_copy(update={"method": "lora"})
+    lora = q.model_copy(update={"method": "lora", "kbit_prep": None})
     assert act.all_layers(spec, lora, dtypes_for(lora)) == 32 * 2 * 2560 * 8
 
 

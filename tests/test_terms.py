@@ -31,7 +31,7 @@ def test_weights_full_mixed_keeps_fp32_master():
 
 
 def test_weights_qlora_packs_linears_keeps_rest_16bit():
-    setup = s(method="qlora")
+    setup = s(method="qlora", kbit_prep="none")  # without peft's fp32 upcast (tests/test_recipe_dtypes.py)
     assert P.quantized_linear_params(L2) == L2_LINEAR
     # 4-bit linears (half a byte each) + embeddings, head and norms in bf16
     assert P.weights_bytes(L2, setup, dtypes_for(setup)) == L2_LINEAR // 2 + (6_738_415_616 - L2_LINEAR) * 2
@@ -188,7 +188,7 @@ def test_qlora_under_autocast_shares_the_adapters_input():
     bf16 input is a no-op: q and v adapters save the one norm output (4096 x 2 bytes per token)
     where LoRA on a 16-bit base saves a 16-bit copy per adapter (2 x 4096 x 2 bytes)."""
     base = dict(precision="bf16-mixed", lora_rank=16, lora_targets="qv", batch=1, seq=1024)
-    lora, qlora = TrainingSetup(method="lora", **base), TrainingSetup(method="qlora", **base)
+    lora, qlora = TrainingSetup(method="lora", **base), TrainingSetup(method="qlora", kbit_prep="none", **base)
     a = act.layer_activations(L2, lora, dtypes_for(lora))
     b = act.layer_activations(L2, qlora, dtypes_for(qlora))
     assert a.per_token - b.per_token == 2 * 4096 * 2 - 4096 * 2

@@ -76,10 +76,12 @@ DISAGREEMENTS = {
     case_id("phi3", "full", True, 2048, 2): "layer_backward_overlap",
     case_id("mixtral", "full", False, 2048, 2): "layer_backward_overlap",
     case_id("mixtral", "full", True, 2048, 2): "layer_backward_overlap",
-    **{case_id("mixtral", m, ckpt, seq, b): "expert_wrapper_overlap"
-       for m in ("lora", "qlora") for ckpt in (False, True) for seq in (512, 2048) for b in (1, 2)
+    # LoRA only: QLoRA's default preparation (peft prepare_model_for_kbit_training) upcasts the
+    # 16-bit experts to fp32, and the fp32 grouped matmul's own tensors bring those cases within 3%
+    **{case_id("mixtral", "lora", ckpt, seq, b): "expert_wrapper_overlap"
+       for ckpt in (False, True) for seq in (512, 2048) for b in (1, 2)
        if (ckpt, seq, b) != (False, 2048, 2)},  # there the activations outweigh the overlap: within 3%
-    **{case_id("qwen3_moe", m, ckpt, 512, 1): "expert_wrapper_overlap" for m in ("lora", "qlora")
+    **{case_id("qwen3_moe", "lora", ckpt, 512, 1): "expert_wrapper_overlap"
        for ckpt in (False, True)},  # +3.3% to +4.1%
 }
 
@@ -144,3 +146,25 @@ def _full_depth_params():
 @pytest.mark.parametrize("model,kw", _full_depth_params())
 def test_analytic_peak_agrees_with_trace_at_full_depth(model, kw):
     assert abs(_relative_gap(catalog.load_model(model), TrainingSetup(**kw))) <= TOLERANCE
+
+
+#: the dtype recipes of issue 9 on a few families: QLoRA without the preparation (fsdp_qlora,
+#: litgpt) and with TRL's cast back to bf16, LoRA on fp32 frozen weights (Lightning's bf16-mixed);
+#: the grid above runs QLoRA with peft's prepare_model_for_kbit_training, the default
+RECIPES = {"qlora-kbit-none": dict(method="qlora", kbit_prep="none"),
+           "qlora-kbit-trl": dict(method="qlora", kbit_prep="trl"),
+           "lora-frozen-fp32": dict(method="lora", frozen_dtype="fp32")}
+RECIPE_FAMILIES = ("llama", "gemma3", "qwen3", "phi")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
+@pytest.mark.parametrize("fam", RECIPE_FAMILIES)
+def test_recipe_dtypes_agree_with_trace(fam, ckpt, recipe):
+    name = {**FAMILIES, **MORE_FAMILIES}[fam]
+    config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:LAYERS]
+    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    setup = TrainingSetup(grad_ckpt=ckpt, seq=512, **RECIPES[recipe])
+    assert abs(_relative_gap(spec, setup)) <= TOLERANCE

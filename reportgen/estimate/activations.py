@@ -177,8 +177,9 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
     if model.qk_norm_widths:
         per_head = fam != "olmo2"
+        qk_dt = dt.stream if dt.quantized else c  # a 4-bit q/k projection returns its input's dtype
         for req, heads in ((q_req, nq), (k_req, nkv)):
-            per_token += _norm(model, heads * hd, c, dt, req, rows=heads if per_head else 1)
+            per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1)
             const += _norm_const(model, hd) if req else 0  # Gemma 3: 1 + weight over head_dim
 
     # --- attention core ----------------------------------------------------------------------
@@ -190,11 +191,12 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         # q, k, v (GQA heads kept), output, logsumexp (fp32 per query head)
         per_token += c * hd * (nq + 2 * nkv) + c * nq * hd + 4 * nq
         o_shared = True
-        if fam == "phi3":
+        if fam == "phi3" and not (dt.quantized and dt.stream != c):
             # value_states is a slice of qkv_proj's fused output and is not rotated: the view SDPA
             # saves keeps the whole (q, k, v) output alive (modeling_phi3 ``Phi3Attention``, with
             # use_cache=False as in training, where no KV cache copies v out). Eager's matmul
-            # saves a contiguous copy instead.
+            # saves a contiguous copy instead. A 4-bit qkv_proj reading an fp32 stream (QLoRA prepared
+            # by peft) returns fp32, and autocast's cast for SDPA is a new tensor: no view kept.
             per_token += c * hd * (nq + nkv)
     else:
         kv_heads = nkv if nkv == nq else nq  # repeat_kv materialises all heads
@@ -236,9 +238,13 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         per_token += _linear_group(h, dt.stream, up, lora, dt, rank, input_grad=stream_grad)
         # the activation's inputs need a gradient unless the stream does not and gate/up are frozen
         mlp_grad = stream_grad or any(lin.name in lora for lin in up)
+        # bitsandbytes' Linear4bit returns its input's dtype (``.to(inp_dtype)``): fp32 gate/up outputs
+        # from an fp32 stream (QLoRA prepared by peft or TRL), where an nn.Linear under autocast
+        # returns the compute dtype; the activation and the product then run in fp32
+        mlp_dt = dt.stream if dt.quantized else c
         if mlp_grad:
-            per_token += 3 * c * i  # gate (or gate_up storage), act output, up
-        per_token += _linear_group(i, c, [lins[model.mlp_out_name]], lora, dt, rank, input_grad=mlp_grad)
+            per_token += 3 * mlp_dt * i  # gate (or gate_up storage), act output, up
+        per_token += _linear_group(i, mlp_dt, [lins[model.mlp_out_name]], lora, dt, rank, input_grad=mlp_grad)
     if four_norms or fam == "olmo2":  # post_feedforward_layernorm on the MLP output
         per_token += _norm(model, h, c, dt, True)
         const += _norm_const(model, h)
@@ -270,9 +276,10 @@ def expert_wrapper_bytes(model: ModelSpec, lora: set[str], dt: Dtypes) -> int:
     """LoRA on transformers >= 5 MoE experts (3-D parameters) goes through peft's ``ParamWrapper``
     (``tuners/lora/layer.py``), which forms each wrapped tensor's merged weight ``W + B A`` with
     ``torch.baddbmm`` before the grouped matmul, and autograd keeps it for the backward: per layer
-    the full expert weights, ``E x out x in`` in the compute dtype (Mixtral 8x7B: 8 x (28,672 +
+    the full expert weights, ``E x out x in`` in the experts' dtype (Mixtral 8x7B: 8 x (28,672 +
     14,336) x 4,096 x 2 bytes = 2.62 GiB). Found by ``reportgen trace`` (peft_expert_wrapper)."""
-    return sum(lin.weight_params for lin in model.layer_linears() if lin.count > 1 and lin.name in lora) * dt.compute
+    # in the experts' storage dtype (fp32 once prepare_model_for_kbit_training has upcast them)
+    return sum(lin.weight_params for lin in model.layer_linears() if lin.count > 1 and lin.name in lora) * dt.base
 
 
 def _moe(model: ModelSpec, dt: Dtypes) -> int:

@@ -268,9 +268,16 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         stack = min(stack, 2 * per_layer)
     gathered = fsdp or setup.offload == Offload.params
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
-    c_head = 0 if gathered else P.autocast_copy_bytes_head(model, setup, dt)
-    copies_fwd = model.num_layers * c_layer + c_head  # all cached until the autocast region ends
-    copies_held = (0 if setup.grad_ckpt else model.num_layers * c_layer) + c_head
+    # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
+    # backward), so it is not held during the layers' backward
+    h_cast = 0 if gathered else P.frozen_head_cast_bytes(model, setup, dt)
+    c_head = 0 if gathered else P.autocast_copy_bytes_head(model, setup, dt) + h_cast
+    # frozen fp32 weights' copies are saved by their matmuls, not cached: gone with checkpointing
+    f_layer = 0 if gathered else P.frozen_cast_bytes_per_layer(model, dt)
+    f_held = 0 if setup.grad_ckpt else model.num_layers * f_layer
+    copies_fwd = model.num_layers * c_layer + c_head + f_held  # all cached until the autocast region ends
+    copies_held = (0 if setup.grad_ckpt else model.num_layers * c_layer) + c_head + f_held
+    c_layer += f_layer  # one layer's copies again while its backward runs
     dequant = dequant_transient_bytes(model, setup, dt, libs)
     fwd_work = tokens * dt.compute * model.intermediate_size + dequant
     bwd_work = backward_working_bytes(model, setup, dt, attn) + dequant
@@ -293,7 +300,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "forward-last-layer": base + gathered_bytes + mask + stack + copies_fwd + fwd_work,
         "forward-end": base + gathered_bytes + fixed + stack + copies_fwd + lm.forward_live,
         "loss-backward": base + gathered_bytes + fixed + stack + copies_held + lm.backward_live + after_fwd,
-        "backward-top": base + gathered_bytes + fixed + stack + copies_held + recompute
+        "backward-top": base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
         + (c_layer if setup.grad_ckpt else 0) + g_top + bwd_work + after_fwd,
         "backward-bottom": base + gathered_bytes + mask + bottom_layer + recompute + c_layer + g_bottom + bwd_work
         + after_fwd,

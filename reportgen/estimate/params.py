@@ -50,12 +50,15 @@ def weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
     """Base model weights as stored on the GPU.
 
     full / lora: ``P x bytes(base dtype)``. qlora: the packed 4-bit linears (two values per byte,
-    ``Params4bit``) plus everything else (embeddings, norms, head, biases) in the base dtype.
+    ``Params4bit``) plus everything else (embeddings, norms, head, biases) in the base dtype, the
+    embeddings and an unquantized head in their own dtype where the recipe gives them one
+    (``dtypes.py``: TRL's cast back to bf16).
     """
-    if setup.method != Method.qlora:
-        return model.total_params * dt.base
-    q = quantized_linear_params(model, setup)
-    return q // 2 + (model.total_params - q) * dt.base
+    embed = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    q = quantized_linear_params(model, setup) if setup.method == Method.qlora else 0
+    if head_quantized(model, setup):
+        embed -= model.vocab_size * model.hidden_size  # the head is among the 4-bit weights
+    return q // 2 + (model.total_params - q - embed) * dt.base + embed * dt.embed_bytes
 
 
 def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
@@ -211,6 +214,26 @@ def autocast_copy_bytes_per_layer(model: ModelSpec, setup: TrainingSetup, dt: Dt
     sel = targeted(model, setup)
     return sum(r * (lin.in_features + lin.out_features) * lin.count
                for lin in model.layer_linears() if lin.name in sel.linears) * dt.compute
+
+
+def frozen_cast_bytes_per_layer(model: ModelSpec, dt: Dtypes) -> int:
+    """LoRA on fp32 frozen weights under autocast (``frozen_dtype=fp32``): autocast casts each frozen
+    weight per use without caching it (``autocast_mode.cpp`` caches only weights that require grad)
+    and the matmul saves that 16-bit copy to compute its input's gradient, so one layer's copies
+    live from its forward to its backward: ``sum(weight params of the layer's linears) x compute``.
+    Grouped MoE experts run outside autocast (no copy)."""
+    if not dt.frozen_cast:
+        return 0
+    return sum(lin.weight_params for lin in model.layer_linears() if lin.count == 1) * dt.compute
+
+
+def frozen_head_cast_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """A frozen fp32 LM head (or tied embedding) under autocast: its 16-bit copy, made per forward
+    and saved by the head's matmul for the input gradient until the loss backward (peft's
+    ``prepare_model_for_kbit_training`` upcast, or ``frozen_dtype=fp32``): ``V x h x compute``."""
+    if not dt.head_cast or head_quantized(model, setup):
+        return 0
+    return model.vocab_size * model.hidden_size * dt.compute
 
 
 def autocast_copy_bytes_head(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:

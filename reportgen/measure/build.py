@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from reportgen.estimate.memory import effective_attention
 from reportgen.model import ModelSpec
-from reportgen.setup import Method, Precision, TrainingSetup
+from reportgen.setup import FrozenDtype, KbitPrep, Method, Precision, TrainingSetup
 
 #: config.json keys that are not model hyper-parameters or would change what we build
 _DROP_KEYS = ("model_type", "quantization_config", "auto_map")
@@ -70,7 +70,9 @@ def storage_dtype(setup: TrainingSetup) -> str:
     """dtype the (trainable or frozen) unquantized weights are stored in (``estimate/dtypes.py``)."""
     if setup.method == Method.full:
         return "bf16" if setup.precision == Precision.bf16 else "fp32"
-    return "fp32" if setup.precision == Precision.fp32 else setup.compute_dtype
+    if setup.precision == Precision.fp32 or setup.frozen_dtype == FrozenDtype.fp32:
+        return "fp32"
+    return setup.compute_dtype
 
 
 def adapter_dtype(setup: TrainingSetup) -> str | None:
@@ -111,6 +113,8 @@ def build(spec: ModelSpec, setup: TrainingSetup, device: str, quant_storage: str
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=_torch_dtype(store),
                                                      attn_implementation=attn.value)
+    if setup.kbit != KbitPrep.none or (setup.method == Method.qlora and setup.frozen_dtype == FrozenDtype.fp32):
+        _prepare_kbit(model, notes)
     if setup.grad_ckpt:
         enable = getattr(model, "activation_checkpointing_enable", None)
         if enable is not None:  # transformers >= 5.20 name; the old one is a deprecated alias
@@ -124,9 +128,37 @@ def build(spec: ModelSpec, setup: TrainingSetup, device: str, quant_storage: str
         model = _add_lora(model, spec, setup, _torch_dtype(adapter))
         if setup.grad_ckpt:
             model.enable_input_require_grads()
+        if setup.kbit == KbitPrep.trl and setup.frozen_dtype != FrozenDtype.fp32:
+            _trl_cast(model, _torch_dtype(compute), notes)
     model.train()
     return Built(model=model, attn_implementation=attn.value, storage_dtype=store, compute_dtype=compute,
                  adapter_dtype=adapter, notes=notes)
+
+
+def _prepare_kbit(model, notes: list[str]) -> None:
+    """kbit_prep peft (and trl's first half): ``peft.prepare_model_for_kbit_training`` as the Hugging
+    Face QLoRA recipe calls it; its checkpointing is left to ``grad_ckpt`` (the harness enables it
+    the same way for every method), so only its fp32 upcast of every parameter that is not 4-bit
+    and its freezing take effect here."""
+    from peft import prepare_model_for_kbit_training
+
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    notes.append("peft prepare_model_for_kbit_training: parameters that are not 4-bit upcast to fp32")
+
+
+def _trl_cast(model, compute_dtype, notes: list[str]) -> None:
+    """kbit_prep trl: what TRL's ``SFTTrainer`` does after ``get_peft_model`` when ``bf16`` is set on
+    a 4-bit model (``trl.trainer.utils.peft_module_casting_to_bf16``, not imported: TRL is not a
+    dependency): norms to fp32; ``lm_head`` and ``embed_tokens`` back to bf16 when fp32."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            module.to(torch.float32)
+        elif any(x in name for x in ("lm_head", "embed_tokens", "wte", "wpe")):
+            if getattr(module, "weight", None) is not None and module.weight.dtype == torch.float32:
+                module.to(compute_dtype)
+    notes.append("TRL SFTTrainer bf16 cast: norms fp32, embeddings and LM head back to the compute dtype")
 
 
 def _fuse_cross_entropy(model, notes: list[str]) -> None:
