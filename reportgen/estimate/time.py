@@ -139,15 +139,39 @@ def bytes_moved_per_micro_batch(model: ModelSpec, setup: TrainingSetup, activati
     return passes * w + 2 * activation_bytes + 2 * logits_bytes
 
 
+def dequant_bytes_per_weight(setup: TrainingSetup) -> float:
+    """HBM bytes bitsandbytes' dequantization moves per 4-bit weight per pass (forward, backward,
+    recompute), traced from its code: ``bnb.matmul_4bit`` -> ``MatMul4Bit`` calls
+    ``F.dequantize_4bit(B, quant_state)`` in ``forward`` and again in ``backward`` (for ``grad_A``),
+    and the result feeds a plain ``torch.matmul``/``F.linear`` (``bitsandbytes/autograd/_functions.py``;
+    CUDA's ``gemm_4bit`` takes the same ``_dequant_linear_fallback`` for training shapes).
+
+    * ``dequantize_4bit`` reads the packed weight, 0.5 B, and its fp32 absmax, 4 B per block of 64
+      (``blocksize=64``), and writes the weight in the compute dtype, 2 B for bf16/fp16:
+      ``2.5 + 4/64 = 2.5625``;
+    * with double quantization (``quant_state.nested``) it first rebuilds the fp32 absmax:
+      ``dequantize_blockwise`` reads the uint8 absmax (1 B per 64 weights) and the fp32 second-level
+      constants (4 B per 256 blocks) and writes the fp32 absmax (4 B per 64 weights):
+      ``+ 1/64 + 4/(64 x 256) + 4/64``, 2.6409 B in all.
+
+    The matmul's own read of the dequantized copy is in ``bytes_moved_per_micro_batch``: it overlaps
+    with the matmul as a LoRA weight read does."""
+    per = 0.5 + 4 / P.BNB_4BIT_BLOCKSIZE + dtypes_for(setup).compute
+    if setup.double_quant:
+        per += (1 + 4 / P.BNB_NESTED_BLOCKSIZE + 4) / P.BNB_4BIT_BLOCKSIZE
+    return per
+
+
 def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> float:
-    """QLoRA dequantizes every 4-bit weight before each use (bitsandbytes ``dequantize_4bit``
-    in ``MatMul4Bit`` forward and backward): read 0.5 B and write 2 B per weight per pass. It is a
-    separate memory-bound kernel that runs before its matmul, so its time adds to the step instead
-    of overlapping with it (why QLoRA trains slower than LoRA, Dettmers et al. 2023)."""
+    """QLoRA dequantizes every 4-bit weight before each use, once per pass (forward, backward, and the
+    recomputed forward under checkpointing), ``dequant_bytes_per_weight`` each. It is a separate
+    memory-bound kernel that runs before its matmul on the same stream, so its time adds to the step
+    instead of overlapping with it: QLoRA trains slower than LoRA by this traffic over the memory
+    bandwidth (Dettmers et al. 2023 report QLoRA slower than LoRA; ``slowdown.qlora_slowdown``)."""
     if setup.method != Method.qlora:
         return 0.0
     passes = 2 + (1 if setup.grad_ckpt else 0)
-    return passes * P.quantized_linear_params(model, setup) * (0.5 + 2)
+    return passes * P.quantized_linear_params(model, setup) * dequant_bytes_per_weight(setup)
 
 
 def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
