@@ -53,7 +53,8 @@ def short_hash(obj: Any, n: int = 10) -> str:
 #: setup fields added after the first result files, with the value every older setup had: left
 #: out of the hash at that value, so adding a field keeps every existing case id
 ADDED_SETUP_FIELDS = {"lora_dropout": 0.0, "padding": "longest", "seq_mean": None, "keep_outputs": "none",
-                      "optimizer_in_backward": False, "act_offload": False, "quant_head": False}
+                      "optimizer_in_backward": False, "act_offload": False, "quant_head": False,
+                      "compile": False}
 
 
 def case_id(model: str, gpu: str, setup: dict) -> str:

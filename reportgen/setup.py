@@ -180,6 +180,7 @@ class TrainingSetup:
     optimizer_in_backward: bool = False
     act_offload: bool = False
     quant_head: bool = False
+    compile: bool = False
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -230,6 +231,8 @@ class TrainingSetup:
                                  "them back in backward (torchtune enable_activation_offloading)"),
         "quant_head": FieldSpec(bool, description="QLoRA: quantize the LM head to 4 bit too (Lightning Fabric's "
                                 "BitsandbytesPrecision, litgpt; transformers leaves lm_head in 16 bit)"),
+        "compile": FieldSpec(bool, description="torch.compile the model (Inductor fuses norms, activations and "
+                             "RoPE; off by default, as HF Trainer's torch_compile=False)"),
     }
 
     def __post_init__(self) -> None:
@@ -344,6 +347,8 @@ class TrainingSetup:
             parts.append("act-offload")
         if self.quant_head:
             parts.append("4bit-head")
+        if self.compile:
+            parts.append("compile")
         return " ".join(parts)
 
     def technique(self) -> str:
