@@ -121,7 +121,7 @@ def compute_time_of(t, measured_step_s: float) -> float | None:
     (``TimeEstimate.parts``); None when what is left does not exceed the memory-bound time (the
     case is not compute-bound as measured, so it says nothing about matmul efficiency)."""
     p = t.parts
-    rest = p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"]
+    rest = p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"] + p.get("compile", 0.0)
     compute = measured_step_s - rest
     return compute if compute > p["memory"] else None
 

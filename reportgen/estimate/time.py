@@ -22,7 +22,8 @@ and checkpointing's recomputed forward is included.
 Step time per micro-batch is the larger of compute time (hardware FLOPs at ``MATMUL_EFFICIENCY``
 of the datasheet peak) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus fixed
 overheads; QLoRA's dequantization kernels add their memory time; the optimizer step adds its
-memory time; offload and gradient communication add transfer time over the host link (not
+memory time; ``torch.compile`` takes off the time of the elementwise traffic it fuses away
+(``fusion.py``); offload and gradient communication add transfer time over the host link (not
 overlapped, so an upper bound). ``TimeEstimate.parts`` keeps each of these, so a measured step
 time can be taken apart term by term (``scripts/calibrate.py``).
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from reportgen.estimate import constants as K
 from reportgen.estimate import params as P
 from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
 from reportgen.hardware import GpuSpec
@@ -58,7 +60,8 @@ class TimeEstimate:
     train_hours: float | None
     train_dollars: float | None
     #: seconds per optimizer step by term: compute, memory (the micro-batches' HBM traffic), dequant,
-    #: optimizer, transfer, overhead; the step is accum-weighted max(compute, memory) + the rest
+    #: optimizer, transfer, overhead, compile (<= 0: the elementwise traffic torch.compile fuses away,
+    #: ``fusion.py``); the step is accum-weighted max(compute, memory) + the rest
     parts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -214,6 +217,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     mem_mb = bytes_moved_per_micro_batch(model, setup, int(activation_bytes * scale), int(logits_bytes * scale)) / bw
     dequant_mb = dequant_bytes_per_micro_batch(model, setup) / bw
     mem_opt = optimizer_bytes_moved(model, setup) / bw
+    fused_mb = fusion_saved_bytes_per_micro_batch(model, setup, dtypes_for(setup), tokens_mb) / bw
     comp_mb = executed * tokens_mb / (peak * eff) if peak else None
 
     transfer = _transfer_s(model, setup, gpu, notes)
@@ -224,7 +228,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     memory_s = setup.accum * (mem_mb + dequant_mb) + mem_opt
     parts = {"compute": None if comp_mb is None else setup.accum * comp_mb, "memory": setup.accum * mem_mb,
              "dequant": setup.accum * dequant_mb, "optimizer": mem_opt, "transfer": transfer,
-             "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S}
+             "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S,
+             "compile": -setup.accum * fused_mb}
     real = real_tokens_per_step(setup)
     if setup.seq_mean is not None:
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
@@ -238,7 +243,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     else:
         compute_s = setup.accum * comp_mb
         step = (setup.accum * max(comp_mb, mem_mb) + parts["dequant"] + parts["optimizer"] + parts["transfer"]
-                + parts["overhead"])
+                + parts["overhead"] + parts["compile"])
         tps = real / step
         mfu = model_flops * tps / (peak * setup.gpus)
         hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)
