@@ -63,3 +63,11 @@ def test_compile_time_is_the_fused_traffic_over_bandwidth():
     assert eager.parts["compile"] == 0
     assert compiled.step_s == pytest.approx(eager.step_s + compiled.parts["compile"], rel=1e-9)
     assert compiled.tokens_per_s / eager.tokens_per_s == pytest.approx(1.075, abs=0.002)
+
+
+def test_compile_is_a_sweep_key(tmp_path):
+    from reportgen.sweep import load_sweep
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\ngrids:\n  - model: llama-3.2-1b\n    gpu: rtx-4090\n    compile: [false, true]\n")
+    assert sorted(c.setup.compile for c in load_sweep(spec).cases) == [False, True]
