@@ -113,7 +113,7 @@ def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
                          cwd=SCRIPT.parent.parent, check=True).stdout
     assert "published rows with tokens/s read from data/published_measurements.csv" in out
-    consumer = next(line for line in out.splitlines() if line.startswith("published tokens/s: MATMUL_EFFICIENCY[consumer]"))
+    consumer = next(ln for ln in out.splitlines() if ln.startswith("published tokens/s: MATMUL_EFFICIENCY[consumer]"))
     assert "held-out |error| median" in consumer
     assert "published tokens/s: MATMUL_EFFICIENCY[datacenter]: not fitted" in out
     quiet = subprocess.run([sys.executable, str(SCRIPT), "--no-published", str(tmp_path)], capture_output=True,

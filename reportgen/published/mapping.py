@@ -172,7 +172,8 @@ def fsdp_qlora_setup(row: dict) -> tuple[str, str, TrainingSetup, list[str]] | U
     method = "qlora" if "QLoRA" in technique else "lora"
     ddp = "DDP" in technique or "DDP" in row["sharding"]
     offload = "params" if row["offload"].lower().startswith(("yes", "cpu")) else "none"
-    setup = TrainingSetup(act_offload="activation" in row["offload"].lower(), method=method, precision="bf16", lora_rank=64, lora_alpha=16,
+    setup = TrainingSetup(act_offload="activation" in row["offload"].lower(),
+                          method=method, precision="bf16", lora_rank=64, lora_alpha=16,
                           lora_targets="q,k,v,gate,up,down",
                           lora_dropout=0.1, quant="nf4", double_quant=True, grad_ckpt=True, attn="sdpa",
                           batch=_int(row["batch"]) or 1, seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
