@@ -287,6 +287,11 @@ class ModelSpec:
 
     @property
     def total_params(self) -> int:
+        """Memoized (``cached``): every estimate reads it several times and it walks the layer."""
+        return self._total_params()
+
+    @cached
+    def _total_params(self) -> int:
         return self.embedding_params + self.head_params + self.layer_linear_params + self.norm_params
 
     def components(self) -> dict[str, int]:

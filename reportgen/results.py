@@ -54,7 +54,8 @@ def short_hash(obj: Any, n: int = 10) -> str:
 #: out of the hash at that value, so adding a field keeps every existing case id
 ADDED_SETUP_FIELDS = {"lora_dropout": 0.0, "padding": "longest", "seq_mean": None, "keep_outputs": "none",
                       "optimizer_in_backward": False, "act_offload": False, "quant_head": False,
-                      "frozen_dtype": "compute", "kbit_prep": None}
+                      "frozen_dtype": "compute", "kbit_prep": None,
+                      "compile": False}
 
 
 def case_id(model: str, gpu: str, setup: dict) -> str:

@@ -193,6 +193,7 @@ class TrainingSetup:
     quant_head: bool = False
     frozen_dtype: FrozenDtype = FrozenDtype.compute
     kbit_prep: KbitPrep | None = None
+    compile: bool = False
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -253,6 +254,8 @@ class TrainingSetup:
                                "(peft's, then TRL SFTTrainer's bf16 cast back of embeddings and head, norms "
                                "kept fp32) or none (fsdp_qlora, litgpt, torchtune); default: peft under mixed "
                                "precision, none under pure bf16 and fp32"),
+        "compile": FieldSpec(bool, description="torch.compile the model (Inductor fuses norms, activations and "
+                             "RoPE; off by default, as HF Trainer's torch_compile=False)"),
     }
 
     def __post_init__(self) -> None:
@@ -385,6 +388,8 @@ class TrainingSetup:
             parts.append("fp32-frozen")
         if self.kbit_prep is not None:
             parts.append(f"kbit-prep-{self.kbit_prep.value}")
+        if self.compile:
+            parts.append("compile")
         return " ".join(parts)
 
     def technique(self) -> str:

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Fit the estimator's calibration constants to measured results, with held-out error.
 
-    python scripts/calibrate.py [results/validation ...]
+    python scripts/calibrate.py [--published=data/published_measurements.csv | --no-published] [results/validation ...]
+
+First it fits ``MATMUL_EFFICIENCY`` per GPU class to the tokens/s that other projects published
+(``reportgen.published.speed``: rates stated or implied by the source, each row estimated with its
+recipe's documented defaults), over the rows whose estimated step is at least ``COMPUTE_SHARE_MIN``
+compute, with the leave-one-out error of the resulting tokens/s.
 
 Reads every sweep directory given (default: all under ``results/``) through ``reportgen.store``
 (measurement files joined to their estimates) and uses a measured quantity only where the
@@ -36,6 +41,10 @@ from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
 
+#: published rows fit the matmul efficiency only where the estimated compute is at least this share of
+#: the estimated step: elsewhere the step is mostly host-link transfers (FSDP over PCIe, CPU offload),
+#: whose own models would be absorbed into the efficiency
+COMPUTE_SHARE_MIN = 0.9
 #: every fit here has one parameter; a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 MIN_CASES = PARAMETERS + 2
@@ -107,12 +116,12 @@ def fit_fragmentation(cases: list[dict], ests: list) -> None:
     describe("FRAGMENTATION_OF_TRANSIENT", K.FRAGMENTATION_OF_TRANSIENT, fit, errs)
 
 
-def compute_time_of(e, measured_step_s: float) -> float | None:
+def compute_time_of(t, measured_step_s: float) -> float | None:
     """The measured step less every non-compute term of the estimated step, each once
     (``TimeEstimate.parts``); None when what is left does not exceed the memory-bound time (the
     case is not compute-bound as measured, so it says nothing about matmul efficiency)."""
-    p = e.time.parts
-    rest = p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"]
+    p = t.parts
+    rest = p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"] + p.get("compile", 0.0)
     compute = measured_step_s - rest
     return compute if compute > p["memory"] else None
 
@@ -125,7 +134,7 @@ def fit_efficiency(cases: list[dict], ests: list) -> None:
             step = c["figures"].get("step_s")
             if (cls == "consumer") != gpu.is_consumer or not c["speed"] or e.time.bound != "compute" or not step:
                 continue
-            compute = compute_time_of(e, step)
+            compute = compute_time_of(e.time, step)
             if compute is None:
                 continue
             peak = gpu.peak_flops(e.time.peak_dtype)
@@ -146,8 +155,76 @@ def fit_efficiency(cases: list[dict], ests: list) -> None:
         describe(name, K.MATMUL_EFFICIENCY[cls], fit, errs)
 
 
+def published_speed_cases(csv_path: Path) -> list[dict]:
+    """``[{"id", "model", "gpu", "setup", "time", "tokens_per_s"}]``: the published rows whose tokens/s the
+    source states or implies (``reportgen.published.speed``), each estimated with its recipe's defaults.
+    Speed counts only for the card that ran it: each row is its own card, as the source names it."""
+    from reportgen.published.mapping import FSDP_QLORA_LIBS, read_rows
+    from reportgen.published.speed import SpeedRow, map_speed_row
+    from reportgen.estimate.memory import estimate_memory
+
+    out = []
+    for raw in read_rows(csv_path):
+        m = map_speed_row(raw)
+        if not isinstance(m, SpeedRow):
+            continue
+        model, gpu = catalog.load_model(m.model), catalog.load_gpu(m.gpu)
+        mem = estimate_memory(model, m.setup, gpu, libs=FSDP_QLORA_LIBS)
+        t = estimate_time(model, m.setup, gpu, mem.terms["activations"], mem.terms["logits"],
+                          offloaded_bytes=mem.offloaded_activations)
+        out.append({"id": m.row_id, "model": model, "gpu": gpu, "setup": m.setup, "mem": mem, "time": t,
+                    "tokens_per_s": m.published_tokens_per_s})
+    return out
+
+
+def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
+    """``MATMUL_EFFICIENCY`` per GPU class from published tokens/s: the measured step
+    (tokens per step / tokens/s) less the estimate's other terms, as ``fit_efficiency``, over rows whose
+    estimated compute is at least ``COMPUTE_SHARE_MIN`` of the step; the fit is the median, its error
+    the leave-one-out error of the estimator's tokens/s. Returns the fits made."""
+    fits = {}
+    for cls in ("datacenter", "consumer"):
+        effs, idx = [], []
+        for i, r in enumerate(rows):
+            t, setup, gpu = r["time"], r["setup"], r["gpu"]
+            if (cls == "consumer") != gpu.is_consumer or t.bound != "compute" or not t.step_s:
+                continue
+            if t.parts["compute"] < COMPUTE_SHARE_MIN * t.step_s:
+                continue  # communication/offload-dominated: the fit would absorb those models' errors
+            compute = compute_time_of(r["time"], setup.tokens_per_step / r["tokens_per_s"])
+            if compute is None:
+                continue
+            peak = gpu.peak_flops(t.peak_dtype)
+            effs.append(t.hardware_flops_per_token * setup.tokens_per_step / (peak * setup.gpus * compute))
+            idx.append(i)
+        name = f"published tokens/s: MATMUL_EFFICIENCY[{cls}]"
+        if not enough(name, len(effs)):
+            continue
+
+        def predict(f, j):
+            r = rows[idx[j]]
+            t = estimate_time(r["model"], r["setup"], r["gpu"], r["mem"].terms["activations"],
+                              r["mem"].terms["logits"], matmul_efficiency=f,
+                              offloaded_bytes=r["mem"].offloaded_activations)
+            return (t.tokens_per_s - r["tokens_per_s"]) / r["tokens_per_s"]
+
+        fit, errs = loo(effs, predict)
+        describe(name, K.MATMUL_EFFICIENCY[cls], fit, errs)
+        per_row = ", ".join(f"{rows[i]['id']} {e:.3f}" for i, e in zip(idx, effs))
+        print(f"  efficiency per row: {per_row}")
+        fits[cls] = fit
+    return fits
+
+
 def main() -> int:
-    dirs = [Path(a) for a in sys.argv[1:]] or sorted(p for p in Path("results").iterdir() if p.is_dir())
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    published = next((Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--published=")),
+                     Path("data/published_measurements.csv"))
+    if "--no-published" not in sys.argv and published.is_file():
+        rows = published_speed_cases(published)
+        print(f"{len(rows)} published rows with tokens/s read from {published}")
+        fit_efficiency_published(rows)
+    dirs = [Path(a) for a in args] or sorted(p for p in Path("results").iterdir() if p.is_dir())
     cases = measured_cases(dirs)
     if not cases:
         print(f"no GPU measurement with status ok that counts for its case under {', '.join(map(str, dirs))}: "

@@ -105,3 +105,17 @@ def test_fits_only_what_the_provenance_rule_allows(tmp_path, device, capped, fit
 
 def test_no_measurements_says_so(tmp_path):
     assert "nothing to fit" in run(tmp_path)
+
+
+def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
+    """The published rows' tokens/s fit MATMUL_EFFICIENCY per GPU class with its leave-one-out error,
+    from rows whose estimated step is mostly compute; a class with too few such rows is not fitted."""
+    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
+                         cwd=SCRIPT.parent.parent, check=True).stdout
+    assert "published rows with tokens/s read from data/published_measurements.csv" in out
+    consumer = next(ln for ln in out.splitlines() if ln.startswith("published tokens/s: MATMUL_EFFICIENCY[consumer]"))
+    assert "held-out |error| median" in consumer
+    assert "published tokens/s: MATMUL_EFFICIENCY[datacenter]: not fitted" in out
+    quiet = subprocess.run([sys.executable, str(SCRIPT), "--no-published", str(tmp_path)], capture_output=True,
+                           text=True, cwd=SCRIPT.parent.parent, check=True).stdout
+    assert "published rows" not in quiet and "nothing to fit" in quiet

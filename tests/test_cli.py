@@ -34,13 +34,15 @@ def test_every_setup_flag_reaches_the_setup(capsys):
                  "--attn", "eager", "--lora-rank", "32", "--lora-alpha", "64", "--lora-targets", "qv",
                  "--lora-dropout", "0.05", "--quant", "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2",
                  "--sharding", "fsdp", "--loss", "fused", "--padding", "packed", "--seq-mean", "500",
-                 "--keep-outputs", "next-step", "--act-offload", "--quant-head", "--kbit-prep", "none")
+                 "--keep-outputs", "next-step", "--act-offload", "--quant-head", "--kbit-prep", "none",
+                 "--compile")
     expected = {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
                 "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "loss": "fused", "lora_rank": 32,
                 "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "quant": "fp4",
                 "double_quant": True, "offload": "optimizer", "gpus": 2, "sharding": "fsdp", "padding": "packed",
                 "seq_mean": 500, "keep_outputs": "next-step", "optimizer_in_backward": False, "act_offload": True,
-                "quant_head": True, "frozen_dtype": "compute", "kbit_prep": "none"}
+                "quant_head": True, "frozen_dtype": "compute", "kbit_prep": "none",
+                "compile": True}
     assert d["setup"] == expected
     from reportgen.setup import TrainingSetup
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.estimate import ops
+from reportgen.estimate import fusion, ops
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import FP32_WEIGHTED_NORM, GEMMA_NORM, Linear, ModelSpec
 from reportgen.setup import Attention, TrainingSetup
@@ -249,6 +249,8 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         per_token += _norm(model, h, c, dt, True)
         const += _norm_const(model, h)
     const += 4 * model.num_experts  # MoE int32 offsets
+    if setup.compile:  # Inductor's partitioner saves less than eager (fusion.py)
+        per_token -= fusion.saved_bytes_per_token(model, dt, input_grad)
     return LayerActivations(per_token=per_token, per_seq_sq=per_sq, constant=const, batch=setup.batch,
                             seq=setup.seq)
 

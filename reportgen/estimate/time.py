@@ -22,7 +22,8 @@ and checkpointing's recomputed forward is included.
 Step time per micro-batch is the larger of compute time (hardware FLOPs at ``MATMUL_EFFICIENCY``
 of the datasheet peak) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus fixed
 overheads; QLoRA's dequantization kernels add their memory time; the optimizer step adds its
-memory time; offload and gradient communication add transfer time over the host link (not
+memory time; ``torch.compile`` takes off the time of the elementwise traffic it fuses away
+(``fusion.py``); offload and gradient communication add transfer time over the host link (not
 overlapped, so an upper bound). ``TimeEstimate.parts`` keeps each of these, so a measured step
 time can be taken apart term by term (``scripts/calibrate.py``).
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from reportgen.estimate import constants as K
 from reportgen.estimate import params as P
 from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
 from reportgen.hardware import GpuSpec
@@ -58,7 +60,8 @@ class TimeEstimate:
     train_hours: float | None
     train_dollars: float | None
     #: seconds per optimizer step by term: compute, memory (the micro-batches' HBM traffic), dequant,
-    #: optimizer, transfer, overhead; the step is accum-weighted max(compute, memory) + the rest
+    #: optimizer, transfer, overhead, compile (<= 0: the elementwise traffic torch.compile fuses away,
+    #: ``fusion.py``); the step is accum-weighted max(compute, memory) + the rest
     parts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -139,15 +142,39 @@ def bytes_moved_per_micro_batch(model: ModelSpec, setup: TrainingSetup, activati
     return passes * w + 2 * activation_bytes + 2 * logits_bytes
 
 
+def dequant_bytes_per_weight(setup: TrainingSetup) -> float:
+    """HBM bytes bitsandbytes' dequantization moves per 4-bit weight per pass (forward, backward,
+    recompute), traced from its code: ``bnb.matmul_4bit`` -> ``MatMul4Bit`` calls
+    ``F.dequantize_4bit(B, quant_state)`` in ``forward`` and again in ``backward`` (for ``grad_A``),
+    and the result feeds a plain ``torch.matmul``/``F.linear`` (``bitsandbytes/autograd/_functions.py``;
+    CUDA's ``gemm_4bit`` takes the same ``_dequant_linear_fallback`` for training shapes).
+
+    * ``dequantize_4bit`` reads the packed weight, 0.5 B, and its fp32 absmax, 4 B per block of 64
+      (``blocksize=64``), and writes the weight in the compute dtype, 2 B for bf16/fp16:
+      ``2.5 + 4/64 = 2.5625``;
+    * with double quantization (``quant_state.nested``) it first rebuilds the fp32 absmax:
+      ``dequantize_blockwise`` reads the uint8 absmax (1 B per 64 weights) and the fp32 second-level
+      constants (4 B per 256 blocks) and writes the fp32 absmax (4 B per 64 weights):
+      ``+ 1/64 + 4/(64 x 256) + 4/64``, 2.6409 B in all.
+
+    The matmul's own read of the dequantized copy is in ``bytes_moved_per_micro_batch``: it overlaps
+    with the matmul as a LoRA weight read does."""
+    per = 0.5 + 4 / P.BNB_4BIT_BLOCKSIZE + dtypes_for(setup).compute
+    if setup.double_quant:
+        per += (1 + 4 / P.BNB_NESTED_BLOCKSIZE + 4) / P.BNB_4BIT_BLOCKSIZE
+    return per
+
+
 def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> float:
-    """QLoRA dequantizes every 4-bit weight before each use (bitsandbytes ``dequantize_4bit``
-    in ``MatMul4Bit`` forward and backward): read 0.5 B and write 2 B per weight per pass. It is a
-    separate memory-bound kernel that runs before its matmul, so its time adds to the step instead
-    of overlapping with it (why QLoRA trains slower than LoRA, Dettmers et al. 2023)."""
+    """QLoRA dequantizes every 4-bit weight before each use, once per pass (forward, backward, and the
+    recomputed forward under checkpointing), ``dequant_bytes_per_weight`` each. It is a separate
+    memory-bound kernel that runs before its matmul on the same stream, so its time adds to the step
+    instead of overlapping with it: QLoRA trains slower than LoRA by this traffic over the memory
+    bandwidth (Dettmers et al. 2023 report QLoRA slower than LoRA; ``slowdown.qlora_slowdown``)."""
     if setup.method != Method.qlora:
         return 0.0
     passes = 2 + (1 if setup.grad_ckpt else 0)
-    return passes * P.quantized_linear_params(model, setup) * (0.5 + 2)
+    return passes * P.quantized_linear_params(model, setup) * dequant_bytes_per_weight(setup)
 
 
 def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
@@ -190,6 +217,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     mem_mb = bytes_moved_per_micro_batch(model, setup, int(activation_bytes * scale), int(logits_bytes * scale)) / bw
     dequant_mb = dequant_bytes_per_micro_batch(model, setup) / bw
     mem_opt = optimizer_bytes_moved(model, setup) / bw
+    fused_mb = fusion_saved_bytes_per_micro_batch(model, setup, dtypes_for(setup), tokens_mb) / bw
     comp_mb = executed * tokens_mb / (peak * eff) if peak else None
 
     transfer = _transfer_s(model, setup, gpu, notes)
@@ -200,7 +228,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     memory_s = setup.accum * (mem_mb + dequant_mb) + mem_opt
     parts = {"compute": None if comp_mb is None else setup.accum * comp_mb, "memory": setup.accum * mem_mb,
              "dequant": setup.accum * dequant_mb, "optimizer": mem_opt, "transfer": transfer,
-             "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S}
+             "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S,
+             "compile": -setup.accum * fused_mb}
     real = real_tokens_per_step(setup)
     if setup.seq_mean is not None:
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
@@ -214,7 +243,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     else:
         compute_s = setup.accum * comp_mb
         step = (setup.accum * max(comp_mb, mem_mb) + parts["dequant"] + parts["optimizer"] + parts["transfer"]
-                + parts["overhead"])
+                + parts["overhead"] + parts["compile"])
         tps = real / step
         mfu = model_flops * tps / (peak * setup.gpus)
         hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)

@@ -116,6 +116,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1) -> N
     elif setup.offload == Offload.params:
         raise SetupNotSupported("offload=params (FSDP CPU offload of parameters) is not implemented by the harness; "
                                 "only offload=optimizer (torchao CPUOffloadOptimizer) is measured")
+    if setup.compile:
+        raise SetupNotSupported("compile=true (torch.compile) is modelled by the estimator but not run by the "
+                                "harness yet")
     if setup.loss.value == "fused" and device != "cuda":
         raise SetupNotSupported("loss='fused' uses Liger-Kernel's Triton kernels, which need a CUDA device")
 

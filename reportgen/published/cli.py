@@ -60,6 +60,30 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{len(summary['unmapped'])} rows not mapped:")
     for u in summary["unmapped"]:
         console.print(f"  {u['id']}: {u['reason']}", highlight=False)
+    print_speed(console, summary["speed"])
     write_json_atomic(args.out, summary)
     console.print(f"wrote {args.out}")
     return 0
+
+
+def print_speed(console, speed: dict) -> None:
+    """The tokens/s comparison (``speed.py``): every row that states a rate or a time."""
+    from rich.table import Table
+
+    table = Table(title="tokens/s (all GPUs together): published or derived from the source's time, vs estimated")
+    for col in ("id", "model", "technique", "GPU", "GPUs", "b", "seq", "published", "how", "estimated", "error"):
+        table.add_column(col, max_width={"model": 16, "technique": 24, "how": 30}.get(col), overflow="fold")
+    for r in speed["rows"]:
+        est = "-" if r["estimated_tokens_per_s"] is None else f"{r['estimated_tokens_per_s']:,.0f}"
+        err = "-" if r["rel_error"] is None else f"{100 * r['rel_error']:+.0f}%"
+        table.add_row(r["id"], r["model"], r["technique"], r["gpu"], str(r["gpus"]), str(r["batch"]), str(r["seq"]),
+                      f"{r['published_tokens_per_s']:,.0f}", r["derivation"], est, err)
+    console.print(table)
+    if speed["median_abs_rel_error"] is not None:
+        console.print(f"[bold]tokens/s: {len(speed['rows'])} rows, median |relative error| "
+                      f"{100 * speed['median_abs_rel_error']:.0f}%, median signed error "
+                      f"{100 * speed['median_rel_error']:+.0f}%[/]")
+    for r in speed.get("qlora_over_lora", []):
+        est = r["why_not"] if r["estimated_ratio"] is None else f"estimated {r['estimated_ratio']:.2f}"
+        console.print(f"QLoRA/LoRA time {' / '.join(r['ids'])} ({r['model']}, {r['gpu']}): published "
+                      f"{r['published_ratio']:.2f} ({r['published']}), {est}", highlight=False)

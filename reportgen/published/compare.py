@@ -16,6 +16,7 @@ from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.logits import logits_memory
 from reportgen.estimate.memory import estimate_memory
 from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows
+from reportgen.published.speed import compare_speed, slowdown_rows
 
 UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MB": 1e6, "MiB": 2**20}
 
@@ -63,7 +64,8 @@ def dedupe(mapped: list[tuple[dict, Mapped]]) -> list[tuple[dict, Mapped, list[s
 def compare(csv_path: Path) -> dict:
     rows, unmapped = [], []
     mapped: list[tuple[dict, Mapped]] = []
-    for raw in read_rows(csv_path):
+    raw_rows = read_rows(csv_path)
+    for raw in raw_rows:
         m = map_row(raw)
         if isinstance(m, Unmapped):
             unmapped.append({"id": m.row_id, "source": m.source, "reason": m.reason})
@@ -93,7 +95,9 @@ def compare(csv_path: Path) -> dict:
         "median_abs_rel_error": round(statistics.median(abs(r["rel_error"]) for r in rows), 4) if rows else None,
         "median_rel_error": round(statistics.median(r["rel_error"] for r in rows), 4) if rows else None,
         "by_source": {},
+        "speed": compare_speed(raw_rows),
     }
+    summary["speed"]["qlora_over_lora"] = slowdown_rows(raw_rows)
     for src in sorted({source_key(r["source"]) for r in rows}):
         sel = [r for r in rows if source_key(r["source"]) == src]
         summary["by_source"][src] = {

@@ -62,7 +62,8 @@ MODELS = {
 YI = str(CONFIGS / "yi-34b.json")
 GEMMA2_2B = str(CONFIGS / "gemma-2-2b.json")
 
-GPUS = [("RTX 3090", "rtx-3090"), ("RTX 4090", "rtx-4090"), ("A10G", "a10g"), ("A100-SXM4 80GB", "a100-80gb")]
+GPUS = [("RTX 3090", "rtx-3090"), ("RTX 4090", "rtx-4090"), ("A10G", "a10g"), ("A100-SXM4 80GB", "a100-80gb"),
+        ("A6000 Ada", "rtx-6000-ada"), ("A100 40GB SXM", "a100-40gb"), ("H100 80GB SXM", "h100-sxm")]
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,17 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
     value = _number(row["peak_mem_gb"])
     if value is None:
         return Unmapped(rid, src, "no memory figure in the table (time/cost only)")
+    got = fsdp_qlora_setup(row)
+    if isinstance(got, Unmapped):
+        return got
+    model, gpu, setup, notes = got
+    return Mapped(rid, src, model, gpu, setup, "reserved", "GiB", value, notes, FSDP_QLORA_LIBS)
+
+
+def fsdp_qlora_setup(row: dict) -> tuple[str, str, TrainingSetup, list[str]] | Unmapped:
+    """(model, GPU, setup, assumptions) of an fsdp_qlora row, from train.py's defaults (above); shared
+    by the memory comparison and the speed comparison (``speed.py``)."""
+    rid, src = row["id"], row["source"]
     gpu = _gpu(row["gpu_type"])
     if gpu is None:
         return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
@@ -159,8 +171,9 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
     technique = row["technique"]
     method = "qlora" if "QLoRA" in technique else "lora"
     ddp = "DDP" in technique or "DDP" in row["sharding"]
-    offload = "params" if row["offload"].lower().startswith("yes") else "none"
-    setup = TrainingSetup(method=method, precision="bf16", lora_rank=64, lora_alpha=16,
+    offload = "params" if row["offload"].lower().startswith(("yes", "cpu")) else "none"
+    setup = TrainingSetup(act_offload="activation" in row["offload"].lower(),
+                          method=method, precision="bf16", lora_rank=64, lora_alpha=16,
                           lora_targets="q,k,v,gate,up,down",
                           lora_dropout=0.1, quant="nf4", double_quant=True, grad_ckpt=True, attn="sdpa",
                           batch=_int(row["batch"]) or 1, seq=_int(row["seq_len"]) or 2048, gpus=_int(row["gpus"]) or 2,
@@ -169,7 +182,7 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
              "bitsandbytes 0.43.0, transformers 4.38 (March 2024): fp32 logits kept until the optimizer step",
              "'DDP-mode' is FSDP NO_SHARD in train.py",
              "reserved memory also keeps what loading and FSDP wrapping cached (not modelled)"]
-    return Mapped(rid, src, model, gpu, setup, "reserved", "GiB", value, notes, FSDP_QLORA_LIBS)
+    return model, gpu, setup, notes
 
 
 _PROSE_ALLOCATED = re.compile(r"peak allocated memory is [^0-9]*?([0-9]+\.[0-9]+) GiB")

@@ -378,6 +378,7 @@ def _published(path: Path | None) -> dict | None:
         "median_abs_error_gb": data.get("median_abs_error_gb"),
         "median_abs_rel_error": data.get("median_abs_rel_error"),
         "by_source": [{"source": k, **v} for k, v in sorted((data.get("by_source") or {}).items())],
+        "speed": data.get("speed"),
         "file": path.as_posix(),
     }
 

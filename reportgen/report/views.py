@@ -92,6 +92,8 @@ def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
         parts.append("optimizer in backward")
     if setup.act_offload:
         parts.append("activation offload")
+    if setup.compile:
+        parts.append("torch.compile")
     return ", ".join(parts)
 
 

@@ -1,0 +1,161 @@
+"""Tokens per second that other projects published, against the estimator's ``tokens_per_s``.
+
+Only figures the source states, or that follow from what it states by arithmetic:
+
+* AnswerDotAI/fsdp_qlora ``benchmarks_03_2024.md``: the tables' "Time (s)" is the wall time to train
+  the template's ``--dataset dummy --dataset_samples 1024``, i.e. 1,024 samples of the context length,
+  so tokens/s (all GPUs together) = 1024 x context / time. The document's own figure confirms the
+  reading: it states 2,200 tokens/s per GPU for the Mistral 7B run at context 2,048 whose table time
+  is 483 s, and 1024 x 2048 / 483 / 2 GPUs = 2,171. Where the row states tokens/s (R023, R024), that
+  stated figure is used, per GPU, times the GPU count. The wall time includes loading and
+  quantizing the model, so these derived rates are lower bounds of the training rate.
+* pytorch/torchtitan (tokens/s per GPU): H100 96GB HBM2e at 500 W, not in the catalog, and the
+  sequence length is not stated: not compared.
+* litgpt states training runtimes in minutes for N epochs of Alpaca-2k, not the tokens trained:
+  no tokens/s; its LoRA and QLoRA runs of one model on one dataset give the QLoRA/LoRA slowdown
+  instead (``slowdown_rows``).
+* transformers' BERT rows (samples/s): an encoder, not a supported family.
+* apple/ml-cross-entropy: the loss op alone, not a training step.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+from reportgen import catalog
+from reportgen.estimate.memory import estimate_memory
+from reportgen.estimate.time import estimate_time
+from reportgen.published.mapping import FSDP_QLORA_LIBS, Unmapped, fsdp_qlora_setup
+from reportgen.setup import TrainingSetup
+
+#: fsdp_qlora's benchmark template: ``--dataset dummy --dataset_samples 1024``
+FSDP_QLORA_SAMPLES = 1024
+_TIME = re.compile(r"Time(?: \(s\) column =| )\s*([0-9][0-9,]*) ")
+_EFFECTIVE_BATCH = 32  # the hardware table: "effective batch 32 'or the closest we could get'"
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    row_id: str
+    source: str
+    model: str
+    gpu: str
+    setup: TrainingSetup
+    published_tokens_per_s: float  # all GPUs together
+    derivation: str
+    assumptions: list[str] = field(default_factory=list)
+
+
+def published_tokens_per_s(row: dict) -> tuple[float, str] | None:
+    """(tokens/s over all GPUs, how it follows from the row) or None when the row states no rate."""
+    gpus = int(row["gpus"] or 1)
+    stated = (row.get("tokens_per_s") or "").strip()
+    if stated:
+        return float(stated) * gpus, f"stated {stated} tokens/s per GPU x {gpus} GPUs"
+    m = _TIME.search(row.get("notes", ""))
+    seq = re.match(r"\s*([0-9]+)\s*$", row.get("seq_len") or "")
+    if m and seq:
+        seconds = float(m.group(1).replace(",", ""))
+        return (FSDP_QLORA_SAMPLES * int(seq.group(1)) / seconds,
+                f"{FSDP_QLORA_SAMPLES} samples x {seq.group(1)} tokens / {m.group(1)} s")
+    return None
+
+
+def map_speed_row(row: dict) -> SpeedRow | Unmapped:
+    rid, src = row["id"], row["source"]
+    if "fsdp_qlora" not in src:
+        reason = ("litgpt states runtimes per epochs of Alpaca-2k, not tokens: compared as QLoRA/LoRA ratios"
+                  if "litgpt" in src else
+                  "H100 96GB HBM2e (500 W) not in the catalog and sequence length not stated" if "torchtitan" in src
+                  else "bert-large is an encoder, not a supported family" if "transformers" in src
+                  else "the loss op alone, not a training step" if "cross-entropy" in src else "no tokens/s")
+        return Unmapped(rid, src, reason)
+    rate = published_tokens_per_s(row)
+    if rate is None:
+        return Unmapped(rid, src, "no time or tokens/s stated")
+    got = fsdp_qlora_setup(row)
+    if isinstance(got, Unmapped):
+        return got
+    model, gpu, setup, notes = got
+    notes = [n for n in notes if "reserved" not in n]
+    if "Time " in row["notes"] and "Time (s) column" not in row["notes"]:  # the hardware table
+        accum = max(1, round(_EFFECTIVE_BATCH / (setup.batch * setup.gpus)))
+        setup = setup.model_copy(update={"accum": accum})
+        notes.append(f"accumulation {accum}: effective batch 32 'or the closest we could get'")
+    if "power-limited" in row["gpu_type"]:
+        notes.append("RTX 3090s power-limited to 280 W (datasheet peak assumes 350 W)")
+    return SpeedRow(rid, src, model, gpu, setup, rate[0], rate[1], notes)
+
+
+def estimated_tokens_per_s(r: SpeedRow) -> float | None:
+    model, gpu = catalog.load_model(r.model), catalog.load_gpu(r.gpu)
+    mem = estimate_memory(model, r.setup, gpu, libs=FSDP_QLORA_LIBS)
+    t = estimate_time(model, r.setup, gpu, mem.terms["activations"], mem.terms["logits"],
+                      offloaded_bytes=mem.offloaded_activations)
+    return t.tokens_per_s
+
+
+def compare_speed(rows: list[dict]) -> dict:
+    out, unmapped = [], []
+    for raw in rows:
+        m = map_speed_row(raw)
+        if isinstance(m, Unmapped):
+            if any((raw.get(k) or "").strip() for k in ("tokens_per_s", "samples_per_s", "step_time_s")) \
+                    or "Time" in raw.get("notes", "") or "runtime" in raw.get("notes", ""):
+                unmapped.append({"id": m.row_id, "reason": m.reason})
+            continue
+        est = estimated_tokens_per_s(m)
+        out.append({"id": m.row_id, "model": raw["model"], "technique": raw["technique"], "gpu": m.gpu,
+                    "gpus": m.setup.gpus, "batch": m.setup.batch, "seq": m.setup.seq,
+                    "published_tokens_per_s": round(m.published_tokens_per_s, 1), "derivation": m.derivation,
+                    "estimated_tokens_per_s": None if est is None else round(est, 1),
+                    "rel_error": None if est is None else round(est / m.published_tokens_per_s - 1, 4),
+                    "assumptions": m.assumptions})
+    errs = [r["rel_error"] for r in out if r["rel_error"] is not None]
+    return {"rows": out, "unmapped": unmapped,
+            "median_abs_rel_error": round(statistics.median(abs(e) for e in errs), 4) if errs else None,
+            "median_rel_error": round(statistics.median(errs), 4) if errs else None}
+
+
+__all__ = ["SpeedRow", "compare_speed", "map_speed_row", "published_tokens_per_s"]
+
+
+_RUNTIME = re.compile(r"Training runtime ([0-9]+(?:\.[0-9]+)?) min for ([0-9]+) epoch")
+
+
+def slowdown_rows(rows: list[dict]) -> list[dict]:
+    """litgpt's QLoRA and LoRA runs of one model on one GPU over the same number of Alpaca-2k epochs
+    (the same tokens): the published QLoRA/LoRA runtime ratio is the LoRA/QLoRA tokens/s ratio,
+    compared with the estimator's (each run at its own config's micro-batch, ``mapping._litgpt``)."""
+    from reportgen.published.mapping import LITGPT_LIBS, Mapped, map_row
+
+    runs: dict[tuple, dict] = {}
+    for raw in rows:
+        m = _RUNTIME.search(raw.get("notes", ""))
+        mapped = map_row(raw) if "litgpt" in raw["source"] and m else None
+        if not isinstance(mapped, Mapped) or mapped.setup.method.value == "full" or mapped.setup.gpus != 1:
+            continue
+        runs[(raw["model"], mapped.gpu, m.group(2), mapped.setup.method.value)] = {
+            "raw": raw, "mapped": mapped, "minutes": m.group(1)}
+    out = []
+    for (name, gpu, epochs, method), q in sorted(runs.items()):
+        lora = runs.get((name, gpu, epochs, "lora"))
+        if method != "qlora" or lora is None:
+            continue
+        est = {}
+        for key, run in (("lora", lora), ("qlora", q)):
+            spec, card = catalog.load_model(run["mapped"].model), catalog.load_gpu(gpu)
+            mem = estimate_memory(spec, run["mapped"].setup, card, libs=LITGPT_LIBS)
+            est[key] = estimate_time(spec, run["mapped"].setup, card, mem.terms["activations"],
+                                     mem.terms["logits"]).tokens_per_s
+        published = float(q["minutes"]) / float(lora["minutes"])
+        estimated = est["lora"] / est["qlora"] if est["lora"] and est["qlora"] else None
+        out.append({"ids": [lora["raw"]["id"], q["raw"]["id"]], "model": q["raw"]["model"], "gpu": gpu,
+                    "epochs": int(epochs), "batch": [lora["mapped"].setup.batch, q["mapped"].setup.batch],
+                    "published": f"{q['minutes']} / {lora['minutes']} min", "published_ratio": round(published, 4),
+                    "estimated_ratio": None if estimated is None else round(estimated, 4),
+                    "rel_error": None if estimated is None else round(estimated / published - 1, 4),
+                    "why_not": None if estimated is not None else f"{gpu}: no datasheet peak FLOP/s, no step time"})
+    return out

@@ -1,0 +1,49 @@
+"""Guards of issue 9's speed targets that do not depend on the machine's load: how much work one
+estimate does (Python function calls, counted by cProfile), and the CLI's catalog parse. Wall-clock
+figures are reported by ``scripts/bench_estimate.py``, not tested."""
+
+import cProfile
+import pstats
+
+import yaml
+
+from reportgen import catalog
+from reportgen.estimate import estimate
+from reportgen.setup import TrainingSetup
+
+#: measured 342 and 7,878 calls (llama-3.1-8b, rtx-4090, QLoRA + checkpointing) when these limits were
+#: set, at ~11,500 bare and ~1,750 searching estimates/s: a regression past them costs the targets
+BARE_CALLS_MAX = 500
+REVERSE_CALLS_MAX = 11_000
+
+
+def calls(reverse: bool) -> int:
+    m, g = catalog.load_model("llama-3.1-8b"), catalog.load_gpu("rtx-4090")
+    s = TrainingSetup(method="qlora", grad_ckpt=True)
+    estimate(m, g, s, reverse=reverse)  # warm the per-model caches, as a sweep or search does
+    prof = cProfile.Profile()
+    prof.enable()
+    estimate(m, g, s, reverse=reverse)
+    prof.disable()
+    return pstats.Stats(prof).total_calls
+
+
+def test_a_bare_estimate_stays_light():
+    assert calls(reverse=False) <= BARE_CALLS_MAX
+
+
+def test_an_estimate_with_both_searches_stays_light():
+    assert calls(reverse=True) <= REVERSE_CALLS_MAX
+
+
+def test_the_gpu_catalog_is_parsed_by_libyaml_where_available(monkeypatch):
+    """The pure-Python YAML parse of gpus.yaml was 0.1 s of a 0.25 s CLI call."""
+    seen = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda text, Loader: seen.append(Loader) or real(text, Loader=Loader))
+    catalog._gpu_table.cache_clear()
+    try:
+        assert "h100-sxm" in catalog._gpu_table()
+    finally:
+        catalog._gpu_table.cache_clear()
+    assert seen == [getattr(yaml, "CSafeLoader", yaml.SafeLoader)]

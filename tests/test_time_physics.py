@@ -1,0 +1,57 @@
+"""The time model's physics terms pinned to worked examples: bitsandbytes' dequantization bytes,
+QLoRA's slowdown against LoRA from them."""
+
+import pytest
+
+from reportgen import catalog
+from reportgen.estimate import params as P
+from reportgen.estimate.slowdown import qlora_slowdown
+from reportgen.estimate.time import dequant_bytes_per_micro_batch, dequant_bytes_per_weight
+from reportgen.setup import TrainingSetup
+
+L8 = catalog.load_model("llama-3.1-8b")
+H100 = catalog.load_gpu("h100-sxm")
+RTX4090 = catalog.load_gpu("rtx-4090")
+
+
+def test_dequant_bytes_per_weight_follow_bitsandbytes_kernels():
+    """dequantize_4bit: read 0.5 B + fp32 absmax per 64, write 2 B (bf16) = 2.5625 B; double
+    quantization first rebuilds the absmax: + (1 + 4/256 + 4) / 64 = 2.640869140625 B."""
+    base = TrainingSetup(method="qlora", precision="bf16")
+    assert dequant_bytes_per_weight(base) == 2.5625
+    dq = base.model_copy(update={"double_quant": True})
+    assert dequant_bytes_per_weight(dq) == pytest.approx(2.640869140625)
+
+
+def test_dequant_runs_once_per_pass():
+    """Llama 3.1 8B, QLoRA, checkpointing: forward, recompute and backward each dequantize the
+    6,979,321,856 decoder-layer linear weights (8,030,261,248 - embeddings and head 2 x 525,336,576
+    - norms): 3 x 6,979,321,856 x 2.5625 B."""
+    s = TrainingSetup(method="qlora", precision="bf16", grad_ckpt=True)
+    q = P.quantized_linear_params(L8, s)
+    assert q == 6_979_321_856
+    assert dequant_bytes_per_micro_batch(L8, s) == pytest.approx(3 * q * 2.5625)
+    assert dequant_bytes_per_micro_batch(L8, s.model_copy(update={"method": "lora"})) == 0
+
+
+def test_qlora_slowdown_is_the_dequant_time_over_lora_step():
+    """QLoRA's extra time is exactly its dequantization term when the rest of the step is unchanged
+    (compute-bound at these shapes): ratio = (LoRA step + dequant) / LoRA step."""
+    s = TrainingSetup(method="lora", precision="bf16", batch=4, seq=2048, grad_ckpt=True)
+    sd = qlora_slowdown(L8, H100, s)
+    lora_step = s.tokens_per_step / sd.lora_tokens_per_s
+    assert sd.ratio == pytest.approx((lora_step + sd.dequant_s) / lora_step, rel=1e-3)
+    assert 1.0 < sd.ratio < 1.1  # long matmuls hide little: a few percent on an H100 at 8k tokens
+    assert 0 < sd.dequant_share < 0.1
+
+
+def test_slowdown_shrinks_with_longer_matmuls():
+    """The dequantization cost is per weight, the matmul per token: more tokens per micro-batch,
+    smaller slowdown."""
+    small = qlora_slowdown(L8, RTX4090, TrainingSetup(method="qlora", precision="bf16", batch=1, seq=256))
+    large = qlora_slowdown(L8, RTX4090, TrainingSetup(method="qlora", precision="bf16", batch=8, seq=2048))
+    assert small.ratio > large.ratio > 1.0
+
+
+def test_no_peak_no_slowdown():
+    assert qlora_slowdown(L8, catalog.load_gpu("a10g"), TrainingSetup(method="qlora", precision="bf16")) is None
