@@ -245,7 +245,8 @@ class TrainingSetup:
         for name, spec in self.model_fields.items():
             object.__setattr__(self, name, spec.check(name, getattr(self, name)))
         if self.gpus > 1 and self.sharding == Sharding.none:
-            raise SetupError("sharding", f"gpus={self.gpus} needs sharding 'ddp', 'fsdp' or 'no-shard' (got 'none')")
+            raise SetupError("sharding", f"gpus={self.gpus} needs sharding "
+                             + ", ".join(repr(m.value) for m in Sharding if m != Sharding.none) + " (got 'none')")
         if self.gpus == 1 and self.sharding != Sharding.none:
             raise SetupError("sharding", f"sharding {self.sharding.value!r} needs gpus > 1 (got gpus=1)")
         if self.offload == Offload.params and self.sharding in (Sharding.ddp, Sharding.zero1, Sharding.zero2):

@@ -54,9 +54,8 @@ def test_shard_grad_op_keeps_every_layer_gathered():
     FULL_SHARD holds 2 x 404,750,336 + 393,222,144 = 1,202,722,816."""
     assert SH.shard_grad_op_gathered_bytes(404_750_336, 32, 524_296_192, 4) == 13_345_232_896
     assert SH.full_shard_gathered_bytes(404_750_336, 524_296_192, 4) == 1_202_722_816
-    lora = TrainingSetup(method="lora", precision="bf16", gpus=4)
-    sgo = estimate_memory(L2, lora.model_copy(update={"sharding": "shard-grad-op"}), A100)
-    fs = estimate_memory(L2, lora.model_copy(update={"sharding": "fsdp"}), A100)
+    sgo = estimate_memory(L2, TrainingSetup(method="lora", precision="bf16", gpus=4, sharding="shard-grad-op"), A100)
+    fs = estimate_memory(L2, TrainingSetup(method="lora", precision="bf16", gpus=4, sharding="fsdp"), A100)
     assert sgo.terms["fsdp_unsharded"] == 13_345_232_896 and fs.terms["fsdp_unsharded"] == 1_202_722_816
 
 
