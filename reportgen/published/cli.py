@@ -57,6 +57,25 @@ def run(args: argparse.Namespace) -> int:
                       f"{100 * summary['median_rel_error']:+.0f}%[/]")
     else:
         console.print("[bold]no row could be mapped to a setup[/] (reasons below)")
+    speed = Table(title="published speed vs reportgen estimates (tokens/s over all GPUs)")
+    for col in ("id", "model", "GPU", "GPUs", "sharding", "offload", "b", "seq", "accum", "published", "estimated",
+                "error"):
+        speed.add_column(col, justify="left" if col in ("id", "model", "GPU", "sharding", "offload") else "right")
+    for r in summary.get("speed_rows", []):
+        speed.add_row(r["id"], r["model_as"], r["gpu"], str(r["gpus"]), r["sharding"], r["offload"], str(r["batch"]),
+                      str(r["seq"]), str(r["accum"]), f"{r['published_tokens_per_s']:,.0f}",
+                      f"{r['estimated_tokens_per_s']:,.0f}", f"{100 * r['rel_error']:+.0f}%")
+    if summary.get("speed_rows"):
+        console.print(speed)
+    multi = summary.get("multi_gpu")
+    if multi and multi["memory_rows"]:
+        console.print(f"[bold]multi-GPU rows: memory {multi['memory_rows']} rows, median |relative error| "
+                      f"{100 * multi['memory_median_abs_rel_error']:.1f}% (signed {100 * multi['memory_median_rel_error']:+.1f}%)"
+                      + (f"; tokens/s {multi['speed_rows']} rows, median |relative error| "
+                         f"{100 * multi['speed_median_abs_rel_error']:.1f}% (signed "
+                         f"{100 * multi['speed_median_rel_error']:+.1f}%)" if multi["speed_rows"] else "") + "[/]")
+    for u in summary.get("speed_unmapped", []):
+        console.print(f"  speed of {u['id']} not compared: {u['reason']}", highlight=False)
     console.print(f"{len(summary['unmapped'])} rows not mapped:")
     for u in summary["unmapped"]:
         console.print(f"  {u['id']}: {u['reason']}", highlight=False)

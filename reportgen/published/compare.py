@@ -15,7 +15,7 @@ from reportgen import catalog
 from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.logits import logits_memory
 from reportgen.estimate.memory import estimate_memory
-from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows
+from reportgen.published.mapping import Mapped, Unmapped, map_row, map_speed_row, prose_allocated, read_rows
 
 UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MB": 1e6, "MiB": 2**20}
 
@@ -60,10 +60,53 @@ def dedupe(mapped: list[tuple[dict, Mapped]]) -> list[tuple[dict, Mapped, list[s
     return out
 
 
+def estimated_tokens_per_s(m: Mapped) -> float | None:
+    """tokens/s over all GPUs for the row's setup (``time.py`` with ``comm.py``'s collectives)."""
+    from reportgen.estimate.memory import estimate_memory as _mem
+    from reportgen.estimate.time import estimate_time
+
+    spec, gpu = m.spec, catalog.load_gpu(m.gpu)
+    mem = _mem(spec, m.setup, gpu, libs=m.libs)
+    t = estimate_time(spec, m.setup, gpu, activation_bytes=mem.terms["activations"], logits_bytes=mem.terms["logits"],
+                      offloaded_bytes=mem.offloaded_activations)
+    return t.tokens_per_s
+
+
+def _median(values) -> float | None:
+    values = list(values)
+    return round(statistics.median(values), 4) if values else None
+
+
+def compare_speed(raw_rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Rows whose source states a speed: published and estimated tokens/s over all GPUs."""
+    rows, unmapped = [], []
+    for raw in raw_rows:
+        m = map_speed_row(raw)
+        if m is None:
+            continue
+        if isinstance(m, Unmapped):
+            unmapped.append({"id": m.row_id, "source": m.source, "reason": m.reason})
+            continue
+        est = estimated_tokens_per_s(m)
+        if est is None:
+            unmapped.append({"id": m.row_id, "source": m.source, "reason": f"{m.gpu}: no peak FLOP/s for the dtype"})
+            continue
+        rows.append({
+            "id": m.row_id, "source": m.source, "model": raw["model"],
+            "model_as": Path(m.model).stem if m.model.endswith(".json") else m.model, "technique": raw["technique"],
+            "gpu": m.gpu, "gpus": m.setup.gpus, "sharding": m.setup.sharding.value, "offload": m.setup.offload.value,
+            "batch": m.setup.batch, "seq": m.setup.seq, "accum": m.setup.accum,
+            "published_tokens_per_s": round(m.published, 1), "estimated_tokens_per_s": round(est, 1),
+            "rel_error": round((est - m.published) / m.published, 4), "assumptions": m.assumptions,
+        })
+    return rows, unmapped
+
+
 def compare(csv_path: Path) -> dict:
     rows, unmapped = [], []
     mapped: list[tuple[dict, Mapped]] = []
-    for raw in read_rows(csv_path):
+    raw_rows = read_rows(csv_path)
+    for raw in raw_rows:
         m = map_row(raw)
         if isinstance(m, Unmapped):
             unmapped.append({"id": m.row_id, "source": m.source, "reason": m.reason})
@@ -93,6 +136,18 @@ def compare(csv_path: Path) -> dict:
         "median_abs_rel_error": round(statistics.median(abs(r["rel_error"]) for r in rows), 4) if rows else None,
         "median_rel_error": round(statistics.median(r["rel_error"] for r in rows), 4) if rows else None,
         "by_source": {},
+    }
+    speed, speed_unmapped = compare_speed(raw_rows)
+    multi = [r for r in rows if r["setup"]["gpus"] > 1]
+    summary["speed_rows"] = speed
+    summary["speed_unmapped"] = speed_unmapped
+    summary["multi_gpu"] = {
+        "memory_rows": len(multi),
+        "memory_median_abs_rel_error": _median(abs(r["rel_error"]) for r in multi),
+        "memory_median_rel_error": _median(r["rel_error"] for r in multi),
+        "speed_rows": len([r for r in speed if r["gpus"] > 1]),
+        "speed_median_abs_rel_error": _median(abs(r["rel_error"]) for r in speed if r["gpus"] > 1),
+        "speed_median_rel_error": _median(r["rel_error"] for r in speed if r["gpus"] > 1),
     }
     for src in sorted({source_key(r["source"]) for r in rows}):
         sel = [r for r in rows if source_key(r["source"]) == src]
