@@ -417,6 +417,9 @@ def _published(path: Path | None) -> dict | None:
         "median_abs_error_gb": data.get("median_abs_error_gb"),
         "median_abs_rel_error": data.get("median_abs_rel_error"),
         "by_source": [{"source": k, **v} for k, v in sorted((data.get("by_source") or {}).items())],
+        "speed_rows": sorted(data.get("speed_rows", []), key=lambda r: str(r.get("id"))),
+        "speed_unmapped": sorted(data.get("speed_unmapped", []), key=lambda r: str(r.get("id"))),
+        "multi_gpu": data.get("multi_gpu"),
         "file": path.as_posix(),
     }
 
