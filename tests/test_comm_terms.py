@@ -27,6 +27,7 @@ def test_link_from_the_catalog():
     assert C.link_for(h100, 8)[1] == 450 and "NVLink" in C.link_for(h100, 8)[0]
     assert C.link_for(h100, 16)[1] == C.INTERNODE_GBS_PER_GPU
     assert C.link_for(g4090, 2) == ("PCIe 4.0 x16 (no NVLink, no P2P)", 32)
+    assert C.link_for(g4090, 16)[1] == C.INTERNODE_GBS_PER_GPU  # two machines
     assert C.link_for(nvl, 2)[1] == 300 and C.link_for(nvl, 4)[1] == 64
     assert catalog.load_gpu("a100-80gb").peer_link_gbs == 300 and catalog.load_gpu("b200").peer_link_gbs == 900
 

@@ -52,13 +52,14 @@ class Communication:
 
 
 def link_for(gpu: GpuSpec, group: int) -> tuple[str, float | None]:
-    """The link a collective over ``group`` GPUs is bounded by: the catalog's peer link inside its
-    NVLink domain (``peer_link_gpus``; PCIe links have no such limit), else the network between
-    nodes for NVLink boards, else the host link."""
+    """The link a collective over ``group`` GPUs is bounded by: past one machine's ``NODE_GPUS`` (8)
+    the network between nodes; else the catalog's peer link inside its NVLink domain
+    (``peer_link_gpus``; PCIe links have no such limit); else (H100 NVL beyond its bridged pair) the
+    PCIe host link."""
+    if group > SH.NODE_GPUS:  # more GPUs than one machine holds: the ring crosses the network
+        return f"InfiniBand between nodes ({INTERNODE_GBS_PER_GPU:g} GB/s per GPU)", INTERNODE_GBS_PER_GPU
     if gpu.peer_link_gbs and (gpu.peer_link_gpus is None or group <= gpu.peer_link_gpus):
         return gpu.peer_link, gpu.peer_link_gbs
-    if gpu.peer_link_gpus is not None and gpu.peer_link_gpus >= 8:
-        return f"InfiniBand between nodes ({INTERNODE_GBS_PER_GPU:g} GB/s per GPU)", INTERNODE_GBS_PER_GPU
     return gpu.host_link, gpu.host_link_gbs
 
 
