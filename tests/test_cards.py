@@ -43,3 +43,15 @@ def test_gpu_page_view_of_the_stored_answers():
     assert full.startswith("2 cards, ") and "<br>or one card + parameter offload" in full
     assert lora == "not within 4 cards" and qlora.startswith("one card · ")
     assert cards_view(data, "rtx-4090") is None and cards_view(None, "h100-sxm") is None
+
+
+def test_stored_answers_cover_the_catalog():
+    """data/cards_needed.json (``reportgen cards``) has every catalog GPU, model and method; rerun
+    ``reportgen cards`` when the catalogs change (values follow the estimator, so they are not pinned)."""
+    from pathlib import Path
+
+    data = json.loads(Path("data/cards_needed.json").read_text())
+    assert set(data["gpus"]) == set(catalog.gpu_names())
+    for per_model in data["gpus"].values():
+        assert set(per_model) == set(catalog.model_names())
+        assert all(set(v) == set(CN.METHODS) for v in per_model.values())
