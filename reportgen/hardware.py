@@ -31,6 +31,12 @@ class GpuSpec:
     tdp_w: float | None = None
     nvidia_smi_total_mib: int | None = None
     derived: tuple[str, ...] = ()  # peak_tflops columns derived by reportgen, not published
+    #: GPU-to-GPU link for collectives: NVLink (via NVSwitch or a bridge) or PCIe, GB/s per direction
+    peer_link: str = ""
+    peer_link_gbs: float | None = None
+    #: GPUs that share the NVLink domain (8 on an HGX board, 2 for bridged pairs); None: PCIe, any number
+    peer_link_gpus: int | None = None
+    peer_link_source: str = field(default="", compare=False)
     #: memory a user set for the card (``--gpu-memory``, ``card@SIZE``), replacing the catalog's
     memory_override_bytes: int | None = None
     sources: tuple[str, ...] = field(default=(), compare=False)
@@ -89,6 +95,10 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         tdp_w=entry.get("tdp_w"),
         nvidia_smi_total_mib=entry.get("nvidia_smi_total_mib"),
         derived=tuple(entry.get("derived", ())),
+        peer_link=entry.get("peer_link") or "",
+        peer_link_gbs=entry.get("peer_link_gbs"),
+        peer_link_gpus=entry.get("peer_link_gpus"),
+        peer_link_source=entry.get("peer_link_source") or "",
         sources=tuple(entry.get("sources", ())),
         notes=entry.get("notes", "") or "",
     )

@@ -84,6 +84,11 @@ class Sharding(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
     no_shard = "no-shard"
+    shard_grad_op = "shard-grad-op"
+    hybrid_shard = "hybrid-shard"
+    zero1 = "zero1"
+    zero2 = "zero2"
+    zero3 = "zero3"
 
 
 class FrozenDtype(str, Enum):
@@ -225,8 +230,12 @@ class TrainingSetup:
         "offload": FieldSpec(Offload, description="CPU offload: none, the optimizer states (torchao "
                              "CPUOffloadOptimizer), or the parameters (FSDP CPUOffload)"),
         "gpus": FieldSpec(int, ge=1, le=1024, description="data-parallel GPUs"),
-        "sharding": FieldSpec(Sharding, description="none (one GPU), DDP, FSDP full sharding, or FSDP NO_SHARD "
-                              "(every GPU holds everything, gradients all-reduced in place; fsdp_qlora's 'DDP mode')"),
+        "sharding": FieldSpec(Sharding, description="none (one GPU), DDP, FSDP full sharding (FULL_SHARD, FSDP2 "
+                              "fully_shard), FSDP NO_SHARD (every GPU holds everything, gradients all-reduced in "
+                              "place; fsdp_qlora's 'DDP mode'), FSDP SHARD_GRAD_OP (parameters stay gathered from "
+                              "forward to backward), FSDP HYBRID_SHARD (full sharding inside a node of 8 GPUs, "
+                              "replicated across nodes), or DeepSpeed ZeRO stage 1, 2 or 3 (estimated only: the "
+                              "harness runs ddp, fsdp and no-shard)"),
         "padding": FieldSpec(Padding, description="how samples of different lengths become batches: padded to seq "
                              "(max), to the longest sample of each micro-batch (longest, the default of transformers' "
                              "and TRL's collators), or packed into rows of seq tokens"),
@@ -262,12 +271,14 @@ class TrainingSetup:
         for name, spec in self.model_fields.items():
             object.__setattr__(self, name, spec.check(name, getattr(self, name)))
         if self.gpus > 1 and self.sharding == Sharding.none:
-            raise SetupError("sharding", f"gpus={self.gpus} needs sharding 'ddp', 'fsdp' or 'no-shard' (got 'none')")
+            raise SetupError("sharding", f"gpus={self.gpus} needs sharding "
+                             + ", ".join(repr(m.value) for m in Sharding if m != Sharding.none) + " (got 'none')")
         if self.gpus == 1 and self.sharding != Sharding.none:
             raise SetupError("sharding", f"sharding {self.sharding.value!r} needs gpus > 1 (got gpus=1)")
-        if self.offload == Offload.params and self.sharding == Sharding.ddp:
-            raise SetupError("offload", "offload 'params' is FSDP's CPU offload: use sharding 'fsdp' or 'none', "
-                             "not 'ddp'")
+        if self.offload == Offload.params and self.sharding in (Sharding.ddp, Sharding.zero1, Sharding.zero2):
+            raise SetupError("offload", "offload 'params' is FSDP's CPU offload or ZeRO-3's offload_param: use "
+                             f"sharding 'fsdp', 'shard-grad-op', 'hybrid-shard', 'no-shard', 'zero3' or 'none', "
+                             f"not {self.sharding.value!r}")
         if self.optimizer_in_backward and self.accum > 1:
             raise SetupError("optimizer_in_backward", "steps the optimizer during each backward, so it cannot "
                              f"accumulate gradients over micro-batches (accum={self.accum}); use accum 1")

@@ -35,6 +35,29 @@ def register(sub) -> None:
     p.add_argument("--mermaid", action="store_true", help="print the decision tree as a Mermaid flowchart and exit")
     p.set_defaults(func=run)
 
+    c = sub.add_parser("cards", help="how many of each card every catalog model needs, with which sharding and at "
+                                     "what speed (for the GPU pages)",
+                       description="For every catalog GPU and model and for full fine-tuning, LoRA and QLoRA: the "
+                                   "fewest cards on which a data-parallel strategy fits at micro-batch 1, the fastest "
+                                   "strategy there and its estimated tokens/s (reportgen/advise/cards.py). Writes the "
+                                   "JSON the GPU pages render.")
+    c.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    c.add_argument("--out", type=Path, default=Path("data/cards_needed.json"))
+    c.set_defaults(func=run_cards)
+
+
+def run_cards(args: argparse.Namespace) -> int:
+    from reportgen.advise.cards import all_cards_needed
+    from reportgen.errors import UserError
+    from reportgen.results import write_json_atomic
+
+    if args.seq < 8:
+        raise UserError(f"--seq {args.seq}: a sequence is at least 8 tokens")
+    data = all_cards_needed(args.seq)
+    write_json_atomic(args.out, data)
+    print(f"wrote {args.out}: {len(data['gpus'])} GPUs x {len(next(iter(data['gpus'].values())))} models")
+    return 0
+
 
 def run(args: argparse.Namespace) -> int:
     from reportgen.errors import UserError

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
 from reportgen.estimate import params as P
+from reportgen.estimate import sharding as SH
+from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.logits import kept_output_bytes, logits_memory
@@ -140,19 +142,6 @@ def root_param_bytes(model: ModelSpec, dt: Dtypes) -> int:
     return (model.embedding_params + model.head_params + model.hidden_size) * dt.compute
 
 
-def fsdp_gathered_bytes(layer_bytes: int, root_bytes: int, n: int) -> int:
-    """What FULL_SHARD holds gathered during the forward and backward passes, beyond each GPU's
-    shard (PyTorch ``torch/distributed/fsdp/_runtime_utils.py``):
-
-    * the root unit stays unsharded from its first forward to the end of the backward
-      (``_post_forward_reshard``: "Do not free the root's parameters in the post-forward for
-      FULL_SHARD"), so ``(1 - 1/n)`` of it comes on top of the resident shard;
-    * a decoder layer is all-gathered for its forward and again for its backward, and the backward
-      prefetches the next one (``BACKWARD_PRE``, the default): two layers' padded flat parameters.
-    """
-    return 2 * layer_bytes + root_bytes - root_bytes // n
-
-
 def fsdp_stream_pool_bytes(layer_bytes: int) -> int:
     """Reserved, not allocated: all-gather buffers are allocated on FSDP's unshard stream, whose
     freed blocks the compute stream cannot reuse (CUDACachingAllocator pools blocks per stream), and
@@ -204,7 +193,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
 
     n = setup.gpus
-    fsdp = setup.sharding == Sharding.fsdp
+    place = SH.placement(setup)  # divisors of parameters, gradients, optimizer states (sharding.py)
+    fsdp = place.sharded_params
     tokens = setup.batch * setup.seq
 
     # --- parameter-side terms (whole model) --------------------------------------------------
@@ -226,22 +216,38 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     root_bytes = root_param_bytes(model, dt)
     # bitsandbytes' quantization state is a Python attribute of each 4-bit weight, not a parameter:
     # FSDP neither flattens nor shards nor offloads it (fsdp_qlora keeps it on every GPU)
-    w_dev, g_dev, s_dev = weights + quant + adapters, grads, states
+    w_dev, g_dev, s_dev = weights + quant + adapters, grads // place.grads, states // place.states
+    largest_matrix = model.vocab_size * model.hidden_size * dt.compute  # the embedding or head matrix
     if fsdp:
-        w_dev, g_dev, s_dev = (weights + adapters) // n + quant, g_dev // n, s_dev // n
-        gathered_bytes = fsdp_gathered_bytes(layer_weight_bytes, root_bytes, n)
+        g = place.params
+        w_dev = (weights + adapters) // g + quant
+        if setup.sharding == Sharding.shard_grad_op:
+            gathered_bytes = SH.shard_grad_op_gathered_bytes(layer_weight_bytes, model.num_layers, root_bytes, g)
+        elif setup.sharding == Sharding.zero3:
+            gathered_bytes = SH.zero3_gathered_bytes(layer_weight_bytes, largest_matrix, dt.compute)
+        else:
+            gathered_bytes = fsdp_gathered_bytes(layer_weight_bytes, root_bytes, g)
     if setup.offload == Offload.optimizer:
-        # torchao CPUOffloadOptimizer: states (and an fp32 copy of trainable params) on the host
-        host += s_dev + P.trainable_params(model, setup) * 4 // (n if fsdp else 1)
+        # torchao CPUOffloadOptimizer / ZeRO-Offload: states (and an fp32 copy of trainable params) on the host
+        host += s_dev + P.trainable_params(model, setup) * 4 // place.states
         s_dev = 0
     elif setup.offload == Offload.params:
-        # FSDP CPUOffload(offload_params=True): parameters, gradients and states on the host; the
-        # GPU holds the all-gathered layers in flight, the whole root unit (embeddings, head) from
-        # the first forward to the end of the backward, and the 4-bit quantization state
+        # FSDP CPUOffload(offload_params=True) / ZeRO-3 offload_param: parameters, gradients and
+        # states on the host; the GPU holds the all-gathered layers in flight, the whole root unit
+        # (embeddings, head) from the first forward to the end of the backward, and the 4-bit
+        # quantization state
         host += w_dev - (quant if fsdp else 0) + g_dev + s_dev
         w_dev, g_dev, s_dev = quant, 0, 0
-        gathered_bytes = 2 * layer_weight_bytes + root_bytes
-    ddp_buckets = grads if setup.sharding == Sharding.ddp else 0
+        if setup.sharding == Sharding.shard_grad_op:
+            gathered_bytes = model.num_layers * layer_weight_bytes + root_bytes
+        elif setup.sharding == Sharding.zero3:
+            gathered_bytes = SH.zero3_gathered_bytes(layer_weight_bytes, largest_matrix, dt.compute)
+        else:
+            gathered_bytes = 2 * layer_weight_bytes + root_bytes
+    ddp_buckets = SH.ddp_bucket_bytes(grads) if setup.sharding == Sharding.ddp else 0
+    if setup.sharding in (Sharding.zero2, Sharding.zero3):
+        ddp_buckets = SH.zero_reduce_bucket_bytes(P.trainable_params(model, setup),
+                                                  P.trainable_dtype_bytes(setup, dt))
     workspace = cublas_workspace_bytes(gpu)
 
     # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
@@ -266,7 +272,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         offloaded = max(0, stack - 2 * per_layer)
         host += offloaded
         stack = min(stack, 2 * per_layer)
-    gathered = fsdp or setup.offload == Offload.params
+    gathered = SH.gathers_layers(setup)
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
     # backward), so it is not held during the layers' backward
@@ -282,7 +288,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     fwd_work = tokens * dt.compute * model.intermediate_size + dequant
     bwd_work = backward_working_bytes(model, setup, dt, attn) + dequant
     opt_temp = optimizer_temp_bytes(model, setup, dt)
-    shard = n if fsdp else 1
+    shard = place.grads  # the gradients' divisor (the head's and the embedding's gradients too)
     g_in_base = g_dev if setup.accum > 1 else 0
     if setup.optimizer_in_backward:  # stepped and freed in each gradient's hook (accum is 1)
         g_head, g_dev = min(g_head, g_dev), g_layer
@@ -321,9 +327,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
 
     transient = peak - (w_dev + s_dev + workspace)
     reserved = peak + int(K.FRAGMENTATION_OF_TRANSIENT * transient) + K.ALLOCATOR_SEGMENTS_BYTES
-    if fsdp or setup.offload == Offload.params:
+    if gathered and setup.sharding != Sharding.zero3:
         reserved += fsdp_stream_pool_bytes(layer_weight_bytes)
-    device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // shard)
+    device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // place.states)
     if states_managed:
         notes.append("paged optimizer states live in CUDA managed memory: counted in device_total, "
                      "not in peak_allocated/peak_reserved, and paged to host RAM when the GPU runs out")
@@ -332,12 +338,12 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
 
     on_host = setup.offload == Offload.params
     terms = {
-        "weights": 0 if on_host else weights // shard,
-        "quant_constants": 0 if on_host else quant // shard,
-        "lora_adapters": 0 if on_host else adapters // shard,
+        "weights": 0 if on_host else weights // place.params,
+        "quant_constants": 0 if on_host else quant // place.params,
+        "lora_adapters": 0 if on_host else adapters // place.params,
         "gradients": g_dev + ddp_buckets,
         "optimizer": s_dev,
-        "optimizer_paged": states_managed // shard,
+        "optimizer_paged": states_managed // place.states,
         "autocast_copies": copies_fwd,
         "activations": fixed + stack,
         "kept_outputs": kept + held_prev,

@@ -23,8 +23,9 @@ Step time per micro-batch is the larger of compute time (hardware FLOPs at ``MAT
 of the datasheet peak) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus fixed
 overheads; QLoRA's dequantization kernels add their memory time; the optimizer step adds its
 memory time; ``torch.compile`` takes off the time of the elementwise traffic it fuses away
-(``fusion.py``); offload and gradient communication add transfer time over the host link (not
-overlapped, so an upper bound). ``TimeEstimate.parts`` keeps each of these, so a measured step
+(``fusion.py``); offload adds transfer time over the host link (not overlapped, so an upper bound);
+data-parallel collectives add what compute does not hide (``comm.py``: the real GPU-to-GPU link,
+each framework's overlap). ``TimeEstimate.parts`` keeps each of these, so a measured step
 time can be taken apart term by term (``scripts/calibrate.py``).
 """
 
@@ -34,13 +35,14 @@ from dataclasses import dataclass, field
 
 from reportgen.estimate import constants as K
 from reportgen.estimate import params as P
+from reportgen.estimate.comm import communication
 from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
-from reportgen.setup import Attention, Method, Offload, Sharding, TrainingSetup
+from reportgen.setup import Attention, Method, Offload, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,10 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
         copies = 2 * offloaded_bytes * scale / link if link else 0.0
         transfer += setup.accum * max(0.0, copies - comp_mb)
+    if setup.gpus > 1 and comp_mb is not None:  # collectives over the real link, overlapped (comm.py)
+        comm = communication(model, setup, gpu, max(comp_mb, mem_mb) + dequant_mb)
+        transfer += comm.exposed_s
+        notes += comm.notes
     memory_s = setup.accum * (mem_mb + dequant_mb) + mem_opt
     parts = {"compute": None if comp_mb is None else setup.accum * comp_mb, "memory": setup.accum * mem_mb,
              "dequant": setup.accum * dequant_mb, "optimizer": mem_opt, "transfer": transfer,
@@ -263,11 +269,9 @@ def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: lis
 
     * offload=optimizer: gradients to the host and updated parameters back, plus the CPU Adam step;
     * offload=params: every layer's weights come in once per pass, gradients go out;
-    * ddp: a ring all-reduce moves ``2 (n-1)/n`` of the gradient bytes; fsdp: all-gather of the
-      weights per pass and a reduce-scatter of the gradients, ``(n-1)/n`` each. Over PCIe here, as
-      the catalog has no NVLink figures: pessimistic for SXM parts.
+    GPU-to-GPU collectives are ``comm.py``'s (the real link, overlapped per framework).
     """
-    if setup.offload == Offload.none and setup.gpus == 1:
+    if setup.offload == Offload.none:
         return 0.0
     link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
     if not link:
@@ -286,12 +290,4 @@ def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: lis
         w = P.weights_bytes(model, setup, dt) + P.adapter_bytes(model, setup, dt)
         moved += setup.accum * passes * w / setup.gpus + trainable * pbytes
         extra += trainable / K.CPU_ADAM_PARAMS_PER_S
-    n = setup.gpus
-    if n > 1:
-        frac = (n - 1) / n
-        if setup.sharding in (Sharding.ddp, Sharding.no_shard):
-            moved += 2 * frac * trainable * pbytes
-        else:
-            w = P.weights_bytes(model, setup, dt)
-            moved += setup.accum * passes * frac * w + frac * trainable * pbytes
     return moved / link + extra

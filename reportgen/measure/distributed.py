@@ -221,6 +221,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int) -> None:
         if have < setup.gpus:
             raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}) needs {setup.gpus} GPUs; "
                                     f"this machine has {have}")
+    if setup.sharding not in (Sharding.ddp, Sharding.fsdp, Sharding.no_shard):
+        raise SetupNotSupported(f"sharding={setup.sharding.value!r} is estimated only: the harness measures ddp, "
+                                "fsdp (FSDP2 fully_shard) and no-shard")
     if setup.optimizer_in_backward:
         raise SetupNotSupported(f"optimizer_in_backward with {setup.sharding.value}: the per-parameter hooks would "
                                 "step before the gradient is all-reduced/reduce-scattered; not implemented")

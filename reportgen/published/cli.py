@@ -57,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
                       f"{100 * summary['median_rel_error']:+.0f}%[/]")
     else:
         console.print("[bold]no row could be mapped to a setup[/] (reasons below)")
+    multi = summary.get("multi_gpu")
+    if multi and multi["memory_rows"]:
+        console.print(f"[bold]multi-GPU rows: memory {multi['memory_rows']} rows, median |relative error| "
+                      f"{100 * multi['memory_median_abs_rel_error']:.1f}% (signed {100 * multi['memory_median_rel_error']:+.1f}%)"
+                      + (f"; tokens/s {multi['speed_rows']} rows, median |relative error| "
+                         f"{100 * multi['speed_median_abs_rel_error']:.1f}% (signed "
+                         f"{100 * multi['speed_median_rel_error']:+.1f}%)" if multi["speed_rows"] else "") + "[/]")
     console.print(f"{len(summary['unmapped'])} rows not mapped:")
     for u in summary["unmapped"]:
         console.print(f"  {u['id']}: {u['reason']}", highlight=False)

@@ -61,6 +61,11 @@ def dedupe(mapped: list[tuple[dict, Mapped]]) -> list[tuple[dict, Mapped, list[s
     return out
 
 
+def _median(values) -> float | None:
+    values = list(values)
+    return round(statistics.median(values), 4) if values else None
+
+
 def compare(csv_path: Path) -> dict:
     rows, unmapped = [], []
     mapped: list[tuple[dict, Mapped]] = []
@@ -98,6 +103,16 @@ def compare(csv_path: Path) -> dict:
         "speed": compare_speed(raw_rows),
     }
     summary["speed"]["qlora_over_lora"] = slowdown_rows(raw_rows)
+    speed_multi = [r for r in summary["speed"]["rows"] if r["gpus"] > 1 and r["rel_error"] is not None]
+    multi = [r for r in rows if r["setup"]["gpus"] > 1]
+    summary["multi_gpu"] = {
+        "memory_rows": len(multi),
+        "memory_median_abs_rel_error": _median(abs(r["rel_error"]) for r in multi),
+        "memory_median_rel_error": _median(r["rel_error"] for r in multi),
+        "speed_rows": len(speed_multi),
+        "speed_median_abs_rel_error": _median(abs(r["rel_error"]) for r in speed_multi),
+        "speed_median_rel_error": _median(r["rel_error"] for r in speed_multi),
+    }
     for src in sorted({source_key(r["source"]) for r in rows}):
         sel = [r for r in rows if source_key(r["source"]) == src]
         summary["by_source"][src] = {

@@ -171,6 +171,8 @@ def _gpu_facts(key: str) -> dict:
         "peaks": [{"dtype": d, "tflops": g.peak_tflops.get(d), "derived": d in g.derived}
                   for d in ("fp32", "tf32", "fp16", "bf16")],
         "host_link": g.host_link, "host_link_gbs": g.host_link_gbs, "tdp_w": g.tdp_w,
+        "peer_link": g.peer_link, "peer_link_gbs": g.peer_link_gbs, "peer_link_gpus": g.peer_link_gpus,
+        "peer_link_source": g.peer_link_source,
         "price": g.price_usd_per_hour, "price_source": g.price_source, "price_date": g.price_date,
         "sources": list(g.sources), "notes": g.notes.strip(),
     }
@@ -187,7 +189,43 @@ def _chart_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def gpu_pages(site: SiteData) -> list[Page]:
+#: how many cards each model needs (``reportgen cards``, ``advise/cards.py``), if written
+DEFAULT_CARDS = Path("data/cards_needed.json")
+
+
+def _fit_cell(fit: dict | None) -> str:
+    if fit is None:
+        return ""
+    how = "one card" if fit["gpus"] == 1 else f"{fit['gpus']} cards, {fit['sharding']}"
+    if fit["offload"] != "none":
+        how += f" + parameter offload ({fit['host_ram_gib']:,.0f} GiB host RAM)"
+    return f"{how} · {fit['tokens_per_s']:,.0f} tokens/s"
+
+
+def cards_view(data: dict | None, key: str) -> dict | None:
+    """The GPU page's "how many cards" table from the stored answers: one row per model, one cell
+    per method (None where no answers are stored for this card)."""
+    if not data or key not in data.get("gpus", {}):
+        return None
+    rows = []
+    for model in sorted(data["gpus"][key], key=model_order):
+        cells = []
+        for method in ("full", "lora", "qlora"):
+            c = data["gpus"][key][model].get(method) or {}
+            text = _fit_cell(c.get("fit")) or f"not within {data['counts'][-1]} cards"
+            if c.get("offload_fit"):
+                text += "<br>or " + _fit_cell(c["offload_fit"])
+            cells.append(text)
+        rows.append({"model": model, "cells": cells})
+    return {"seq": data["seq"], "max": data["counts"][-1], "rows": rows}
+
+
+def _load_cards(path: Path | None) -> dict | None:
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
+    cards_data = _load_cards(cards)
     all_rows = site_rows(site)
     by_gpu = group(all_rows, "gpu")
     pages = []
@@ -245,6 +283,7 @@ def gpu_pages(site: SiteData) -> list[Page]:
             "csv": rel(path, csv_path) if rows else None,
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
             "example_model": "llama-3.1-8b",
+            "cards": cards_view(cards_data, key),
         }
         pages.append(Page(path=path, template="gpu.md.j2", context=context, files=files))
     pages.append(_gpus_index(site, by_gpu))
@@ -379,6 +418,7 @@ def _published(path: Path | None) -> dict | None:
         "median_abs_rel_error": data.get("median_abs_rel_error"),
         "by_source": [{"source": k, **v} for k, v in sorted((data.get("by_source") or {}).items())],
         "speed": data.get("speed"),
+        "multi_gpu": data.get("multi_gpu"),
         "file": path.as_posix(),
     }
 

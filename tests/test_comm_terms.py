@@ -1,0 +1,83 @@
+"""Communication of data-parallel training pinned to worked examples (reportgen/estimate/comm.py):
+ring collectives, the link each GPU uses, and each framework's overlap with compute."""
+
+import pytest
+
+from reportgen import catalog
+from reportgen.estimate import comm as C
+from reportgen.estimate import estimate
+from reportgen.setup import TrainingSetup
+
+L2 = catalog.load_model("llama-2-7b")
+
+
+def test_ring_collectives():
+    """NCCL rings: an all-reduce moves 2 (n-1)/n of the buffer, an all-gather (n-1)/n:
+    1 GB over 4 GPUs at 1 GB/s is 1.5 s; an all-gather of 1 GB over 2 GPUs is 0.5 s."""
+    assert C.ring_all_reduce_s(1e9, 4, 1e9) == pytest.approx(1.5)
+    assert C.all_gather_s(1e9, 2, 1e9) == pytest.approx(0.5)
+    assert C.reduce_scatter_s(1e9, 8, 1e9) == pytest.approx(0.875)
+    assert C.ring_all_reduce_s(1e9, 1, 1e9) == 0.0
+
+
+def test_link_from_the_catalog():
+    """H100 SXM: NVLink 900 GB/s (450 per direction) inside its 8-GPU board, InfiniBand beyond;
+    RTX 4090: PCIe 4.0 x16 (no NVLink, no P2P); H100 NVL: a bridge pairs two cards, four use PCIe."""
+    h100, g4090, nvl = (catalog.load_gpu(k) for k in ("h100-sxm", "rtx-4090", "h100-nvl"))
+    assert C.link_for(h100, 8)[1] == 450 and "NVLink" in C.link_for(h100, 8)[0]
+    assert C.link_for(h100, 16)[1] == C.INTERNODE_GBS_PER_GPU
+    assert C.link_for(g4090, 2) == ("PCIe 4.0 x16 (no NVLink, no P2P)", 32)
+    assert C.link_for(g4090, 16)[1] == C.INTERNODE_GBS_PER_GPU  # two machines
+    assert C.link_for(nvl, 2)[1] == 300 and C.link_for(nvl, 4)[1] == 64
+    assert catalog.load_gpu("a100-80gb").peer_link_gbs == 300 and catalog.load_gpu("b200").peer_link_gbs == 900
+
+
+def test_fsdp_overlap_worked_example():
+    """All-gather 1 s per pass, reduce-scatter 0.5 s, forward 2 s, backward 1 s, 10 layers: the
+    forward hides its all-gathers but the first layer's (0.1 s); the backward's 1.5 s of
+    collectives exceed its 1 s by 0.5 s, and the last reduce-scatter (0.05 s) waits: 0.65 s.
+    SHARD_GRAD_OP does not gather again in the backward: 0.1 + 0.05 = 0.15 s."""
+    assert C.fsdp_pass_exposed_s(1.0, 0.5, 2.0, 1.0, 10) == pytest.approx(0.65)
+    assert C.fsdp_pass_exposed_s(1.0, 0.5, 2.0, 1.0, 10, regather=False) == pytest.approx(0.15)
+
+
+def test_ddp_overlap_worked_example():
+    """A 2 s all-reduce behind a 1.5 s backward leaves 0.5 s, plus the last bucket's 0.01 s."""
+    assert C.ddp_exposed_s(2.0, 0.01, 1.5) == pytest.approx(0.51)
+
+
+def test_forward_share_and_gathered_bytes():
+    """Forward 2N of 6N (full) or of 4N + 2N recompute (LoRA with checkpointing); Llama-2-7B in bf16
+    gathers 32 layers of 404,750,336 bytes and the 524,296,192-byte root: 13,476,306,944 bytes."""
+    assert C.forward_share(TrainingSetup(method="full")) == pytest.approx(1 / 3)
+    assert C.forward_share(TrainingSetup(method="lora", grad_ckpt=True)) == pytest.approx(1 / 3)
+    assert C.forward_share(TrainingSetup(method="lora")) == pytest.approx(1 / 2)
+    assert C.gathered_weight_bytes(L2, TrainingSetup(method="lora", precision="bf16")) == 13_476_306_944
+
+
+def full(n, sharding, **kw):
+    return TrainingSetup(method="full", precision="bf16-mixed", grad_ckpt=True, batch=1, seq=2048, gpus=n,
+                         sharding=sharding, **kw)
+
+
+def test_slow_link_exposes_more_and_zero12_expose_everything():
+    """Full fine-tuning of Llama-2-7B with FSDP on 8 GPUs: NVLink hides what PCIe cannot; ZeRO-1/2
+    (overlap_comm false by default) expose all of their collectives; 1 GPU has none."""
+    h100, g4090 = catalog.load_gpu("h100-sxm"), catalog.load_gpu("rtx-4090")
+    fast = C.communication(L2, full(8, "fsdp"), h100, 1.0)
+    slow = C.communication(L2, full(8, "fsdp"), g4090, 1.0)
+    assert slow.exposed_s > fast.exposed_s and slow.total_s > fast.total_s
+    z2 = C.communication(L2, full(8, "zero2"), h100, 1.0)
+    assert z2.exposed_s == z2.total_s > 0
+    assert C.communication(L2, TrainingSetup(method="full"), h100, 1.0).total_s == 0.0
+
+
+def test_step_time_adds_the_exposed_communication():
+    """The step's transfer part is comm.py's exposed time when nothing is offloaded."""
+    g4090 = catalog.load_gpu("rtx-4090")
+    setup = full(2, "fsdp")
+    e = estimate(L2, g4090, setup, reverse=False)
+    t = e.time
+    busy = max(t.parts["compute"], t.parts["memory"]) + t.parts["dequant"]
+    assert t.parts["transfer"] == pytest.approx(C.communication(L2, setup, g4090, busy).exposed_s)
+    assert t.parts["transfer"] > 0
