@@ -11,8 +11,8 @@ Two claims used to be hard-coded and contradicted the numbers next to them (issu
   it still fits). So a reader sees why the two differ in the estimator's own numbers.
 
 Everything here is estimator work done when the walk runs (``walk.py``); the pages only read it.
-``ev`` is the walk's cached estimator (``walk._Estimates``): ``ev.numbers(setup)`` is a dict of the
-figures of one estimate.
+``ev`` is the walk's cached estimator (``walk._Estimates``): ``ev.numbers(setup, reverse=False)`` is a
+dict of the figures of one estimate (without the largest-batch search, which these claims do not use).
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def quantization_effect(recommended: dict | None, ev) -> dict | None:
         return None
     setup = TrainingSetup(**recommended["setup"])
     if setup.method.value == "lora":
-        lora, qlora = recommended, ev.numbers(_with(setup, {"method": "qlora", "quant": "nf4"}))
+        lora, qlora = recommended, ev.numbers(_with(setup, {"method": "qlora", "quant": "nf4"}), reverse=False)
         other = qlora
     else:
-        qlora, lora = recommended, ev.numbers(_with(setup, {"method": "lora", "double_quant": False}))
+        qlora, lora = recommended, ev.numbers(_with(setup, {"method": "lora", "double_quant": False}), reverse=False)
         other = lora
     rel = _rel(lora["tokens_per_s"], qlora["tokens_per_s"])
     if other is qlora:
@@ -81,7 +81,7 @@ def search_differences(recommended: dict, found: dict, ev) -> list[dict]:
         if tree[field] == search[field] or (field == "double_quant" and tree["method"] != search["method"]):
             continue
         fields = METHOD_FIELDS if field == "method" else (field,)
-        variant = ev.numbers(_with(base, {f: tree[f] for f in fields}))
+        variant = ev.numbers(_with(base, {f: tree[f] for f in fields}), reverse=False)
         out.append({"field": field, "tree": tree[field], "search": search[field], "variant": variant,
                     "tokens_per_s_rel": _rel(found["tokens_per_s"], variant["tokens_per_s"])})
     return out

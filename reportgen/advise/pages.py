@@ -117,12 +117,26 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
     }
 
 
+def faster_than_walk(w: dict) -> dict | None:
+    """The search's pick where it is estimated faster than the walk's setup (None otherwise): the
+    guide's summary names it next to the walk's answer, so the two never stand side by side unexplained."""
+    rec, found = w["recommended"], w["search"]["numbers"]
+    if w["search"]["same"] or rec is None or found is None or not rec["tokens_per_s"] or not found["tokens_per_s"]:
+        return None
+    rel = found["tokens_per_s"] / rec["tokens_per_s"] - 1
+    if rel < 0.005:
+        return None
+    return {"label": found["short"] + f", micro-batch {found['batch']}", "tokens_per_s": found["tokens_per_s"],
+            "rel": rel}
+
+
 def _cell(w: dict) -> dict:
     """One summary-table cell: the verdict of a walk in a few words."""
     rec = w["recommended"]
     if rec is not None:
         return {"fits": True, "label": rec["short"], "tokens_per_s": rec["tokens_per_s"], "batch": rec["batch"],
-                "accum": rec["accum"], "device_total": rec["device_total"], "verdict": w["verdict"]}
+                "accum": rec["accum"], "device_total": rec["device_total"], "verdict": w["verdict"],
+                "faster": faster_than_walk(w)}
     fitting = [o for o in w["options"] if o["fits"]]
     return {"fits": False, "label": None, "tokens_per_s": None, "batch": None, "accum": None, "device_total": None,
             "verdict": w["verdict"], "options": ", ".join(o["label"] for o in fitting) or "none fits"}

@@ -36,14 +36,20 @@ class _Estimates:
         self.model, self.gpu, self.train_tokens = model, gpu, train_tokens
         self._cache: dict[str, Estimate] = {}
 
-    def __call__(self, setup: TrainingSetup) -> Estimate:
+    def __call__(self, setup: TrainingSetup, reverse: bool = True) -> Estimate:
+        """``reverse=False``: without the largest-batch/longest-sequence searches (a cached full
+        estimate of the same setup is returned where there is one)."""
         key = setup.model_dump_json()
-        if key not in self._cache:
-            self._cache[key] = estimate(self.model, self.gpu, setup, train_tokens=self.train_tokens)
+        if key in self._cache:
+            return self._cache[key]
+        if not reverse:
+            return self._cache.setdefault("fwd:" + key, estimate(self.model, self.gpu, setup, reverse=False,
+                                                                 train_tokens=self.train_tokens))
+        self._cache[key] = estimate(self.model, self.gpu, setup, train_tokens=self.train_tokens)
         return self._cache[key]
 
-    def numbers(self, setup: TrainingSetup) -> dict:
-        return numbers(self(setup), self.gpu)
+    def numbers(self, setup: TrainingSetup, reverse: bool = True) -> dict:
+        return numbers(self(setup, reverse), self.gpu)
 
 
 def free_bytes(est: Estimate, gpu: GpuSpec) -> int:
