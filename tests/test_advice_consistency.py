@@ -99,6 +99,11 @@ def test_8b_on_a_4090_explains_why_qlora_is_faster(walks):
     assert re.search(r"checkpointing on as in the walk: [\d,]+ tokens/s \(-\d+ %\)", text)
 
 
+def test_a_micro_batch_of_1_reads_as_a_number():
+    doc = walk("llama-3.1-8b", "rtx-4090", 512)
+    assert "micro-batch 1 as in the walk" in doc["search"]["text"] and "micro-batch on" not in doc["search"]["text"]
+
+
 def _speed_claim(text: str) -> float:
     m = re.search(r"([+-]\d+\.\d)% tokens/s \(est\.\), the median over ([\d,]+) stored pairs", text)
     assert m, "no computed speed claim on the page"

@@ -91,7 +91,7 @@ def _effect_text(d: dict) -> str:
     v = d["variant"]
     name = {"method": "method", "grad_ckpt": "checkpointing", "loss": "loss", "optimizer": "optimizer",
             "double_quant": "double quantization", "batch": "micro-batch", "accum": "accumulation steps"}[d["field"]]
-    what = {True: "on", False: "off"}.get(d["tree"], d["tree"])
+    what = ("on" if d["tree"] else "off") if isinstance(d["tree"], bool) else d["tree"]  # 1 == True in a dict
     head = f"{name} {what} as in the walk"
     if not v["fits"]:
         return f"{head}: needs {_gib(v['device_total'])}, does not fit"
