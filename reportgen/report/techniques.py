@@ -97,7 +97,8 @@ TECHNIQUES: tuple[Technique, ...] = (
         terms="weights (the frozen base linears: 0.5 byte per parameter plus constants)",
         throughput="down at an equal setup: every matmul first dequantizes its weight",
         quality="depends: close to 16-bit LoRA in Dettmers et al. 2023",
-        when="only to fit: when LoRA's 16-bit base weights leave no room; consumer cards with 1-2 GPUs",
+        when="to fit: when LoRA's 16-bit base weights leave no room, or leave too little to train without "
+             "checkpointing (the guides show where QLoRA without it is the faster setup); consumer cards with 1-2 GPUs",
         pairs=(PairSpec("LoRA vs QLoRA (NF4)", _fs("method"), off=lambda s: s["method"] == "lora",
                         on=lambda s: s["method"] == "qlora",
                         commands=_cmds("llama-3.1-8b", "--method lora --grad-ckpt", "--method qlora --grad-ckpt")),
