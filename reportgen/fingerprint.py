@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent
 ESTIMATOR_SOURCES = ("estimate/*.py", "model.py", "hardware.py", "setup.py", "catalog/__init__.py", "runner.py",
                      "results.py")
 #: the sources a stored decision-tree walk is computed by, besides the estimator's
-ADVICE_SOURCES = ("advise/tree.py", "advise/walk.py", "advise/store.py")
+ADVICE_SOURCES = ("advise/tree.py", "advise/walk.py", "advise/claims.py", "advise/store.py")
 #: the sources a traced figure is computed by: the tracer, the shared step and the recipes' builder
 TRACE_SOURCES = ("trace/*.py", "measure/step.py", "measure/build.py", "measure/data.py", "measure/optimizers.py")
 

@@ -281,30 +281,34 @@ def test_stored_walk_equals_a_fresh_walk(fixture_site):
 
 
 # ----- the guide pages ------------------------------------------------------------------------------------
-def test_guide_pages_for_every_catalog_gpu_render(fixture_site):
+def test_guide_pages_for_every_card_with_stored_walks(fixture_site):
     site, _ = fixture_site
     pages = guide_pages(site)
     paths = [p.path for p in pages]
     assert paths[0] == "guides/index.md"
-    assert sorted(paths[1:]) == sorted(f"guides/{g}.md" for g in catalog.gpu_names())
+    assert sorted(paths[1:]) == ["guides/h100-sxm.md", "guides/rtx-4090.md"]  # the fixture sweep's cards
     texts = {p.path: render(p) for p in pages}
     for path, text in texts.items():
         assert "```mermaid\nflowchart TD" in text, path
+        assert "no sweep covers" not in text.lower(), path
     g = texts["guides/rtx-4090.md"]
     assert "### llama-3.1-8b" in g and "Fits on one card" in g and "est." in g
     assert "reportgen advise --model llama-3.1-8b --gpu rtx-4090 --seq 2048" in g
-    assert "Models no sweep covers on this card" in g  # e.g. the 70B models
-    a10g = texts["guides/a10g.md"]
-    assert "No sweep covers" in a10g and "reportgen advise --model llama-3.1-8b --gpu a10g" in a10g
+    assert "## Other models" in g and "reportgen advise --model llama-3.1-70b --gpu rtx-4090" in g
+    assert "](../calculator/index.md#gpu=rtx-4090)" in g
     index = texts["guides/index.md"]
     assert "What each step turns on" in index and "[RTX 4090](rtx-4090.md)" in index
+    # a card without walks has no guide: the index sends it to the Calculator and the advise command
+    assert "(a10g.md)" not in index
+    assert "[Calculator](../calculator/index.md#gpu=a10g)" in index
+    assert "`reportgen advise --model llama-3.1-8b --gpu a10g`" in index
 
 
-def test_guide_pages_without_stored_walks_say_so():
+def test_without_stored_walks_only_the_index_is_written():
     pages = guide_pages(SiteData(results={}, reportgen_version="test", git_commit=None))
-    texts = [render(p) for p in pages]
-    assert all("No sweep covers" in t for t in texts[1:])
-    assert "No walk is stored yet" in texts[0]
+    assert [p.path for p in pages] == ["guides/index.md"]
+    text = render(pages[0])
+    assert "No walk is stored yet" in text and "no sweep covers" not in text.lower()
 
 
 def test_guide_shows_measurements_next_to_estimates(fixture_site):

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.site_data import build_results
+from reportgen.advise.store import write_advice
+from reportgen.sweep import load_sweep
+from tests.fixtures.site_data import SWEEPS, build_results
 from tests.test_render import build_site
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -46,6 +48,7 @@ def served_site(tmp_path_factory):
     work = tmp_path_factory.mktemp("browser-site")
     results = work / "results"
     build_results(results)
+    write_advice(load_sweep(SWEEPS[0]), results)  # the walks behind the guides (a card without walks has no guide)
     site = build_site(results, work)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -3,8 +3,10 @@ GPU (the tree walked for every model a sweep covers on that card).
 
 Nothing here estimates. The walks are computed when a sweep runs (``store.write_advice``) and
 stored next to its results; the renderer hands them over as ``site.advice`` (``store.load_advice``).
-A (model, GPU) no sweep covers gets the ``reportgen advise`` command instead of numbers. Where a
-step's exact setup was measured in a sweep, the measurement is shown next to the estimate.
+A card gets a guide page only when a sweep stored walks for it; the index links every other card to
+the Calculator page and gives the ``reportgen advise`` command (a guide without a walk would have
+nothing to show). Where a step's exact setup was measured in a sweep, the measurement is shown next
+to the estimate.
 """
 
 from __future__ import annotations
@@ -22,8 +24,22 @@ SMALL_CARD_BYTES = 24 * 2**30
 DEFAULT_SEQ = 2048
 
 
+CALCULATOR = "calculator/index.md"
+
+
 def guide_path(gpu: str) -> str:
     return f"guides/{gpu}.md"
+
+
+def guided_gpus(site: SiteData) -> list[str]:
+    """Catalog GPUs with at least one stored walk, in catalog order: the cards that get a guide page."""
+    covered = {g for g, _, _ in stored_walks(site)}
+    return [key for key in catalog.gpu_names() if key in covered]
+
+
+def calculator_link(page: str, gpu: str) -> str:
+    """The Calculator page with this card selected (its form restores the setup from the URL hash)."""
+    return rel(page, CALCULATOR) + f"#gpu={gpu}"
 
 
 def technique_link(page: str, slug: str | None) -> str | None:
@@ -117,12 +133,26 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
     }
 
 
+def faster_than_walk(w: dict) -> dict | None:
+    """The search's pick where it is estimated faster than the walk's setup (None otherwise): the
+    guide's summary names it next to the walk's answer, so the two never stand side by side unexplained."""
+    rec, found = w["recommended"], w["search"]["numbers"]
+    if w["search"]["same"] or rec is None or found is None or not rec["tokens_per_s"] or not found["tokens_per_s"]:
+        return None
+    rel = found["tokens_per_s"] / rec["tokens_per_s"] - 1
+    if rel < 0.005:
+        return None
+    return {"label": found["short"] + f", micro-batch {found['batch']}", "tokens_per_s": found["tokens_per_s"],
+            "rel": rel}
+
+
 def _cell(w: dict) -> dict:
     """One summary-table cell: the verdict of a walk in a few words."""
     rec = w["recommended"]
     if rec is not None:
         return {"fits": True, "label": rec["short"], "tokens_per_s": rec["tokens_per_s"], "batch": rec["batch"],
-                "accum": rec["accum"], "device_total": rec["device_total"], "verdict": w["verdict"]}
+                "accum": rec["accum"], "device_total": rec["device_total"], "verdict": w["verdict"],
+                "faster": faster_than_walk(w)}
     fitting = [o for o in w["options"] if o["fits"]]
     return {"fits": False, "label": None, "tokens_per_s": None, "batch": None, "accum": None, "device_total": None,
             "verdict": w["verdict"], "options": ", ".join(o["label"] for o in fitting) or "none fits"}
@@ -182,7 +212,7 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
         "root": "../",
         "gpu": gpu_profile(key),
         "mermaid": T.mermaid(),
-        "covered": bool(models),
+        "calculator": calculator_link(path, key),
         "seqs": seqs,
         "primary_seq": PRIMARY_SEQ if PRIMARY_SEQ in seqs else (seqs[0] if seqs else DEFAULT_SEQ),
         "summary": summary,
@@ -199,14 +229,17 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
 
 
 def guide_pages(site: SiteData) -> list[Page]:
-    """``guides/index.md`` and one guide per catalog GPU, from the stored walks only."""
+    """``guides/index.md`` and one guide per catalog GPU with stored walks, from the stored walks only."""
     walks = stored_walks(site)
     measured = _measured_by_id(site)
-    pages = [_gpu_page(key, walks, measured) for key in catalog.gpu_names()]
+    guided = guided_gpus(site)
+    pages = [_gpu_page(key, walks, measured) for key in guided]
     gpus = []
     for key in catalog.gpu_names():
         mine = [w for (g, _, _), w in walks.items() if g == key]
-        gpus.append({**gpu_profile(key), "link": rel(INDEX, guide_path(key)), "walks": len(mine),
+        gpus.append({**gpu_profile(key), "link": rel(INDEX, guide_path(key)) if key in guided else None,
+                     "calculator": calculator_link(INDEX, key), "walks": len(mine),
+                     "command": f"reportgen advise --model llama-3.1-8b --gpu {key}",
                      "fits": sum(1 for w in mine if w["verdict"]["kind"] == "fits"),
                      "models": len({w["model"] for w in mine})})
     index = Page(path=INDEX, template="guide_index.md.j2", context={

@@ -5,8 +5,9 @@ The tree follows the reference notes (``/work/shared/reference``):
 * Hegde, "Efficient Finetuning of LLMs", the decision-tree slides: *Step 1* targets weights,
   optimizer states and gradients (can I train at batch size 1? "0 -> 1"); *Step 2* targets the
   activations (0 -> 1, then 1 -> n); "at each step, calculate total memory (bs=1) minus available
-  memory"; "Flash Attention should be the default"; quantization costs throughput (~30 % on a
-  single GPU, the dequantization step), so quantize only to fit; quantization is almost never
+  memory"; "Flash Attention should be the default"; quantization costs throughput (the
+  dequantization step; the slides quote ~30 % on a single GPU, the walk computes its own figure), so
+  quantize only to fit; quantization is almost never
   needed with 4+ GPUs; "larger batch size != more throughput"; LLM fine-tuning tolerates small
   batches.
 * Whitaker, "Napkin math for fine-tuning": on memory-bound machines (slow memory or links) larger
@@ -175,8 +176,9 @@ NODES: tuple = (
            change={"method": "qlora", "quant": "nf4"},
            why="the base linears take 0.5 byte per parameter (+ 0.5 bit of quantization constants) "
                "instead of 2",
-           tradeoff="quantize only to fit: every matmul first dequantizes its weight, which costs speed "
-                    "(~30 % on one GPU in the reference notes); quality close to 16-bit LoRA",
+           tradeoff="every matmul first dequantizes its weight (extra memory traffic in every pass), so at an "
+                    "equal setup it is slower than LoRA; the walk's verdict gives the estimate for this model and "
+                    "card; quality close to 16-bit LoRA",
            next="fit_params_qlora"),
     _params_check("fit_params_qlora", no="double_quant"),
     Action(id="double_quant", label="double quantization", stage="step1", technique="qlora", evaluate=False,
@@ -215,7 +217,7 @@ NODES: tuple = (
            change={"grad_ckpt": True},
            why="saved activations drop from every tensor of every layer to one hidden state per layer",
            tradeoff="one more forward pass per step: about a third more FLOPs for full fine-tuning, half more "
-                    "for LoRA (~30 % slower in the reference notes)",
+                    "for LoRA (estimate.time.flops_per_token); the tokens/s it costs is in the step's numbers",
            next="fit_b1_ckpt"),
     Check(id="fit_b1_ckpt", label="b1 fits?", stage="step2",
           question="Does micro-batch 1 fit with checkpointing?",
@@ -252,14 +254,12 @@ NODES: tuple = (
     # ----- ends ---------------------------------------------------------------------------------
     End(id="fits_compute_bound", label="fits: compute-bound", verdict="fits",
         title="Fits on one card; the step is compute-bound",
-        text="Speed comes from FLOPs now: quantization only costs speed here, so use QLoRA only if LoRA does not "
-             "fit, and larger micro-batches add little tokens/s. Turn off what you do not need (checkpointing "
-             "costs a recomputed forward pass)."),
+        text="Speed comes from FLOPs now: larger micro-batches add little tokens/s, and every extra pass costs "
+             "time (checkpointing recomputes the forward pass, QLoRA dequantizes every weight)."),
     End(id="fits_memory_bound", label="fits: memory-bound", verdict="fits",
         title="Fits on one card; the step is bound by moving bytes (memory or host link)",
-        text="Bytes per token are the bottleneck: larger micro-batches (more tokens per weight read) and "
-             "quantized weights (fewer bytes per read or transfer) raise tokens/s here, unlike on a "
-             "compute-bound card."),
+        text="Bytes per token are the bottleneck: larger micro-batches (more tokens per weight read or "
+             "transfer) raise tokens/s here, unlike on a compute-bound card."),
     End(id="fits_unknown_bound", label="fits: speed unknown", verdict="fits",
         title="Fits on one card; no speed estimate",
         text="The GPU catalog has no datasheet peak FLOP/s for this card, so the estimator gives memory but no "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from reportgen import catalog
+from reportgen.advise import claims as C
 from reportgen.advise import tree as T
 from reportgen.estimate import Estimate, estimate
 from reportgen.fingerprint import estimator_hash
@@ -22,7 +23,7 @@ from reportgen.results import case_id
 from reportgen.setup import TrainingSetup
 
 #: bump when the layout of a walk changes (stored walks carry it)
-ADVICE_SCHEMA_VERSION = 1
+ADVICE_SCHEMA_VERSION = 2
 
 #: parameter-side memory terms: what Step 1 targets
 PARAM_TERMS = ("weights", "quant_constants", "lora_adapters", "gradients", "optimizer")
@@ -35,14 +36,20 @@ class _Estimates:
         self.model, self.gpu, self.train_tokens = model, gpu, train_tokens
         self._cache: dict[str, Estimate] = {}
 
-    def __call__(self, setup: TrainingSetup) -> Estimate:
+    def __call__(self, setup: TrainingSetup, reverse: bool = True) -> Estimate:
+        """``reverse=False``: without the largest-batch/longest-sequence searches (a cached full
+        estimate of the same setup is returned where there is one)."""
         key = setup.model_dump_json()
-        if key not in self._cache:
-            self._cache[key] = estimate(self.model, self.gpu, setup, train_tokens=self.train_tokens)
+        if key in self._cache:
+            return self._cache[key]
+        if not reverse:
+            return self._cache.setdefault("fwd:" + key, estimate(self.model, self.gpu, setup, reverse=False,
+                                                                 train_tokens=self.train_tokens))
+        self._cache[key] = estimate(self.model, self.gpu, setup, train_tokens=self.train_tokens)
         return self._cache[key]
 
-    def numbers(self, setup: TrainingSetup) -> dict:
-        return numbers(self(setup), self.gpu)
+    def numbers(self, setup: TrainingSetup, reverse: bool = True) -> dict:
+        return numbers(self(setup, reverse), self.gpu)
 
 
 def free_bytes(est: Estimate, gpu: GpuSpec) -> int:
@@ -241,23 +248,8 @@ def _compare(recommended: dict | None, model: ModelSpec, gpu: GpuSpec, seq: int,
     if not diffs:
         out.update(same=True, text="The search picks the same setup.")
         return out
-    tps_tree, tps_search = recommended["tokens_per_s"], found["tokens_per_s"]
-    speed = ""
-    if tps_tree and tps_search:
-        speed = f" Estimated {tps_search:,.0f} vs {tps_tree:,.0f} tokens/s ({100 * (tps_search / tps_tree - 1):+.0f} %)."
-    why = []
-    fields = {d["field"] for d in diffs}
-    if fields & {"method", "grad_ckpt", "optimizer", "double_quant"}:
-        why.append("the search maximises estimated tokens/s over its candidate recipes, while the tree follows the "
-                   "reference order (PEFT before quantization, quantize only to fit, checkpoint only when the "
-                   "activations do not fit)")
-    if "loss" in fields:
-        why.append("fused cross-entropy is not among the search's candidates")
-    if fields & {"batch", "accum"}:
-        why.append(f"the tree accumulates to an effective batch of {T.TARGET_EFFECTIVE_BATCH} sequences, the search "
-                   "takes the largest micro-batch without accumulation")
-    out["text"] = (f"The search (estimate.search.cheapest_setup) picks {found['label']}: " + "; ".join(why) + "."
-                   + speed)
+    out["effects"] = C.search_differences(recommended, found, ev)
+    out["text"] = C.search_text(recommended, found, out["effects"], T.TARGET_EFFECTIVE_BATCH)
     return out
 
 
@@ -317,6 +309,9 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
     options = _options(end, setup, ev)
     steps.append({"kind": "end", "node": end.id, "stage": end.stage, "verdict": end.verdict, "title": end.title,
                   "text": end.text})
+    search = _compare(recommended, model, gpu, seq, ev)
+    quant = C.quantization_effect(recommended, ev)
+    text = end.text + ("" if quant is None else " " + quant["text"])
     return {
         "schema_version": ADVICE_SCHEMA_VERSION,
         "model": model.name,
@@ -329,11 +324,12 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
         "tree_hash": T.tree_hash(),
         "path": path,
         "steps": steps,
-        "verdict": {"kind": end.verdict, "node": end.id, "title": end.title, "text": end.text,
-                    "summary": _summary(end, recommended, options, gpu)},
+        "verdict": {"kind": end.verdict, "node": end.id, "title": end.title, "text": text,
+                    "summary": _summary(end, recommended, options, gpu, search)},
         "recommended": recommended,
         "options": options,
-        "search": _compare(recommended, model, gpu, seq, ev),
+        "search": search,
+        "quantization": quant,
         "turned_on": [s["node"] for s in steps if s["kind"] == "action" and not s["skipped"]
                       and T.BY_ID[s["node"]].stage in ("step1", "step2")],
     }
@@ -348,7 +344,7 @@ def _delta(before: dict | None, after: dict) -> dict | None:
             "tokens_per_s_rel": (tps1 / tps0 - 1) if tps0 and tps1 else None}
 
 
-def _summary(end: T.End, recommended: dict | None, options: list[dict], gpu: GpuSpec) -> str:
+def _summary(end: T.End, recommended: dict | None, options: list[dict], gpu: GpuSpec, search: dict) -> str:
     if recommended is not None:
         s = recommended["setup"]
         tps = recommended["tokens_per_s"]
@@ -356,8 +352,13 @@ def _summary(end: T.End, recommended: dict | None, options: list[dict], gpu: Gpu
         effective = s["batch"] * s["accum"]
         short = (f" (below the {T.TARGET_EFFECTIVE_BATCH} the tree aims for: accumulation does not fit)"
                  if effective < T.TARGET_EFFECTIVE_BATCH else "")
+        faster = ""
+        found = search.get("numbers")
+        if not search["same"] and found and tps and found["tokens_per_s"] and found["tokens_per_s"] > 1.005 * tps:
+            faster = (f"; the fastest setup that fits is {found['label']} at {found['tokens_per_s']:,.0f} tokens/s "
+                      f"({100 * (found['tokens_per_s'] / tps - 1):+.0f} %): see the comparison with the search")
         return (f"fits with {recommended['label']}: {_gib(recommended['device_total'])} of "
-                f"{_gib(recommended['capacity'])}{speed}, effective batch {effective}{short} (est.)")
+                f"{_gib(recommended['capacity'])}{speed}, effective batch {effective}{short} (est.){faster}")
     fitting = [o for o in options if o["fits"]]
     if not fitting:
         return f"does not fit on one {gpu.name}, and none of the options fits either (est.)"

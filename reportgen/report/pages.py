@@ -225,9 +225,12 @@ def _load_cards(path: Path | None) -> dict | None:
 
 
 def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
+    from reportgen.advise.pages import calculator_link, guided_gpus
+
     cards_data = _load_cards(cards)
     all_rows = site_rows(site)
     by_gpu = group(all_rows, "gpu")
+    guided = set(guided_gpus(site))
     pages = []
     for key in catalog.gpu_names():
         path = f"gpus/{key}.md"
@@ -278,7 +281,8 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             "charts": charts_ctx,
             "models": models,
             "has_measured": any(r["measured"] for r in rows),
-            "guide": rel(path, f"guides/{key}.md"),
+            "guide": rel(path, f"guides/{key}.md") if key in guided else None,
+            "calculator": calculator_link(path, key),
             "validation": rel(path, "validation.md"),
             "csv": rel(path, csv_path) if rows else None,
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
@@ -381,6 +385,7 @@ def model_pages(site: SiteData) -> list[Page]:
             files[csv_path] = write_csv(rows)
         context = {
             "root": "../", "model": facts, "components": components, "covered": bool(rows),
+            "calculator": rel(path, "calculator/index.md") + f"#model={name}",
             "chart": chart,
             "chart_alt": (f"Line chart: estimated device memory of {name} on one GPU against sequence length, one "
                           "line per technique at micro-batch 1, with the memory of each catalog GPU as a dotted "

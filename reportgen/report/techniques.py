@@ -49,6 +49,9 @@ class Technique:
     when: str
     pairs: tuple[PairSpec, ...]
     functions: tuple[str, ...]  # "module:qualname" of the estimator code that models it
+    #: index in ``pairs`` whose median tokens/s change is the page's speed claim (``speed_claim``):
+    #: computed from the stored estimates, never written as a number in the prose
+    speed_pair: int | None = None
 
 
 def _fs(*names: str) -> frozenset:
@@ -92,9 +95,10 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         slug="qlora", title="QLoRA (4-bit base weights)", memory="down",
         terms="weights (the frozen base linears: 0.5 byte per parameter plus constants)",
-        throughput="down: every matmul first dequantizes its weight (~30 % slower on one GPU per the reference)",
+        throughput="down at an equal setup: every matmul first dequantizes its weight",
         quality="depends: close to 16-bit LoRA in Dettmers et al. 2023",
-        when="only to fit: when LoRA's 16-bit base weights leave no room; consumer cards with 1-2 GPUs",
+        when="to fit: when LoRA's 16-bit base weights leave no room, or leave too little to train without "
+             "checkpointing (the guides show where QLoRA without it is the faster setup); consumer cards with 1-2 GPUs",
         pairs=(PairSpec("LoRA vs QLoRA (NF4)", _fs("method"), off=lambda s: s["method"] == "lora",
                         on=lambda s: s["method"] == "qlora",
                         commands=_cmds("llama-3.1-8b", "--method lora --grad-ckpt", "--method qlora --grad-ckpt")),
@@ -105,7 +109,8 @@ TECHNIQUES: tuple[Technique, ...] = (
                                        "--method qlora --grad-ckpt --double-quant"))),
         functions=("reportgen.estimate.params:quantized_linear_params", "reportgen.estimate.params:weights_bytes",
                    "reportgen.estimate.params:quant_constants_bytes",
-                   "reportgen.estimate.time:dequant_bytes_per_micro_batch")),
+                   "reportgen.estimate.time:dequant_bytes_per_micro_batch"),
+        speed_pair=0),
     Technique(
         slug="gradient-checkpointing", title="Gradient (activation) checkpointing", memory="down",
         terms="activations: one hidden state per layer instead of every saved tensor",
@@ -115,7 +120,8 @@ TECHNIQUES: tuple[Technique, ...] = (
                         on=lambda s: s["grad_ckpt"],
                         commands=_cmds("llama-3.1-8b", "--method qlora", "--method qlora --grad-ckpt")),),
         functions=("reportgen.estimate.activations:checkpointed_layer", "reportgen.estimate.activations:all_layers",
-                   "reportgen.estimate.time:flops_per_token")),
+                   "reportgen.estimate.time:flops_per_token"),
+        speed_pair=0),
     Technique(
         slug="gradient-accumulation", title="Gradient accumulation", memory="down",
         terms="activations (a smaller micro-batch); gradients stay allocated between micro-batches",
@@ -312,22 +318,40 @@ def tree_uses(slug: str) -> list[dict]:
     return out
 
 
-def _row(t: Technique, page: str) -> dict:
+def speed_claim(t: Technique, examples: list[dict]) -> dict | None:
+    """The technique's effect on tokens/s as the pages state it: the median change over the stored
+    pairs of ``t.pairs[t.speed_pair]`` (estimates). None where the technique makes no speed claim or
+    no pair is stored."""
+    if t.speed_pair is None:
+        return None
+    ex = examples[t.speed_pair]
+    if ex["median_tps_change"] is None:
+        return None
+    x = ex["median_tps_change"]
+    return {"median_tps_change": x, "n": ex["n"], "caption": ex["caption"],
+            "text": f"{100 * x:+.1f}% tokens/s (est.), the median over {ex['n']:,} stored pairs ({ex['caption']})"}
+
+
+def _row(t: Technique, page: str, speed: dict | None = None) -> dict:
+    throughput = t.throughput + (f"; {speed['text']}" if speed else "")
     return {"slug": t.slug, "title": t.title, "link": _rel(page, f"techniques/{t.slug}.md"),
-            "memory": SYMBOL[t.memory], "terms": t.terms, "throughput": t.throughput, "quality": t.quality,
+            "memory": SYMBOL[t.memory], "terms": t.terms, "throughput": throughput, "quality": t.quality,
             "when": t.when}
 
 
 def technique_pages(site: SiteData) -> list[Page]:
     cases = stored_cases(site)
     any_measured = any(c["measured"] for c in cases)
+    examples = {t.slug: [pair_examples(spec, cases) for spec in t.pairs] for t in TECHNIQUES}
+    speed = {t.slug: speed_claim(t, examples[t.slug]) for t in TECHNIQUES}
     pages = []
     for t in TECHNIQUES:
         path = f"techniques/{t.slug}.md"
         pages.append(Page(path=path, template=f"techniques/{t.slug}.md.j2", context={
             "root": "../",
-            "t": _row(t, path),
-            "examples": [pair_examples(spec, cases) for spec in t.pairs],
+            "t": _row(t, path, speed[t.slug]),
+            "speed": speed[t.slug],
+            "examples": examples[t.slug],
             "functions": [function_doc(f) for f in t.functions],
             "tree": tree_uses(t.slug),
             "any_cases": bool(cases),
@@ -339,7 +363,7 @@ def technique_pages(site: SiteData) -> list[Page]:
         }))
     index = Page(path=INDEX, template="techniques/index.md.j2", context={
         "root": "../",
-        "rows": [_row(t, INDEX) for t in TECHNIQUES],
+        "rows": [_row(t, INDEX, speed[t.slug]) for t in TECHNIQUES],
         "guides": _rel(INDEX, "guides/index.md"),
         "methodology": _rel(INDEX, "methodology.md"),
         "any_measured": any_measured,
