@@ -4,6 +4,10 @@ One colour per technique across the whole site (``TECHNIQUE_COLORS``), one per m
 (``TERM_COLORS``). Estimates are drawn filled/solid; measurements as black-edged diamonds. Charts
 are drawn on a white card (the site's CSS keeps that card in dark mode too), with fonts left as SVG
 text. Same input -> same bytes: fixed ``svg.hashsalt``, no date in the metadata, sorted inputs.
+
+Each chart function is a ``chartjobs.job``: calling it plans the chart (a ``ChartJob`` that a page
+puts in its ``files``) and ``render`` draws it, from the cache when nothing changed, in parallel
+otherwise; ``fn.__wrapped__(...)`` draws at once and returns the SVG text.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
+from reportgen.report.chartjobs import job  # noqa: E402
 from reportgen.report.views import TECHNIQUE_COLORS  # noqa: E402
 from reportgen.views.format import GIB, TERM_LABELS  # noqa: E402
 
@@ -102,6 +107,7 @@ def technique_legend(techniques: list[str]) -> list:
 
 
 # ----- home: best setup per model and GPU --------------------------------------------------------
+@job
 def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title: str) -> str:
     """Rows = models, columns = GPUs ``(key, label)``. ``cells[(model, gpu)]`` is None (nothing
     fits), absent (not in any sweep) or ``{"technique", "tokens_per_s", "batch", "gpus", "measured"}``."""
@@ -175,6 +181,7 @@ def _segments(points: list[tuple[float, float, float]]) -> tuple[list[float], li
     return xs, ys
 
 
+@job
 def memory_breakdown(rows: list[dict], capacity_bytes: int, title: str) -> str:
     """Horizontal stacked bars of the memory terms of each row (``label``, ``group``, ``technique``,
     ``terms``, ``peak_allocated``, ``device_total``, optional ``measured``), with the GPU's capacity
@@ -261,6 +268,7 @@ def memory_breakdown(rows: list[dict], capacity_bytes: int, title: str) -> str:
 
 
 # ----- GPU page: throughput against batch --------------------------------------------------------
+@job
 def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str:
     """Small multiples, one panel per model: tokens/s against micro-batch for each technique, fitting
     cases only (estimates as lines, measurements as diamonds)."""
@@ -334,6 +342,7 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
 
 
 # ----- model page: memory against sequence length ------------------------------------------------
+@job
 def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title: str) -> str:
     """Lines of device total (GiB, log axis) against sequence length, one per setup
     (``{"label", "technique", "multi_gpu", "points": [(seq, bytes)], "measured": [(seq, bytes)]}``),
@@ -382,6 +391,7 @@ def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title
 
 
 # ----- validation: estimate against measurement --------------------------------------------------
+@job
 def estimate_vs_measured(panels: list[tuple[str, list[dict]]], title: str) -> str:
     """One scatter per quantity: x = estimate, y = measurement (``{"est", "meas", "technique"}``),
     with the y = x line; both axes log scale, same limits."""
