@@ -147,3 +147,31 @@ def test_search_finds_a_model(served_site, browser):
                      what="search results")
     text = " ".join(i.text for i in items).lower()
     assert "tinyllama" in text
+
+
+#: displayed size (CSS px) of every label in the page's Mermaid diagrams: font size x the SVG's scale
+MERMAID_TEXT_PX = """
+const out = [];
+for (const div of document.querySelectorAll('div.mermaid')) {
+  const svg = div.shadowRoot && div.shadowRoot.querySelector('svg');
+  if (!svg) continue;
+  for (const el of svg.querySelectorAll('text, foreignObject span, foreignObject p')) {
+    if (!el.textContent.trim() || !el.getBoundingClientRect().height) continue;
+    const m = (el.closest('foreignObject') || el).getScreenCTM();
+    out.push([parseFloat(getComputedStyle(el).fontSize) * Math.hypot(m.a, m.b), el.textContent.trim()]);
+  }
+}
+return out;"""
+
+
+@pytest.mark.parametrize("path", ["guides/rtx-4090/", "guides/"])
+def test_decision_tree_text_is_readable_at_1400_px(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.get(served_site + path)
+    n = wait_for(lambda: browser.execute_script("return document.querySelectorAll('div.mermaid').length"),
+                 what="mermaid diagrams")
+    wait_for(lambda: mermaid_svgs(browser) == n, what="every diagram drawn")
+    sizes = browser.execute_script(MERMAID_TEXT_PX)
+    assert len(sizes) > 20, sizes  # the whole tree is there: every box and edge label
+    smallest = min(sizes)
+    assert smallest[0] >= 12, f"{path}: diagram text {smallest[1]!r} shows at {smallest[0]:.1f} px"
