@@ -429,3 +429,58 @@ def estimate_vs_measured(panels: list[tuple[str, list[dict]]], title: str) -> st
     fig.suptitle(title, x=0.01, ha="left", fontsize=10, fontweight="bold")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     return _svg(fig)
+
+
+# ----- validation: estimates against published and measured figures ------------------------------
+#: colour per measure (Okabe-Ito), marker per source
+MEASURE_COLORS = {"allocated": "#0072B2", "reserved": "#D55E00", "loss": "#009E73"}
+SOURCE_MARKERS = ("o", "s", "^", "v", "P", "X")
+
+
+@job
+def validation_scatter(points: list[dict], bands: list[dict], title: str) -> str:
+    """Estimated (y) against measured or published (x) memory in GB, log-log: one marker shape per
+    source (``points``: ``{"x", "y", "source", "measure"}``, measure one of ``MEASURE_COLORS``), the
+    y = x line, and per band ``{"measure", "lo", "hi"}`` (measured / estimated - 1, 10th and 90th
+    percentile) the strip estimated = measured / (1 + r) it allows."""
+    _style()
+    fig, ax = plt.subplots(figsize=(8.4, 6.2))
+    vals = [v for p in points for v in (p["x"], p["y"]) if v > 0]
+    lo, hi = (min(vals) / 1.6, max(vals) * 1.6) if vals else (0.1, 10)
+    line = [lo, hi]
+    ax.plot(line, line, color="#444444", linewidth=1.1, linestyle="--", zorder=2)
+    handles = [Line2D([], [], color="#444444", linestyle="--", label="y = x: estimate equals measurement")]
+    for b in bands:
+        color = MEASURE_COLORS[b["measure"]]
+        ax.fill_between(line, [v / (1 + b["hi"]) for v in line], [v / (1 + b["lo"]) for v in line], color=color,
+                        alpha=0.13, linewidth=0, zorder=1)
+        handles.append(Patch(facecolor=color, alpha=0.25, label=(
+            f"error band, {b['measure']}: measured {100 * b['lo']:+.1f}% to {100 * b['hi']:+.1f}% of estimate")))
+    sources = list(dict.fromkeys(p["source"] for p in points))
+    markers = {s: ("D" if s.startswith("measured") else SOURCE_MARKERS[i % len(SOURCE_MARKERS)])
+               for i, s in enumerate(sources)}
+    for s in sources:
+        for measure, color in MEASURE_COLORS.items():
+            pts = sorted((p["x"], p["y"]) for p in points if p["source"] == s and p["measure"] == measure)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[s], markersize=7, linestyle="none",
+                        markerfacecolor=color, markeredgecolor="#000000", markeredgewidth=0.7, alpha=0.9, zorder=3)
+        handles.append(Line2D([], [], marker=markers[s], markersize=7, linestyle="none", markerfacecolor="#ffffff",
+                              markeredgecolor="#000000", label=s))
+    handles += [Patch(facecolor=c, edgecolor="#000000", linewidth=0.5, label=f"colour: {m} memory")
+                for m, c in MEASURE_COLORS.items() if any(p["measure"] == m for p in points)]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_minor_locator(NullLocator())
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured or published (GB = 10⁹ bytes, log scale)")
+    ax.set_ylabel("estimated (GB, log scale)")
+    ax.grid(True, which="major")
+    ax.set_axisbelow(True)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.1), ncol=2)
+    ax.set_title(title, loc="left")
+    return _svg(fig)
