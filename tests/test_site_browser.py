@@ -175,3 +175,65 @@ def test_decision_tree_text_is_readable_at_1400_px(served_site, browser, path):
     assert len(sizes) > 20, sizes  # the whole tree is there: every box and edge label
     smallest = min(sizes)
     assert smallest[0] >= 12, f"{path}: diagram text {smallest[1]!r} shows at {smallest[0]:.1f} px"
+
+
+#: ``[[displayed px, text, chart]]`` of every text of every chart on the page: the font size in the SVG's
+#: units times the scale the page shows the chart at (its content box over the SVG's viewBox width)
+CHART_TEXT_PX = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  const out = [];
+  for (const img of document.querySelectorAll('article img.rg-chart')) {
+    const doc = new DOMParser().parseFromString(await (await fetch(img.src)).text(), 'image/svg+xml');
+    const style = getComputedStyle(img);
+    const shown = img.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const scale = shown / doc.documentElement.viewBox.baseVal.width;
+    for (const t of doc.querySelectorAll('text')) {
+      const m = /([\\d.]+)px/.exec(t.getAttribute('style') || '');
+      if (m && t.textContent.trim()) out.push([parseFloat(m[1]) * scale, t.textContent.trim(), img.src]);
+    }
+  }
+  done(out);
+})();"""
+
+#: cells a reader cannot see whole: text wider than its cell, or a cell running past a box that
+#: hides overflow (a table in a box that scrolls is fine: the reader scrolls it)
+CLIPPED_CELLS = """
+const bad = [];
+for (const td of document.querySelectorAll('article td, article th')) {
+  const r = td.getBoundingClientRect();
+  if (!r.width) continue;
+  if (td.scrollWidth > td.clientWidth + 1) { bad.push(td.textContent.trim()); continue; }
+  for (let a = td.parentElement; a && a !== document.body; a = a.parentElement) {
+    const ox = getComputedStyle(a).overflowX;
+    if (ox === 'auto' || ox === 'scroll') break;
+    if ((ox === 'hidden' || ox === 'clip') && r.right > a.getBoundingClientRect().right + 1) {
+      bad.push(td.textContent.trim()); break;
+    }
+  }
+}
+return bad;"""
+
+
+@pytest.mark.parametrize("path", ["", "gpus/rtx-4090/", "models/llama-3.1-8b/", "validation/"])
+def test_chart_text_is_at_least_11_px_as_shown(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.set_script_timeout(30)
+    browser.get(served_site + path)
+    wait_for(lambda: browser.execute_script(
+        "return Array.from(document.images).every(i => i.complete)"), what="charts")
+    browser.execute_script("document.querySelectorAll('.tabbed-set input').forEach(i => i.checked = true)")
+    sizes = [s for s in browser.execute_async_script(CHART_TEXT_PX) if s[0] > 0]  # charts in hidden tabs: 0
+    assert sizes, f"{path}: no chart text found"
+    smallest = min(sizes)
+    assert smallest[0] >= 11, f"{path}: {smallest[1]!r} in {smallest[2]} shows at {smallest[0]:.1f} px"
+
+
+@pytest.mark.parametrize("path", ["gpus/rtx-4090/", "validation/", "guides/rtx-4090/", "models/llama-3.1-8b/"])
+def test_wide_tables_clip_no_cell(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.get(served_site + path)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", what="page")
+    assert browser.execute_script("return document.querySelectorAll('article td').length") > 10
+    clipped = browser.execute_script(CLIPPED_CELLS)
+    assert not clipped, f"{path}: cells cut off: {clipped[:5]}"
