@@ -9,8 +9,8 @@ most renders redraw charts whose inputs did not change. So:
   is read back from ``<cache>/charts/<key>.svg`` (``$REPORTGEN_CACHE``, else ``~/.cache/reportgen``);
   the bytes are the ones drawing would give, because drawing is deterministic (fixed hash salt, no
   dates). ``REPORTGEN_CHART_CACHE=0`` turns the cache off.
-* **Draw the rest in parallel**, one process per core (fork), each job a pure function of its
-  arguments, so the output does not depend on which process drew what.
+* **Draw the rest in parallel**, one process per core (fork, on Linux; elsewhere one by one), each
+  job a pure function of its arguments, so the output does not depend on which process drew what.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ def draw_all(jobs: list[ChartJob]) -> Iterator[tuple[str, str]]:
         else:
             yield item.key, svg
     n = _workers(len(todo))
-    if n > 1 and "fork" in multiprocessing.get_all_start_methods():
+    if n > 1 and sys.platform.startswith("linux"):  # fork: the workers share the parent's imports
         with multiprocessing.get_context("fork").Pool(n) as pool:
             for key, svg in zip(todo, pool.imap(_draw, list(todo.values()))):
                 _write(cache, key, svg)
