@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 _IMPORTED = time.perf_counter()
 #: the names of render's stages on the bars
-RENDER_STAGES = {"pages": "rendering pages", "charts": "drawing charts", "writing": "writing docs/"}
+RENDER_STAGES = {"pages": "rendering pages", "charts": "drawing charts", "writing": "writing files"}
 
 
 def _process_age_s() -> float | None:
