@@ -427,8 +427,8 @@ def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title
 # ----- validation: estimate against measurement --------------------------------------------------
 @job
 def estimate_vs_measured(panels: list[tuple[str, list[dict]]], title: str) -> str:
-    """One scatter per quantity: x = estimate, y = measurement (``{"est", "meas", "technique"}``),
-    with the y = x line; both axes log scale, same limits."""
+    """One scatter per quantity: x = measurement, y = estimate (``{"est", "meas", "technique"}``, the
+    orientation of ``validation_scatter``), with the y = x line; both axes log scale, same limits."""
     _style()
     n = len(panels)
     fig, axes = plt.subplots(1, n, figsize=(2.8 * n + 0.4, 3.9), squeeze=False)
@@ -439,7 +439,7 @@ def estimate_vs_measured(panels: list[tuple[str, list[dict]]], title: str) -> st
         lo, hi = (min(vals) / 1.4, max(vals) * 1.4) if vals else (0.1, 10)
         ax.plot([lo, hi], [lo, hi], color="#666666", linewidth=1, linestyle="--", label="y = x")
         for p in sorted(pts, key=lambda p: (list(TECHNIQUE_COLORS).index(p["technique"]), p["est"], p["meas"])):
-            ax.plot([p["est"]], [p["meas"]], marker=TECHNIQUE_MARKERS[p["technique"]], markersize=6.5, linestyle="none",
+            ax.plot([p["meas"]], [p["est"]], marker=TECHNIQUE_MARKERS[p["technique"]], markersize=6.5, linestyle="none",
                     markerfacecolor=TECHNIQUE_COLORS[p["technique"]], markeredgecolor="#000000", markeredgewidth=0.8)
             if p["technique"] not in seen:
                 seen.append(p["technique"])
@@ -448,12 +448,12 @@ def estimate_vs_measured(panels: list[tuple[str, list[dict]]], title: str) -> st
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             axis.set_minor_locator(NullLocator())
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: _tps(v) if v >= 1000 else f"{v:g}"))
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal")
-        ax.set_xlabel(f"estimated {name}", fontsize=9)
-        ax.set_ylabel(f"measured {name}", fontsize=9)
+        ax.set_xlabel(f"measured {name}", fontsize=9)
+        ax.set_ylabel(f"estimated {name}", fontsize=9)
         ax.grid(True, which="major")
         ax.set_axisbelow(True)
         ax.tick_params(labelsize=MIN_FONT)

@@ -508,8 +508,8 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
     context = {
         "root": "",
         "measured": bool(rows), "n_cases": len(rows), "chart": chart,
-        "chart_alt": ("Scatter charts of measured against estimated peak memory and tokens per second, one diamond "
-                      "per measured case coloured by technique, with the y = x line of a perfect estimate"),
+        "chart_alt": ("Scatter charts of estimated against measured peak memory and tokens per second, one marker "
+                      "per measured case, its colour and shape by technique, with the y = x line of a perfect estimate"),
         "quantity_tables": quantity_tables, "summary": summary, "by_technique": by_technique,
         "environments": [envs[k] for k in sorted(envs)],
         "fake": [r["id"] for r in site.measured() if (r.get("measurement") or {}).get("fake")],
