@@ -186,10 +186,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from reportgen.runner import run_estimates
     from reportgen.sweep import load_sweep
+    from reportgen.views.progress import Stages
 
     console = Console(stderr=True)
     sweep = load_sweep(args.file)
@@ -200,42 +200,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
-    t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=not console.is_terminal) as bar:
-        task = bar.add_task(f"estimating {sweep.name}", total=len(sweep.cases))
-
-        def progress(cases):
-            bar.update(task, total=len(cases))
-            for case in cases:
-                yield case
-                bar.advance(task)
-
-        stats = run_estimates(sweep, args.results, force=args.force, progress=progress, warn=warn)
     from reportgen.advise.store import write_advice
 
-    t1 = time.perf_counter()
-    advice = write_advice(sweep, args.results, force=args.force)
-    orphans = f" (+{stats.orphans} measured cases the sweep no longer lists)" if stats.orphans else ""
-    console.print(f"{sweep.name}: {len(sweep.cases)} cases{orphans}, {stats.written} written, {stats.skipped} unchanged, "
-                  f"{stats.failed} failed, {stats.removed} stale removed in {t1 - t0:.1f} s -> "
-                  f"{args.results / sweep.name}")
-    console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in "
-                  f"{time.perf_counter() - t1:.1f} s")
-    submitted = 0
-    if slurm is not None:  # the estimates above are written once, here, before any task starts
-        from reportgen.measure.cluster import submit
+    with Stages(console) as stages:
+        stats = run_estimates(sweep, args.results, force=args.force, warn=warn,
+                              progress=lambda cases: stages.track(f"estimating {sweep.name}", cases))
+        t_est = stages.lap("estimates")
+        advice = write_advice(sweep, args.results, force=args.force,
+                              progress=lambda keys: stages.track("decision-tree walks", keys))
+        t_walks = stages.lap("walks")
+        orphans = f" (+{stats.orphans} measured cases the sweep no longer lists)" if stats.orphans else ""
+        console.print(f"{sweep.name}: {len(sweep.cases)} cases{orphans}, {stats.written} written, "
+                      f"{stats.skipped} unchanged, {stats.failed} failed, {stats.removed} stale removed in "
+                      f"{t_est:.1f} s -> {args.results / sweep.name}")
+        console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in {t_walks:.1f} s")
+        submitted = 0
+        if slurm is not None:  # the estimates above are written once, here, before any task starts
+            from reportgen.measure.cluster import submit
 
-        submitted = submit(sweep, args.results, slurm, force=args.force, console=console)
-    elif args.measure or sweep.spec.measure.enabled:
-        from reportgen.measure.runner import measure_sweep
+            submitted = submit(sweep, args.results, slurm, force=args.force, console=console)
+            stages.lap("submitting")
+        elif args.measure or sweep.spec.measure.enabled:
+            from reportgen.measure.runner import measure_sweep
 
-        measure_sweep(sweep, args.results, shard=args.shard, force=args.force, console=console)
-    if not args.no_render:
-        from reportgen.report.render import render_all
+            measure_sweep(sweep, args.results, shard=args.shard, force=args.force, console=console)
+            stages.lap("measuring")
+        if not args.no_render:
+            from reportgen.report.render import render_all
 
-        pages = render_all(args.results, args.docs)
-        console.print(f"rendered {len(pages)} pages into {args.docs}")
+            pages = render_all(args.results, args.docs, progress=stages.render_progress())
+            stages.finish_render()
+            console.print(f"rendered {len(pages)} pages into {args.docs}")
+    console.print(f"time: {stages.summary()}", highlight=False)
     return 1 if stats.failed or submitted else 0
 
 

@@ -194,7 +194,8 @@ def test_no_measured_number_without_a_measurement(estimates_only, tmp_path):
 
 
 # ----- determinism, stale files, robustness ----------------------------------------------------
-def test_render_is_deterministic(results, tmp_path):
+def test_render_is_deterministic(results, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPORTGEN_CHART_CACHE", "0")  # both renders draw every chart
     a, b = tmp_path / "a", tmp_path / "b"
     render.render_all(results[0], a, published=PUBLISHED, commit=COMMIT)
     render.render_all(results[0], b, published=PUBLISHED, commit=COMMIT)

@@ -150,3 +150,99 @@ def test_search_finds_a_model(served_site, browser):
                      what="search results")
     text = " ".join(i.text for i in items).lower()
     assert "tinyllama" in text
+
+
+#: displayed size (CSS px) of every label in the page's Mermaid diagrams: font size x the SVG's scale
+MERMAID_TEXT_PX = """
+const out = [];
+for (const div of document.querySelectorAll('div.mermaid')) {
+  const svg = div.shadowRoot && div.shadowRoot.querySelector('svg');
+  if (!svg) continue;
+  for (const el of svg.querySelectorAll('text, foreignObject span, foreignObject p')) {
+    if (!el.textContent.trim() || !el.getBoundingClientRect().height) continue;
+    const m = (el.closest('foreignObject') || el).getScreenCTM();
+    out.push([parseFloat(getComputedStyle(el).fontSize) * Math.hypot(m.a, m.b), el.textContent.trim()]);
+  }
+}
+return out;"""
+
+
+@pytest.mark.parametrize("path", ["guides/rtx-4090/", "guides/"])
+def test_decision_tree_text_is_readable_at_1400_px(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.get(served_site + path)
+    n = wait_for(lambda: browser.execute_script("return document.querySelectorAll('div.mermaid').length"),
+                 what="mermaid diagrams")
+    wait_for(lambda: mermaid_svgs(browser) == n, what="every diagram drawn")
+    sizes = browser.execute_script(MERMAID_TEXT_PX)
+    assert len(sizes) > 20, sizes  # the whole tree is there: every box and edge label
+    smallest = min(sizes)
+    assert smallest[0] >= 12, f"{path}: diagram text {smallest[1]!r} shows at {smallest[0]:.1f} px"
+
+
+#: ``[[displayed px, text, chart]]`` of every text of every chart on the page: the font size in the SVG's
+#: units times the scale the page shows the chart at (its content box over the SVG's viewBox width)
+CHART_TEXT_PX = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  const out = [];
+  for (const img of document.querySelectorAll('article img.rg-chart')) {
+    const doc = new DOMParser().parseFromString(await (await fetch(img.src)).text(), 'image/svg+xml');
+    const style = getComputedStyle(img);
+    const shown = img.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const scale = shown / doc.documentElement.viewBox.baseVal.width;
+    for (const t of doc.querySelectorAll('text')) {
+      const m = /([\\d.]+)px/.exec(t.getAttribute('style') || '');
+      if (m && t.textContent.trim()) out.push([parseFloat(m[1]) * scale, t.textContent.trim(), img.src]);
+    }
+  }
+  done(out);
+})();"""
+
+#: cells a reader cannot see whole: text wider than its cell, or a cell that sticks out of a box that
+#: does not scroll (it is cut off, or runs off the page); sticking out of a box that scrolls is fine
+CLIPPED_CELLS = """
+const bad = [];
+for (const td of document.querySelectorAll('article td, article th')) {
+  const r = td.getBoundingClientRect();
+  if (!r.width) continue;
+  if (td.scrollWidth > td.clientWidth + 1) { bad.push(td.textContent.trim()); continue; }
+  for (let a = td.parentElement; a && a !== document.documentElement; a = a.parentElement) {
+    const box = a.getBoundingClientRect();
+    if (r.right <= box.right + 1 && r.left >= box.left - 1) continue;
+    const ox = getComputedStyle(a).overflowX;
+    if (ox !== 'auto' && ox !== 'scroll') bad.push(td.textContent.trim());
+    break;
+  }
+}
+return bad;"""
+
+
+@pytest.mark.parametrize("path", ["", "gpus/rtx-4090/", "models/llama-3.1-8b/", "validation/"])
+def test_chart_text_is_at_least_11_px_as_shown(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.set_script_timeout(30)
+    browser.get(served_site + path)
+    wait_for(lambda: browser.execute_script(
+        "return Array.from(document.images).every(i => i.complete)"), what="charts")
+    browser.execute_script("document.querySelectorAll('.tabbed-set input').forEach(i => i.checked = true)")
+    sizes = [s for s in browser.execute_async_script(CHART_TEXT_PX) if s[0] > 0]  # charts in hidden tabs: 0
+    assert sizes, f"{path}: no chart text found"
+    smallest = min(sizes)
+    assert smallest[0] >= 11, f"{path}: {smallest[1]!r} in {smallest[2]} shows at {smallest[0]:.1f} px"
+
+
+@pytest.mark.parametrize("path", ["gpus/rtx-4090/", "validation/", "guides/rtx-4090/", "models/llama-3.1-8b/"])
+def test_wide_tables_clip_no_cell(served_site, browser, path):
+    browser.set_window_size(1400, 1000)
+    browser.get(served_site + path)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", what="page")
+    assert browser.execute_script("return document.querySelectorAll('article td').length") > 10
+    clipped = browser.execute_script(CLIPPED_CELLS)
+    assert not clipped, f"{path}: cells cut off: {clipped[:5]}"
+    wide = browser.execute_script("return Array.from(document.querySelectorAll('.md-typeset__scrollwrap'))"
+                                  ".filter(w => w.scrollWidth > w.clientWidth + 1).length")
+    if wide:  # the check sees a cut: the same wide table in a box that hides its overflow
+        browser.execute_script("document.querySelectorAll('.md-typeset__scrollwrap')"
+                               ".forEach(w => w.style.overflowX = 'hidden')")
+        assert browser.execute_script(CLIPPED_CELLS)

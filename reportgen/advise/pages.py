@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from reportgen import catalog
 from reportgen.advise import tree as T
+from reportgen.advise.diagrams import stage_diagrams
 from reportgen.report.page import Page, SiteData
 from reportgen.report.views import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, rel, setup_label,
                                     training_setup)
@@ -211,7 +212,7 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
     context = {
         "root": "../",
         "gpu": gpu_profile(key),
-        "mermaid": T.mermaid(),
+        "diagrams": stage_diagrams(),
         "calculator": calculator_link(path, key),
         "seqs": seqs,
         "primary_seq": PRIMARY_SEQ if PRIMARY_SEQ in seqs else (seqs[0] if seqs else DEFAULT_SEQ),
@@ -244,7 +245,7 @@ def guide_pages(site: SiteData) -> list[Page]:
                      "models": len({w["model"] for w in mine})})
     index = Page(path=INDEX, template="guide_index.md.j2", context={
         "root": "../",
-        "mermaid": T.mermaid(),
+        "diagrams": stage_diagrams(),
         "tree": tree_view(INDEX),
         "gpus": gpus,
         "any_walks": bool(walks),

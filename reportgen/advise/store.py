@@ -56,12 +56,14 @@ def advice_inputs_hash(model: str, gpu: str, seq: int, train_tokens: int) -> str
                        "code": advice_hash(), "schema": ADVICE_SCHEMA_VERSION}, 16)
 
 
-def write_advice(sweep: Sweep, results_dir: Path, force: bool = False) -> AdviceStats:
+def write_advice(sweep: Sweep, results_dir: Path, force: bool = False, progress=None) -> AdviceStats:
     """Walk the tree for every (model, GPU, seq) the sweep covers; write what changed, remove walks
-    the sweep no longer covers. Call it after ``runner.run_estimates`` for the same sweep."""
+    the sweep no longer covers. Call it after ``runner.run_estimates`` for the same sweep.
+    ``progress(keys) -> iterable``: wraps the loop (a progress bar), as in ``runner.run_estimates``."""
     stats = AdviceStats()
     keep: set[Path] = set()
-    for model, gpu, seq in advice_keys(sweep):
+    keys = list(advice_keys(sweep))
+    for model, gpu, seq in progress(keys) if progress else keys:
         path = advice_path(results_dir, sweep.name, model, gpu, seq)
         keep.add(path)
         ihash = advice_inputs_hash(model, gpu, seq, sweep.spec.train_tokens)

@@ -25,19 +25,22 @@ def register(sub) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    import time
+    from rich.console import Console
 
     from reportgen.errors import UserError
     from reportgen.report.render import render_all
+    from reportgen.views.progress import Stages
 
     if not args.results.is_dir():
         raise UserError(f"--results {args.results}: not a directory",
                         hint="run a sweep first (reportgen sweep sweeps/consumer.yaml), or pass the folder it wrote")
     if not any(p.is_dir() for p in args.results.iterdir()):
         print(f"warning: {args.results} holds no sweep yet: the pages say so (run a sweep to fill them)")
-    t0 = time.perf_counter()
-    pages = render_all(args.results, args.docs, published=args.published)
-    print(f"rendered {len(pages)} pages into {args.docs} in {time.perf_counter() - t0:.1f} s")
+    console = Console(stderr=True)
+    with Stages(console) as stages:
+        pages = render_all(args.results, args.docs, published=args.published, progress=stages.render_progress())
+        stages.finish_render()
+    print(f"rendered {len(pages)} pages into {args.docs} in {stages.summary()}")
     return 0
 
 

@@ -443,6 +443,42 @@ def _bands() -> list[dict]:
     return out
 
 
+#: what each published measure is on the validation scatter (its colour)
+_SCATTER_MEASURE = {"allocated": "allocated", "reserved": "reserved", "loss-forward": "loss",
+                    "loss-forward-backward": "loss"}
+OWN_SOURCE = "measured on a GPU by this project"
+
+
+def _source_name(source: str, known: list[str]) -> str:
+    """``"github.com/Lightning-AI/litgpt/blob/..."`` -> ``"Lightning-AI/litgpt"`` (a ``by_source`` key)."""
+    return next((k for k in known if k in source), source.split(" ")[0])
+
+
+def _validation_scatter(rows: list[dict], published: dict | None) -> dict | None:
+    """The points and bands of ``charts.validation_scatter``: every published row (GB as the comparison
+    stores them) and every measured case's peak allocated and reserved (the provenance rule already
+    decided they count for the case's GPU; a CPU run has none), against their estimates."""
+    points = []
+    known = [s["source"] for s in published["by_source"]] if published else []
+    for r in published["rows"] if published else []:
+        measure = _SCATTER_MEASURE.get(r.get("measure"))
+        if measure and r.get("published_gb") and r.get("estimated_gb"):
+            points.append({"x": r["published_gb"], "y": r["estimated_gb"], "measure": measure,
+                           "source": _source_name(r.get("source", ""), known)})
+    for r in rows:
+        for q, measure in (("peak_allocated", "allocated"), ("peak_reserved", "reserved")):
+            meas = r["measured"].get(q)
+            if meas and r[q]:
+                points.append({"x": meas / 1e9, "y": r[q] / 1e9, "measure": measure, "source": OWN_SOURCE})
+    if not points:
+        return None
+    from reportgen.estimate.band import _table
+
+    bands = [{"measure": m, "lo": g["lo"], "hi": g["hi"]} for m, groups in sorted(_table().get("bands", {}).items())
+             if m in charts.MEASURE_COLORS and (g := groups.get("all"))]
+    return {"points": points, "bands": bands}
+
+
 def validation_pages(site: SiteData, published: Path | None = None) -> list[Page]:
     path = "validation.md"
     rows = [r for r in site_rows(site) if r["measured"]]
@@ -488,6 +524,12 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
         chart_path = "charts/validation-scatter.svg"
         files[chart_path] = charts.estimate_vs_measured(panels, title="Estimate against measurement")
         chart = chart_path
+    pub = _published(published)
+    scatter, scatter_path = _validation_scatter(rows, pub), None
+    if scatter:
+        scatter_path = "charts/validation-published.svg"
+        files[scatter_path] = charts.validation_scatter(
+            scatter["points"], scatter["bands"], title="Estimated against measured and published peak memory")
     envs: dict[str, dict] = {}
     for result in site.measured():
         env = environment_of(result)
@@ -512,12 +554,15 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
     context = {
         "root": "",
         "measured": bool(rows), "n_cases": len(rows), "chart": chart,
-        "chart_alt": ("Scatter charts of measured against estimated peak memory and tokens per second, one diamond "
-                      "per measured case coloured by technique, with the y = x line of a perfect estimate"),
+        "chart_alt": ("Scatter charts of estimated against measured peak memory and tokens per second, one marker "
+                      "per measured case, its colour and shape by technique, with the y = x line of a perfect estimate"),
         "quantity_tables": quantity_tables, "summary": summary, "by_technique": by_technique,
         "environments": [envs[k] for k in sorted(envs)],
         "fake": [r["id"] for r in site.measured() if (r.get("measurement") or {}).get("fake")],
-        "published": _published(published), "published_command": PUBLISHED_COMMAND,
+        "published": pub, "published_command": PUBLISHED_COMMAND, "scatter": scatter_path,
+        "scatter_alt": ("Log-log scatter of estimated against measured or published peak memory in GB, one marker "
+                        "shape per source, coloured by measure (allocated, reserved, loss), with the y = x line "
+                        "and the shaded error band of each measure"),
         "published_path": published.as_posix() if published else "data/published_comparison.json",
         "csv": "data/validation.csv" if rows else None,
         "repro": reproduce(site, rows, "data/validation.csv" if rows else None),

@@ -150,14 +150,27 @@ def _check_path(rel: str, owner: str) -> str:
     return p.as_posix()
 
 
+#: ``progress(stage, done, total)``: a render's stages are "pages", "charts" and "writing"
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
 def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
-                  specs: tuple[str, ...] | None = None) -> tuple[dict[str, str | bytes], list[str]]:
+                  specs: tuple[str, ...] | None = None,
+                  progress: Progress = _no_progress) -> tuple[dict[str, str | bytes], list[str]]:
     """``({relative path: text or bytes}, [page paths])`` of every provider; fails on two writers of one
-    path."""
-    outputs: dict[str, str | bytes] = {}
+    path. Charts the pages plan (``chartjobs.ChartJob``) are drawn here, after every page."""
+    from reportgen.report.chartjobs import ChartJob, draw_all
+
+    outputs: dict[str, str | bytes | ChartJob] = {}
     owners: dict[str, str] = {}
     pages: list[str] = []
-    for spec, fn in providers(published, specs):
+    found = providers(published, specs)
+    progress("pages", 0, len(found))
+    for k, (spec, fn) in enumerate(found):
         for page in fn(site):
             items = [(page.path, render_page(page))] + sorted(page.files.items())
             for rel, text in items:
@@ -166,7 +179,15 @@ def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
                     raise ValueError(f"{rel} is written by both {owners[rel]} and {spec}")
                 outputs[rel], owners[rel] = text, spec
             pages.append(_check_path(page.path, spec))
-    return outputs, pages
+        progress("pages", k + 1, len(found))
+    jobs = [v for v in outputs.values() if isinstance(v, ChartJob)]
+    total = len({j.key for j in jobs})
+    progress("charts", 0, total)
+    drawn: dict[str, str] = {}
+    for key, svg in draw_all(jobs):
+        drawn[key] = svg
+        progress("charts", len(drawn), total)
+    return {rel: drawn[v.key] if isinstance(v, ChartJob) else v for rel, v in outputs.items()}, pages
 
 
 def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
@@ -204,14 +225,18 @@ def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
 
 
 def render_all(results_dir: Path, docs_dir: Path, published: Path | None = DEFAULT_PUBLISHED,
-               commit: str | None | bool = True, providers: tuple[str, ...] | None = None) -> list[Path]:
+               commit: str | None | bool = True, providers: tuple[str, ...] | None = None,
+               progress: Progress = _no_progress) -> list[Path]:
     """Re-render every sweep under ``results_dir`` into ``docs_dir`` from the result files alone.
 
     ``published``: the comparison with published measurements (``reportgen compare-published``),
     shown on the validation page when the file exists. ``commit``: True looks up the git commit of
     this code; a string or None sets it. ``providers``: ``module:function`` specs (default
-    ``PROVIDERS``: all of them). Returns the pages written."""
+    ``PROVIDERS``: all of them). ``progress(stage, done, total)`` hears of each step. Returns the
+    pages written."""
     site = load_site(Path(results_dir), git_commit() if commit is True else commit or None)
-    outputs, pages = build_outputs(site, published, providers)
+    outputs, pages = build_outputs(site, published, providers, progress)
+    progress("writing", 0, 1)
     write_outputs(Path(docs_dir), outputs)
+    progress("writing", 1, 1)
     return [Path(docs_dir) / p for p in pages]

@@ -21,14 +21,15 @@ from reportgen.setup import TrainingSetup
 from reportgen.views.format import GIB
 
 #: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
-#: a dark shade without gradient checkpointing, a light one with it
+#: Okabe & Ito's colour-blind-safe palette (jfly.uni-koeln.de/color), six colours no two alike for
+#: the common colour-vision deficiencies; charts add a marker per technique and hatch "+ ckpt"
 TECHNIQUE_COLORS = {
-    "Full": "#1f5fa8",
-    "Full + ckpt": "#79aee0",
-    "LoRA": "#1b7d3a",
-    "LoRA + ckpt": "#80c98f",
-    "QLoRA": "#c4470c",
-    "QLoRA + ckpt": "#f5a66b",
+    "Full": "#0072B2",
+    "Full + ckpt": "#56B4E9",
+    "LoRA": "#009E73",
+    "LoRA + ckpt": "#E69F00",
+    "QLoRA": "#D55E00",
+    "QLoRA + ckpt": "#CC79A7",
 }
 TECHNIQUES = tuple(TECHNIQUE_COLORS)
 #: tokens the site quotes training hours and dollars for
