@@ -155,6 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         return exc.exit_code
+    except OSError as exc:  # a path the user gave that cannot be read or written (--out, --results, ...)
+        from rich.console import Console
+        from rich.markup import escape
+
+        where = f" {exc.filename}" if exc.filename else ""
+        Console(stderr=True).print(f"[bold red]error:[/] cannot use{escape(where)}: {escape(exc.strerror or str(exc))}",
+                                   highlight=False, soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: finished results are saved; rerun to continue", file=sys.stderr)
         return 130

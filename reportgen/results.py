@@ -72,8 +72,11 @@ def _dump(data: dict) -> str:
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write sorted, indented JSON through a temp file and ``os.replace`` so a reader (or an
     interrupted run) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:  # name the file the caller asked for, not the temp file
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(_dump(data))

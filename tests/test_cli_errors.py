@@ -119,3 +119,10 @@ def test_measure_without_torch_names_the_extra(tmp_path):
     assert proc.returncode == 2, proc.stderr
     err = " ".join(proc.stderr.split())
     assert "not installed: torch" in err and '.[measure]' in err and "Traceback" not in err
+
+
+def test_an_output_path_that_cannot_be_written_is_named(capsys):
+    """``--out`` where nothing can be written: the path the user gave and why, exit 2, no traceback."""
+    assert main(["compare-published", "--out", "/proc/reportgen-test/out.json"]) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot use /proc/reportgen-test/out.json" in err and "Traceback" not in err
