@@ -75,6 +75,27 @@ def require_measure_packages() -> None:
                              "pip install -e \".[measure]\" from the reportgen checkout")
 
 
+def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambda: None):
+    """Run ``cmd`` in its own session with its output in ``log_path``; on the timeout kill its process
+    group, on any exception (Ctrl-C) kill it, run ``on_abort`` (torchrun's ranks live in their own
+    sessions) and re-raise. Returns (process, timed out, wall seconds)."""
+    t0 = time.perf_counter()
+    timed_out = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=_worker_env(), start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        except BaseException:
+            _kill_group(proc)
+            on_abort()
+            raise
+    return proc, timed_out, time.perf_counter() - t0
+
+
 def run_case(request: MeasureRequest, timeout_s: float) -> dict:
     """The worker's answer (see ``protocol.py``) plus ``wall_s``; never raises for a failed case."""
     if int(request.setup.get("gpus", 1)) > 1:
@@ -82,21 +103,8 @@ def run_case(request: MeasureRequest, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
         req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "worker.log"
         req_path.write_text(request.to_json())
-        t0 = time.perf_counter()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "reportgen.measure.worker", str(req_path), str(ans_path)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_worker_env(), start_new_session=True)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)
-                raise
-        wall = time.perf_counter() - t0
+        proc, timed_out, wall = _run_logged(
+            [sys.executable, "-m", "reportgen.measure.worker", str(req_path), str(ans_path)], log_path, timeout_s)
         result = _read(ans_path)
         log_tail = tail(log_path.read_text(errors="replace"), 2000)
     if result is not None and result.get("status") in FINAL_STATUSES:  # finished, even if just at the limit
@@ -156,25 +164,12 @@ def _run_ranks(request: MeasureRequest, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
         req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "torchrun.log"
         req_path.write_text(request.to_json())
-        t0 = time.perf_counter()
-        timed_out = False
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(ranks.torchrun_command(request, req_path, ans_path), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)
-                _kill_ranks(ranks.read_ranks(ans_path, world)[1])
-                raise
-            finally:
-                answers, pids = ranks.read_ranks(ans_path, world)
-                if timed_out:
-                    _kill_ranks(pids)
-        wall = time.perf_counter() - t0
+        proc, timed_out, wall = _run_logged(
+            ranks.torchrun_command(request, req_path, ans_path), log_path, timeout_s,
+            on_abort=lambda: _kill_ranks(ranks.read_ranks(ans_path, world)[1]))
+        answers, pids = ranks.read_ranks(ans_path, world)
+        if timed_out:
+            _kill_ranks(pids)
         log_text = log_path.read_text(errors="replace")
     out = ranks.merge(request, answers, log=log_text, timed_out=timed_out, timeout_s=timeout_s,
                       returncode=proc.returncode)
