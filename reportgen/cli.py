@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="recompute cases whose inputs did not change")
     p.add_argument("--no-render", action="store_true", help="do not render the site pages afterwards")
     p.add_argument("--measure", action="store_true", help="also measure on this machine's GPU")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace every case (reportgen trace, 1-60 s a case, no GPU) into RESULTS/<sweep>/traced/; "
+                        "cases traced by the current trace code are skipped unless --force")
     p.add_argument("--shard", default=None, help="I/N: measure only every N-th case starting at I (0-based)")
     p.add_argument("--executor", choices=["local", "slurm"], default="local",
                    help="where --measure runs: local (this machine, one case after another; the default) or slurm "
@@ -222,6 +225,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   f"{args.results / sweep.name}")
     console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in "
                   f"{time.perf_counter() - t1:.1f} s")
+    traced_failed = 0
+    if args.trace:
+        traced_failed = _trace(sweep, args, console, warn)
     submitted = 0
     if slurm is not None:  # the estimates above are written once, here, before any task starts
         from reportgen.measure.cluster import submit
@@ -236,7 +242,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         pages = render_all(args.results, args.docs)
         console.print(f"rendered {len(pages)} pages into {args.docs}")
-    return 1 if stats.failed or submitted else 0
+    return 1 if stats.failed or submitted or traced_failed else 0
+
+
+def _trace(sweep, args: argparse.Namespace, console, warn) -> int:
+    """``reportgen sweep --trace``: trace the cases with a progress bar; the number that failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from reportgen.trace.runner import trace_sweep
+
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[case]}"), console=console, transient=not console.is_terminal) as bar:
+        task = bar.add_task(f"tracing {sweep.name}", total=None, case="")
+
+        def progress(cases):
+            bar.update(task, total=len(cases))
+            for case in cases:
+                bar.update(task, case=case.id)
+                yield case
+                bar.advance(task)
+
+        stats = trace_sweep(sweep, args.results, force=args.force, progress=progress, warn=warn)
+    console.print(f"traced {sweep.name}: {stats.written} written, {stats.skipped} current, {stats.untraceable} not "
+                  f"traceable, {len(stats.failed)} failed in {time.perf_counter() - t0:.1f} s -> "
+                  f"{args.results / sweep.name / 'traced'}")
+    return len(stats.failed)
 
 
 #: ``reportgen sweep`` flags that only mean something with ``--executor slurm``
