@@ -41,7 +41,7 @@ def test_committed_traces_exist_and_are_current_for_the_trace_code():
             missing.append(case.id)
             continue
         doc = traced_results.read_traced(path)
-        assert doc["kind"] == "traced" and doc["case"] == case.as_dict()
+        assert doc["kind"] == "traced" and doc["id"] == case.id
         if traced_results.staleness(doc):
             stale.append(case.id)
     assert not missing, f"{len(missing)} case(s) of sweeps/traced.yaml have no traced file ({missing[:3]}): run {REDO}"
@@ -240,3 +240,19 @@ def test_sweep_trace_writes_resumes_and_skips_what_it_cannot_trace(tmp_path, cap
     err = capsys.readouterr().err
     assert "0 written, 2 current" in err
     assert {p: p.read_bytes() for p in files} == before
+
+
+def test_analytic_trainable_parameters_equal_the_traced_models():
+    """peft's real trainable count (stored with every trace) against ``ModelSpec.lora_params``: the
+    experts' fused gate_up tensor gets rank 2r from peft (Mixtral, Qwen3-MoE)."""
+    from reportgen.estimate.params import trainable_params
+    from reportgen.setup import TrainingSetup
+
+    wrong = {}
+    for path in traced_results.traced_files(COMMITTED):
+        doc = traced_results.read_traced(path)
+        case = doc["case"]
+        analytic = trainable_params(catalog.load_model(case["model"]), TrainingSetup.model_validate(case["setup"]))
+        if analytic != doc["params"]["trainable"]:
+            wrong[doc["id"]] = (analytic, doc["params"]["trainable"])
+    assert not wrong
