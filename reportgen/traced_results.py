@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reportgen import catalog
-from reportgen.results import UnreadableResult, read_json, short_hash, write_json_atomic
+from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_json, short_hash, write_json_atomic
 from reportgen.store import Warn, stderr_warn
 
 TRACED_DIR = "traced"
@@ -42,7 +42,11 @@ def inputs_hash(case: dict) -> str:
     """What a traced figure of ``case`` (``{model, gpu, setup}``) depends on, hashed."""
     from reportgen.fingerprint import trace_hash
 
-    return short_hash({"case": case, "model_config": catalog.load_model(case["model"]).config,
+    # setup fields added later count only when set (as in ``results.case_id``): adding a field with a
+    # default leaves every stored trace current, as it leaves every case id unchanged
+    setup = {k: v for k, v in case["setup"].items()
+             if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
+    return short_hash({"case": {**case, "setup": setup}, "model_config": catalog.load_model(case["model"]).config,
                        "gpu": catalog.gpu_entry(case["gpu"]), "constants": _constants(case["gpu"]),
                        "trace": trace_hash()}, 16)
 
