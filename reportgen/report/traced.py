@@ -8,6 +8,8 @@ disagreements and their causes; ``trace/emulations.py``: what a trace rests on).
 
 from __future__ import annotations
 
+import statistics
+
 from reportgen.report.page import SiteData
 from reportgen.report.views import site_rows
 from reportgen.trace import agreement
@@ -34,6 +36,15 @@ def comparison(r: dict) -> dict:
 def traced_table(rows: list[dict]) -> list[dict]:
     """The comparisons of the rows that have a traced figure and an estimate, in the rows' order."""
     return [comparison(r) for r in rows if r["traced"] and r["status"] == "ok" and r["peak_allocated"] is not None]
+
+
+def _gap_stats(table: list[dict]) -> dict:
+    gaps = [c["gap"] for c in table if c["gap"] is not None]
+    res = [c["reserved_gap"] for c in table if c["reserved_gap"] is not None]
+    return {"median_abs_gap": statistics.median(abs(g) for g in gaps) if gaps else None,
+            "worst_gap": max(gaps, key=abs) if gaps else None,
+            "median_reserved_gap": statistics.median(res) if res else None,
+            "min_reserved_gap": min(res, default=None), "max_reserved_gap": max(res, default=None)}
 
 
 def traced_view(rows: list[dict]) -> dict | None:
@@ -64,6 +75,7 @@ def validation_traced(site: SiteData) -> dict:
         "rows": table,
         "n": len(table),
         "n_within": sum(1 for c in table if c["within"]),
+        **_gap_stats(table),
         "outside": [c for c in table if not c["within"]],
         "not_estimated": not_estimated,
         "sweeps": [{"name": s, "command": f"reportgen sweep sweeps/{s}.yaml --trace"} for s in sweeps],
