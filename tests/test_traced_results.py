@@ -256,3 +256,15 @@ def test_analytic_trainable_parameters_equal_the_traced_models():
         if analytic != doc["params"]["trainable"]:
             wrong[doc["id"]] = (analytic, doc["params"]["trainable"])
     assert not wrong
+
+
+def test_a_disagreement_without_a_listed_cause_is_shown_as_unexplained(site, tmp_path_factory):
+    results, current, _ = site
+    other = read_result(sorted((results / "tiny").glob("tinyllama-1.1b.rtx-4090.full.*.json"))[0])
+    traced_results.write_traced(results / "tiny", other["id"], other["case"], fake_trace(other["estimate"], 1.25))
+    d = tmp_path_factory.mktemp("docs")
+    render.render_all(results, d, published=None, commit=None, providers=render.DATA_PROVIDERS)
+    val = (d / "validation.md").read_text()
+    assert "**1 of 2** traced cases agree within 3%" in val and "### Outside the tolerance" in val
+    row = next(line for line in val.splitlines() if line.startswith(f"| `{other['id']}` |"))
+    assert "**-20.0%**" in row and "**not yet explained**" in row
