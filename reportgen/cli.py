@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="recompute cases whose inputs did not change")
     p.add_argument("--no-render", action="store_true", help="do not render the site pages afterwards")
     p.add_argument("--measure", action="store_true", help="also measure on this machine's GPU")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace every case (reportgen trace, 1-60 s a case, no GPU) into RESULTS/<sweep>/traced/; "
+                        "cases traced by the current trace code are skipped unless --force")
     p.add_argument("--shard", default=None, help="I/N: measure only every N-th case starting at I (0-based)")
     p.add_argument("--executor", choices=["local", "slurm"], default="local",
                    help="where --measure runs: local (this machine, one case after another; the default) or slurm "
@@ -222,6 +225,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                       f"{stats.skipped} unchanged, {stats.failed} failed, {stats.removed} stale removed in "
                       f"{t_est:.1f} s -> {args.results / sweep.name}")
         console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in {t_walks:.1f} s")
+        traced_failed = 0
+        if args.trace:
+            traced_failed = _trace(sweep, args, console, warn, stages)
         submitted = 0
         if slurm is not None:  # the estimates above are written once, here, before any task starts
             from reportgen.measure.cluster import submit
@@ -240,7 +246,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             stages.finish_render()
             console.print(f"rendered {len(pages)} pages into {args.docs}")
     console.print(f"time: {stages.summary()}", highlight=False)
-    return 1 if stats.failed or submitted else 0
+    return 1 if stats.failed or submitted or traced_failed else 0
+
+
+def _trace(sweep, args: argparse.Namespace, console, warn, stages) -> int:
+    """``reportgen sweep --trace``: trace the cases with a progress bar; the number that failed."""
+    from reportgen.trace.runner import trace_sweep
+
+    stats = trace_sweep(sweep, args.results, force=args.force, warn=warn,
+                        progress=lambda cases: stages.track(f"tracing {sweep.name}", cases))
+    t = stages.lap("tracing")
+    console.print(f"traced {sweep.name}: {stats.written} written, {stats.skipped} current, {stats.untraceable} not "
+                  f"traceable, {len(stats.failed)} failed in {t:.1f} s -> {args.results / sweep.name / 'traced'}")
+    return len(stats.failed)
 
 
 #: ``reportgen sweep`` flags that only mean something with ``--executor slurm``

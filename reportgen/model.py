@@ -89,6 +89,13 @@ class Linear:
     count: int = 1
     #: which LoRA target sets include it ("qv", "attn", "all-linear")
     lora_sets: tuple[str, ...] = ()
+    #: the LoRA rank of this linear, in units of the setup's rank: 2 for the experts' fused gate_up
+    #: tensor, for which peft sets ``rank_pattern = 2 r`` (and ``alpha_pattern = 2 alpha``) so that
+    #: the fused w1 and w3 keep rank r each (peft ``utils/transformers_weight_conversion.py``)
+    lora_rank_factor: int = 1
+
+    def lora_rank(self, rank: int) -> int:
+        return rank * self.lora_rank_factor
 
     @property
     def params(self) -> int:
@@ -245,7 +252,7 @@ class ModelSpec:
             # transformers >= 5 stores experts as 3-D parameters (MixtralExperts, Qwen3MoeExperts).
             # peft's "all-linear" wraps the router and, through ParamWrapper, the expert tensors.
             mlp = [
-                Linear("experts.gate_up_proj", h, 2 * i, count=e, lora_sets=("all-linear",)),
+                Linear("experts.gate_up_proj", h, 2 * i, count=e, lora_sets=("all-linear",), lora_rank_factor=2),
                 Linear("experts.down_proj", i, h, count=e, lora_sets=("all-linear",)),
                 Linear("router", h, e, lora_sets=("all-linear",)),
             ]
@@ -349,7 +356,7 @@ class ModelSpec:
         peft ``tuners/lora/layer.py`` ``update_layer``); on the head ``r (h + V)``; on the
         embeddings ``lora_embedding_A: r x V`` and ``lora_embedding_B: h x r`` (peft ``Embedding``)."""
         sel = self.lora_selection(targets)
-        per_layer = sum(rank * (lin.in_features + lin.out_features) * lin.count
+        per_layer = sum(lin.lora_rank(rank) * (lin.in_features + lin.out_features) * lin.count
                         for lin in self.layer_linears() if lin.name in sel.linears)
         edges = (sel.head + sel.embed) * rank * (self.hidden_size + self.vocab_size)
         return self.num_layers * per_layer + edges

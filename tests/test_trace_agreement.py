@@ -8,14 +8,13 @@ later (Gemma, Gemma 3, Qwen3, Qwen3-MoE, Phi-2, OLMo 2) x {full, LoRA, QLoRA} x 
 seq 512, batch 1; plus two catalog models at full depth.
 
 Where the two disagree by more than 3%, the case is in ``DISAGREEMENTS`` with the cause found
-(which analytic term is off, and the physical effect behind it). Those cases are
+(which analytic term is off, and the physical effect behind it); the grid, the list and the causes
+live in ``reportgen/trace/agreement.py``, which the site's validation page reads too. Those cases are
 ``xfail(strict=True)``: when the analytic formulas are fixed they start passing and the strict
 xfail fails, so the list must shrink with the fix. Every other case must agree.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 
@@ -28,78 +27,14 @@ from reportgen import catalog  # noqa: E402
 from reportgen.estimate.memory import estimate_memory  # noqa: E402
 from reportgen.model import from_config  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
+from reportgen.trace.agreement import (CAUSES, DISAGREEMENTS, FAMILIES, FULL_DEPTH, GPU, LAYERS,  # noqa: E402
+                                       MORE_FAMILIES, TOLERANCE, case_id, grid)
 from reportgen.trace.result import trace_case  # noqa: E402
-
-TOLERANCE = 0.03
-LAYERS = 2
-GPU = "h100-sxm"
-FAMILIES = {"llama": "llama-3.1-8b", "qwen2": "qwen2.5-7b", "gemma2": "gemma-2-9b", "phi3": "phi-3-mini",
-            "mixtral": "mixtral-8x7b"}
-
-CAUSES = {
-    "layer_backward_overlap": (
-        "estimate/memory.py backward-top/backward-bottom add, for the layer being differentiated, all its "
-        "fp32 weight gradients (g_layer), its autocast 16-bit weight copies, its (recomputed) activations and "
-        "the backward working set at once, and backward-top keeps the head's 16-bit weight copy and the "
-        "head-side saved tensors freed in the loss backward; in the real backward each weight gradient appears "
-        "as its matmul finishes while the activations and copies that matmul used are freed, so the analytic "
-        "layer-backward phases overshoot by 0.2-0.8 GiB (Phi-3 mini: g_layer 0.42 GiB, copies 0.21 GiB, head "
-        "copy 0.18 GiB; Mixtral: fp32 expert gradients 5.3 GiB per layer)"),
-    "expert_wrapper_overlap": (
-        "estimate/activations.py expert_wrapper_bytes keeps a layer's merged expert tensors (peft ParamWrapper, "
-        "W + B.A per wrapped 3-D parameter) until the layer's backward and memory.py adds one merged gradient "
-        "to its working set; the real backward frees each merged tensor as its own gradient appears, so the "
-        "analytic peak is 4-10% high for a 2-layer Mixtral, 3-4% for Qwen3-MoE, with LoRA all-linear (the "
-        "direction that is safe for 'will it fit')"),
-}
-#: disagreements the trace found and the analytic formulas now model (each in its own commit)
-FIXED = {
-    "tied_embedding_grad": "memory.py 'embedding-backward': a tied weight's two gradients meet at the "
-                           "embedding's backward (Gemma 2 9B: +3.42 GiB)",
-    "qlora_dequant_at_loss": "memory.py 'forward-last-layer': the dequantized 4-bit weight and the MLP "
-                             "intermediate are freed before the logits exist",
-    "peft_expert_wrapper": "activations.py expert_wrapper_bytes: peft's ParamWrapper keeps each MoE layer's "
-                           "merged expert weights for the backward (Mixtral: 2.62 GiB per layer)",
-}
-
-
-def case_id(fam: str, method: str, ckpt: bool, seq: int, batch: int) -> str:
-    return f"{fam}-{method}-{'ckpt' if ckpt else 'nockpt'}-s{seq}-b{batch}"
-
-
-#: case -> cause; everything not listed must agree within TOLERANCE
-DISAGREEMENTS = {
-    case_id("phi3", "full", False, 512, 2): "layer_backward_overlap",
-    case_id("phi3", "full", False, 2048, 1): "layer_backward_overlap",
-    case_id("phi3", "full", True, 512, 2): "layer_backward_overlap",
-    case_id("phi3", "full", True, 2048, 1): "layer_backward_overlap",
-    case_id("phi3", "full", True, 2048, 2): "layer_backward_overlap",
-    case_id("mixtral", "full", False, 2048, 2): "layer_backward_overlap",
-    case_id("mixtral", "full", True, 2048, 2): "layer_backward_overlap",
-    # LoRA only: QLoRA's default preparation (peft prepare_model_for_kbit_training) upcasts the
-    # 16-bit experts to fp32, and the fp32 grouped matmul's own tensors bring those cases within 3%
-    **{case_id("mixtral", "lora", ckpt, seq, b): "expert_wrapper_overlap"
-       for ckpt in (False, True) for seq in (512, 2048) for b in (1, 2)
-       if (ckpt, seq, b) != (False, 2048, 2)},  # there the activations outweigh the overlap: within 3%
-    **{case_id("qwen3_moe", "lora", ckpt, 512, 1): "expert_wrapper_overlap"
-       for ckpt in (False, True)},  # +3.3% to +4.1%
-}
-
-
-#: the families added later (issue 9), on a smaller grid to keep CI short: every method x
-#: checkpointing at one sequence length and batch
-MORE_FAMILIES = {"gemma": "gemma-7b", "gemma3": "gemma-3-1b", "qwen3": "qwen3-8b", "qwen3_moe": "qwen3-30b-a3b",
-                 "phi": "phi-2", "olmo2": "olmo-2-7b"}
-
-
-def _grid():
-    yield from itertools.product(FAMILIES, ("full", "lora", "qlora"), (False, True), (512, 2048), (1, 2))
-    yield from itertools.product(MORE_FAMILIES, ("full", "lora", "qlora"), (False, True), (512,), (1,))
 
 
 def _params():
     out = []
-    for fam, method, ckpt, seq, batch in _grid():
+    for fam, method, ckpt, seq, batch in grid():
         cid = case_id(fam, method, ckpt, seq, batch)
         cause = DISAGREEMENTS.get(cid)
         marks = [pytest.mark.xfail(strict=True, reason=f"{cause}: {CAUSES[cause]}")] if cause else []
@@ -108,8 +43,8 @@ def _params():
 
 
 def test_every_listed_disagreement_is_in_the_grid_and_named():
-    grid = {p.id for p in _params()} | set(FULL_DEPTH)
-    assert set(DISAGREEMENTS) <= grid
+    ids = {p.id for p in _params()} | set(FULL_DEPTH)
+    assert set(DISAGREEMENTS) <= ids
     assert set(DISAGREEMENTS.values()) <= set(CAUSES)
 
 
@@ -129,12 +64,6 @@ def test_analytic_peak_agrees_with_trace(fam, method, ckpt, seq, batch):
     spec = from_config(config, name=f"{name}-{LAYERS}-layers")
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=seq, batch=batch)
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
-
-
-FULL_DEPTH = {
-    "tinyllama-1.1b-lora-nockpt-s2048-b1": ("tinyllama-1.1b", dict(method="lora", seq=2048)),
-    "llama-3.2-1b-full-ckpt-s1024-b1": ("llama-3.2-1b", dict(method="full", seq=1024, grad_ckpt=True)),
-}
 
 
 def _full_depth_params():

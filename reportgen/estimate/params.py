@@ -177,7 +177,8 @@ def trainable_shapes(model: ModelSpec, setup: TrainingSetup) -> list[tuple[tuple
         out = []
         for lin in model.layer_linears():
             if lin.name in sel.linears:
-                out += [((r, lin.in_features), layers * lin.count), ((lin.out_features, r), layers * lin.count)]
+                rr = lin.lora_rank(r)
+                out += [((rr, lin.in_features), layers * lin.count), ((lin.out_features, rr), layers * lin.count)]
         if sel.head:  # peft Linear on lm_head: A r x h, B V x r
             out += [((r, h), 1), ((model.vocab_size, r), 1)]
         if sel.embed:  # peft Embedding: lora_embedding_A r x V, lora_embedding_B h x r
@@ -212,7 +213,7 @@ def autocast_copy_bytes_per_layer(model: ModelSpec, setup: TrainingSetup, dt: Dt
         return sum(lin.weight_params for lin in model.layer_linears() if lin.count == 1) * dt.compute
     r = setup.lora_rank
     sel = targeted(model, setup)
-    return sum(r * (lin.in_features + lin.out_features) * lin.count
+    return sum(lin.lora_rank(r) * (lin.in_features + lin.out_features) * lin.count
                for lin in model.layer_linears() if lin.name in sel.linears) * dt.compute
 
 

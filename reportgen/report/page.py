@@ -27,6 +27,9 @@ class SiteData:
     git_commit: str | None  # of the code that renders (results carry their own)
     #: sweep name -> decision-tree walks stored at sweep time (``reportgen.advise.store``)
     advice: dict[str, list[dict]] = field(default_factory=dict)
+    #: case id -> its current traced document (``reportgen.traced_results``), every sweep's; the
+    #: results of the same case carry it as ``traced``
+    traced: dict[str, dict] = field(default_factory=dict)
 
     def all_results(self) -> list[dict]:
         return [r for name in sorted(self.results) for r in self.results[name]]

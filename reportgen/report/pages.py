@@ -15,6 +15,7 @@ from pathlib import Path
 from reportgen import catalog
 from reportgen.report import charts
 from reportgen.report.page import Page, SiteData
+from reportgen.report.traced import traced_view, validation_traced
 from reportgen.report.views import (MEMORY_QUANTITIES, PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
                                     TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
                                     error_stats, gib_value, gpu_label, gpu_order, group, model_order,
@@ -266,7 +267,8 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             models.append({
                 "name": m, "anchor": anchor(m), "link": rel(path, f"models/{anchor_file(m)}.md"),
                 "best": _cell(best),
-                "seqs": [{"seq": s, "rows": [r for r in rs if r["seq"] == s]} for s in sorted({r["seq"] for r in rs})],
+                "seqs": [{"seq": s, "rows": [r for r in rs if r["seq"] == s],
+                          "traced": any(r["traced"] for r in rs if r["seq"] == s)} for s in sorted({r["seq"] for r in rs})],
             })
         csv_path = f"data/gpus/{key}.csv"
         if rows:
@@ -281,6 +283,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             "charts": charts_ctx,
             "models": models,
             "has_measured": any(r["measured"] for r in rows),
+            "traced": traced_view(rows),
             "guide": rel(path, f"guides/{key}.md") if key in guided else None,
             "calculator": calculator_link(path, key),
             "validation": rel(path, "validation.md"),
@@ -395,6 +398,7 @@ def model_pages(site: SiteData) -> list[Page]:
             "csv": rel(path, csv_path) if rows else None,
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
             "has_measured": any(r["measured"] for r in rows),
+            "traced": traced_view(rows),
         }
         pages.append(Page(path=path, template="model.md.j2", context=context, files=files))
     idx = []
@@ -569,6 +573,7 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
         "verdicts": verdicts,
         "other_runs": other_runs,
         "bands": _bands(),
+        "traced": validation_traced(site),
     }
     return [Page(path=path, template="validation.md.j2", context=context, files=files)]
 

@@ -69,18 +69,22 @@ def git_commit() -> str | None:
 
 def load_site(results_dir: Path, commit: str | None = None, warn: store.Warn = store.stderr_warn) -> SiteData:
     """Every sweep under ``results_dir`` (a subdirectory with estimate files), each case with its
-    measurements joined in (``store.load_sweep``), sorted by id. Files it cannot read are skipped
-    with a warning; it never writes."""
+    measurements joined in (``store.load_sweep``) and its current traced figure, from any sweep
+    (``traced_results.load_traced``: stale ones are skipped), as ``traced``; sorted by id. Files it
+    cannot read are skipped with a warning; it never writes."""
+    from reportgen.traced_results import load_traced
+
     results: dict[str, list[dict]] = {}
+    traced = load_traced(results_dir, warn)
     if results_dir.is_dir():
         for sweep_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
             rs = store.load_sweep(sweep_dir, warn)
             if rs:
-                results[sweep_dir.name] = rs
+                results[sweep_dir.name] = [{**r, "traced": traced.get(r["id"])} for r in rs]
     from reportgen.advise.store import load_advice
 
     return SiteData(results=results, reportgen_version=__version__, git_commit=commit,
-                    advice=load_advice(results_dir))
+                    advice=load_advice(results_dir), traced=traced)
 
 
 def providers(published: Path | None = DEFAULT_PUBLISHED,

@@ -13,6 +13,7 @@ from reportgen.fingerprint import estimator_hash
 from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult
 from reportgen.setup import TrainingSetup
+from reportgen.traced_results import find_traced
 
 
 #: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
@@ -73,7 +74,8 @@ def commands(result: dict) -> dict[str, str]:
     if settings.get("cap_to_gpu"):
         extra.append("--cap-to-gpu")
     return {"estimate": shlex.join(est),
-            "measure": shlex.join(["reportgen", "measure"] + base + extra + ["--format", "json"])}
+            "measure": shlex.join(["reportgen", "measure"] + base + extra + ["--format", "json"]),
+            "trace": shlex.join(["reportgen", "trace"] + base)}
 
 
 def show(results_dir: Path, case_id: str, out=print) -> None:
@@ -121,9 +123,16 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
         current = r.get("measurement")
         for m in attempts:
             _print_attempt(m, case["gpu"], current=m is current, many=len(attempts) > 1, out=out)
+        traced = find_traced(results_dir, r["id"])
+        if not traced:
+            out("traced: none (`reportgen sweep sweeps/<sweep>.yaml --trace` stores one; the command below prints one)")
+        for t in traced:
+            _print_traced(t, est, out=out)
         cmds = commands(r)
         out("recompute the estimate:")
         out(f"  {cmds['estimate']}")
+        out("trace it (no GPU):")
+        out(f"  {cmds['trace']}")
         out("remeasure on a GPU:")
         out(f"  {cmds['measure']}")
         out(f"rerun the whole sweep:\n  reportgen sweep sweeps/{sweep}.yaml")
@@ -163,3 +172,34 @@ def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print) -> N
             out(f"    {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
     if m.get("path"):
         out(f"  file: {m['path']}")
+
+
+def _print_traced(t: dict, est: dict | None, out=print) -> None:
+    """One traced file: its figures beside the estimate's, or why it is not shown on the site."""
+    from reportgen.views.format import TERM_LABELS, gib
+
+    out(f"traced (reportgen trace: the real step on the meta device, allocator simulated; not measured): "
+        f"{t['path']}")
+    if t.get("unreadable"):
+        out(f"  unreadable: {t['stale']}")
+        return
+    if t.get("stale"):
+        out(f"  STALE, not shown on the site: {t['stale']}; `reportgen sweep sweeps/{t.get('sweep')}.yaml --trace` "
+            "traces it again")
+    mem = t["memory"]
+    emem = (est or {}).get("memory") or {}
+    out("  alive at the traced peak (GiB = 2^30 bytes):")
+    for key, label in TERM_LABELS.items():
+        if mem.get(key):
+            out(f"    {label:<40} {gib(mem[key]):>10}")
+    out(f"  {'':<42} {'traced':>10} {'estimate':>10}")
+    for key, label in (("peak_allocated", "peak allocated"), ("peak_reserved", "peak reserved (allocator simulation)"),
+                       ("device_total", "device total (+ CUDA context constant)")):
+        e = emem.get(key)
+        gap = f"   gap {100 * (e - mem[key]) / mem[key]:+.1f}%" if e is not None and mem.get(key) else ""
+        out(f"  {label:<42} {gib(mem[key]):>10} {gib(e) if e is not None else '-':>10}{gap}")
+    out(f"  peak at {t.get('peak_phase')} ({t.get('peak_op')}); {'fits' if t.get('fits') else 'does NOT fit'}")
+    out(f"  trace code {t.get('trace_hash')}; " + ", ".join(f"{k} {v}" for k, v in sorted((t.get('environment') or {}).items())))
+    out("  emulations: " + ", ".join(t.get("emulations") or []))
+    for note in t.get("notes") or []:
+        out(f"  note: {note}")

@@ -182,6 +182,19 @@ def environment_of(result: dict) -> dict | None:
     return env if isinstance(env, dict) and env else None
 
 
+def traced_values(result: dict) -> dict | None:
+    """The traced figures joined to this case (``render.load_site``: a current traced file of the same
+    case id, ``reportgen/traced_results.py``), or None. Never an estimate or a measurement."""
+    doc = result.get("traced")
+    if not doc:
+        return None
+    mem = doc.get("memory") or {}
+    return {"peak_allocated": mem.get("peak_allocated"), "peak_reserved": mem.get("peak_reserved"),
+            "device_total": mem.get("device_total"), "fits": doc.get("fits"), "peak_phase": doc.get("peak_phase"),
+            "title": "traced: the real training step on the meta device, its allocations replayed through a "
+                     "simulation of the CUDA caching allocator (reportgen trace); not measured"}
+
+
 def environment_id(env: dict) -> str:
     return "env-" + short_hash(env, 8)
 
@@ -237,6 +250,7 @@ def row(result: dict) -> dict:
         "dollars_per_100m": None if dollars is None or scale is None else dollars * scale,
         "notes": list(est.get("notes") or []),
         "measured": measured_values(result) or None,
+        "traced": traced_values(result),
         "measured_status": measured_verdict(result),
         "measured_label": prov.label(case["gpu"]) if prov and (measured_values(result) or measured_verdict(result))
         else None,

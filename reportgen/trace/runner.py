@@ -1,0 +1,98 @@
+"""``reportgen sweep FILE --trace``: trace a sweep's cases and store one traced file per case
+(layout and staleness: ``reportgen/traced_results.py``).
+
+Resumable: a case whose traced file is current (same ``inputs_hash``: case, config, card, constants,
+trace code) is skipped unless ``force``. Each file is written atomically as soon as its case is
+traced, so an interrupt (Ctrl-C) loses at most the case in progress. Cases the tracer does not
+emulate (several GPUs, offload, fused loss, paged optimizer) are skipped with their reason; a case
+that fails is reported and nothing is written for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reportgen import catalog, traced_results
+from reportgen.errors import UserError
+from reportgen.results import UnreadableResult
+from reportgen.store import Warn, stderr_warn
+from reportgen.sweep import Case, Sweep
+
+
+@dataclass
+class TraceStats:
+    written: int = 0
+    skipped: int = 0
+    untraceable: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def check_installed(method: str | None = None) -> None:
+    from reportgen.trace.cli import MEASURE_EXTRA
+
+    try:
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        if method == "qlora":
+            import bitsandbytes  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"--trace needs torch, transformers, peft and bitsandbytes ({exc})", hint=MEASURE_EXTRA) from None
+
+
+def is_current(sweep_dir: Path, case: Case) -> bool:
+    path = traced_results.traced_path(sweep_dir, case.id)
+    if not path.exists():
+        return False
+    try:
+        doc = traced_results.read_traced(path)
+    except UnreadableResult:
+        return False
+    return doc.get("inputs_hash") == traced_results.inputs_hash(case.as_dict())
+
+
+def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
+                progress: Callable[[list[Case]], Iterable[Case]] = lambda xs: xs,
+                warn: Warn = stderr_warn) -> TraceStats:
+    from reportgen.trace.result import trace_case
+    from reportgen.trace.step import check_traceable
+
+    check_installed("qlora" if any(c.setup.method.value == "qlora" for c in sweep.cases) else None)
+    sweep_dir = Path(results_dir) / sweep.name
+    stats = TraceStats()
+    todo = []
+    for case in sweep.cases:
+        try:
+            check_traceable(case.setup)
+        except UserError as exc:
+            stats.untraceable += 1
+            warn(f"{case.id}: not traced ({exc.message})")
+            continue
+        if not force and is_current(sweep_dir, case):
+            stats.skipped += 1
+            continue
+        todo.append(case)
+    for case in progress(todo):
+        ihash = traced_results.inputs_hash(case.as_dict())
+        # transformers completes nested config dicts in place (Llama 3's rope_scaling gains rope_theta):
+        # the trace gets its own copy, so the catalog's cached config, hashed above, stays as read
+        spec = catalog.load_model(case.model)
+        spec = dataclasses.replace(spec, config=copy.deepcopy(spec.config))
+        try:
+            trace = trace_case(spec, catalog.load_gpu(case.gpu), case.setup)
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one case failing is reported, the others go on
+            stats.failed.append(case.id)
+            warn(f"{case.id}: trace failed ({type(exc).__name__}: {exc}); nothing written")
+            continue
+        traced_results.write_traced(sweep_dir, case.id, case.as_dict(), trace.as_dict(), ihash)
+        stats.written += 1
+        del trace
+        gc.collect()
+    return stats

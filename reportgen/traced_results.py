@@ -1,0 +1,138 @@
+"""Traced result files: one per traced case, ``results/<sweep>/traced/<case id>.json``.
+
+A traced figure (``reportgen trace``: the real step on the meta device, replayed through the
+caching-allocator simulation) is recomputable like an estimate but costs seconds per case, so it is
+stored like a measurement: written by ``reportgen sweep FILE --trace`` only, never by the estimate
+pass, and committed. Each file records ``inputs_hash``: the case, the model's config, the GPU's
+catalog entry, the estimator constants the trace injects (cuBLAS workspaces, CUDA context) and
+``fingerprint.trace_hash()`` (the tracer's code). A file whose hash is not the current one is
+**stale**: readers skip it with a warning (the site never shows a stale traced figure) and the next
+``--trace`` run redoes it. Library versions are recorded (``environment``), not hashed.
+
+Only the fields the site and ``reportgen show`` use are kept (memory terms and totals, fits, the
+peak's phase and op, the names of the emulations applied, notes), a few KB per case.
+
+Torch-free: the renderer and ``show`` read these files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reportgen import catalog
+from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_json, short_hash, write_json_atomic
+from reportgen.store import Warn, stderr_warn
+
+TRACED_DIR = "traced"
+TRACED_SCHEMA_VERSION = 1
+#: the fields of ``Trace.as_dict()`` a traced file keeps
+KEPT = ("memory", "fits", "verdict", "peak_phase", "peak_op", "model_type", "params", "sdpa_backends", "environment",
+        "notes", "trace_hash")
+
+
+def _constants(gpu: str) -> dict:
+    from reportgen.estimate import constants as K
+    from reportgen.estimate.memory import cublas_workspace_bytes
+
+    return {"cublas_workspace": cublas_workspace_bytes(catalog.load_gpu(gpu)), "cublas_handles": K.CUBLAS_HANDLES,
+            "cuda_context": K.CUDA_CONTEXT_BYTES}
+
+
+def inputs_hash(case: dict) -> str:
+    """What a traced figure of ``case`` (``{model, gpu, setup}``) depends on, hashed."""
+    from reportgen.fingerprint import trace_hash
+
+    # setup fields added later count only when set (as in ``results.case_id``): adding a field with a
+    # default leaves every stored trace current, as it leaves every case id unchanged
+    setup = {k: v for k, v in case["setup"].items()
+             if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
+    return short_hash({"case": {**case, "setup": setup}, "model_config": catalog.load_model(case["model"]).config,
+                       "gpu": catalog.gpu_entry(case["gpu"]), "constants": _constants(case["gpu"]),
+                       "trace": trace_hash()}, 16)
+
+
+def traced_path(sweep_dir: Path, cid: str) -> Path:
+    return Path(sweep_dir) / TRACED_DIR / f"{cid}.json"
+
+
+def traced_files(sweep_dir: Path) -> list[Path]:
+    return sorted((Path(sweep_dir) / TRACED_DIR).glob("*.json"))
+
+
+def traced_document(cid: str, sweep: str, case: dict, trace: dict, ihash: str | None = None) -> dict:
+    """The file form of one trace (``Trace.as_dict()``), labelled ``kind: traced``; ``ihash``: the
+    case's ``inputs_hash`` taken before tracing (default: now)."""
+    doc = {k: trace[k] for k in KEPT}
+    doc["emulations"] = [e["name"] for e in trace["emulations"]]
+    return {**doc, "schema_version": TRACED_SCHEMA_VERSION, "kind": "traced", "id": cid, "sweep": sweep,
+            "case": case, "inputs_hash": ihash or inputs_hash(case)}
+
+
+def write_traced(sweep_dir: Path, cid: str, case: dict, trace: dict, ihash: str | None = None) -> Path:
+    path = traced_path(sweep_dir, cid)
+    write_json_atomic(path, traced_document(cid, Path(sweep_dir).name, case, trace, ihash))
+    return path
+
+
+def read_traced(path: Path) -> dict:
+    """A traced document. Raises ``UnreadableResult``."""
+    data = read_json(path)
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > TRACED_SCHEMA_VERSION:
+        raise UnreadableResult(path, f"traced schema_version {version} was written by a newer reportgen "
+                               f"(this one reads up to {TRACED_SCHEMA_VERSION})", newer=True)
+    if version != TRACED_SCHEMA_VERSION or data.get("kind") != "traced" or not {"id", "case", "memory"} <= set(data):
+        raise UnreadableResult(path, f"not a reportgen traced result (schema_version {version!r})")
+    return data
+
+
+def staleness(doc: dict) -> str | None:
+    """Why a traced document no longer describes its case with this code and catalog, else None."""
+    try:
+        current = inputs_hash(doc["case"])
+    except Exception as exc:  # noqa: BLE001 - a model or card no longer in the catalog
+        return f"its case cannot be read by this version ({exc})"
+    if doc.get("inputs_hash") != current:
+        return "traced by other trace code, constants or catalog entries than this reportgen's"
+    return None
+
+
+def load_traced(results_dir: Path, warn: Warn = stderr_warn) -> dict[str, dict]:
+    """``{case id: traced document}`` of every sweep under ``results_dir``, current ones only (a case
+    traced in several sweeps: the first sweep's). Stale and unreadable files are skipped, with one
+    warning per sweep that says how to redo them. Never writes."""
+    out: dict[str, dict] = {}
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        return out
+    for sweep_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
+        stale = []
+        for path in traced_files(sweep_dir):
+            try:
+                doc = read_traced(path)
+            except UnreadableResult as exc:
+                warn(f"{exc}; skipped")
+                continue
+            if staleness(doc):
+                stale.append(doc["id"])
+            elif doc["id"] not in out:
+                out[doc["id"]] = {**doc, "path": path.as_posix()}
+        if stale:
+            warn(f"{sweep_dir}: {len(stale)} traced case(s) are stale for this trace code and not shown "
+                 f"({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): "
+                 f"`reportgen sweep sweeps/{sweep_dir.name}.yaml --trace` traces them again")
+    return out
+
+
+def find_traced(results_dir: Path, cid: str) -> list[dict]:
+    """Every traced document of case ``cid`` under ``results_dir`` (stale ones too, for ``show``),
+    each with ``path`` and ``stale`` (the reason, or None)."""
+    out = []
+    for path in sorted(Path(results_dir).glob(f"*/{TRACED_DIR}/{cid}.json")):
+        try:
+            doc = read_traced(path)
+        except UnreadableResult as exc:
+            out.append({"id": cid, "path": path.as_posix(), "stale": str(exc), "unreadable": True})
+            continue
+        out.append({**doc, "path": path.as_posix(), "stale": staleness(doc)})
+    return out
