@@ -168,3 +168,21 @@ def test_recipe_dtypes_agree_with_trace(fam, ckpt, recipe):
     spec = from_config(config, name=f"{name}-{LAYERS}-layers")
     setup = TrainingSetup(grad_ckpt=ckpt, seq=512, **RECIPES[recipe])
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
+
+
+#: DoRA (peft use_dora=True, issue 9): the magnitude vectors, the base and LoRA outputs the DoRA
+#: combination keeps, and the forward's transient W + scale B A with its identity input (estimate/dora.py)
+DORA_FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+@pytest.mark.parametrize("method", ("lora", "qlora"))
+@pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
+@pytest.mark.parametrize("fam", DORA_FAMILIES)
+def test_dora_agrees_with_trace(fam, ckpt, method):
+    name = {**FAMILIES, **MORE_FAMILIES}[fam]
+    config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:LAYERS]
+    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True)
+    assert abs(_relative_gap(spec, setup)) <= TOLERANCE
