@@ -175,7 +175,8 @@ def extra_flops_per_forward(model: ModelSpec, setup: TrainingSetup) -> float:
     """FLOPs DoRA adds per forward of the whole model, independent of the tokens: per adapted linear
     ``lora_A(eye(in))`` (``2 in^2 r``) and ``lora_B`` on it (``2 in r out``), the product ``B A``
     (``get_lora_weight``), plus the norm's ``3 out in`` (scale, add, square-and-sum), elementwise.
-    Llama 3.1 8B r16 all-linear: 32 x sum(2 r in (in + out) + 3 in out) = 1.33e12."""
+    Llama 3.1 8B r16 all-linear: 32 x 17,431,527,424 = 557,808,877,568 (down_proj alone 8,631,877,632
+    per layer: 2 x 16 x 14336 x 18432 + 3 x 14336 x 4096)."""
     r = setup.lora_rank
     per_layer = sum(2 * r * lin.in_features * (lin.in_features + lin.out_features)
                     + 3 * lin.in_features * lin.out_features for lin in adapted_linears(model, setup))
