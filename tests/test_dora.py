@@ -9,11 +9,12 @@ import pytest
 
 from reportgen import catalog
 from reportgen.estimate import activations as act
+from reportgen.estimate import constants as K
 from reportgen.estimate import dora
 from reportgen.estimate import params as P
 from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.memory import estimate_memory
-from reportgen.estimate.time import estimate_time
+from reportgen.estimate.time import dora_s_per_micro_batch, estimate_time
 from reportgen.results import case_id
 from reportgen.setup import SetupError, TrainingSetup
 
@@ -105,11 +106,24 @@ def test_extra_flops_and_time(llama):
     down = 2 * 16 * 14336 * (14336 + 4096) + 3 * 14336 * 4096
     assert down == 8_631_877_632
     assert dora.extra_flops_per_forward(llama, setup) == 32 * 17_431_527_424 == 557_808_877_568
+    # bytes per forward: the identities (in^2 x (4 written + 4 read + 2 written)) and 38 bytes per
+    # weight (B A written 2, read 2, fp32 copy 4; W read 2, fp32 copy 4; scale 4 + 4; add 8 + 4; norm 4)
+    weights = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336  # 218,103,808 per layer
+    per_layer = 6 * 10 * 4096 ** 2 + 10 * 14336 ** 2 + 38 * weights
+    assert per_layer == 11_349_786_624
+    assert dora.extra_bytes_per_forward(llama, setup, dtypes_for(setup)) == 32 * per_layer == 363_193_171_968
+    assert dora_s_per_micro_batch(llama, setup, 1e15, 0.5, 2e12) == pytest.approx(
+        557_808_877_568 / 5e14 + 363_193_171_968 / 2e12)
     gpu = catalog.load_gpu("h100-sxm")
     t = estimate_time(llama, setup, gpu, 0, 0)
     t0 = estimate_time(llama, TrainingSetup(method="lora", seq=2048), gpu, 0, 0)
     assert t.parts["dora"] > 0 and t0.parts["dora"] == 0
-    assert t.step_s - t0.step_s == pytest.approx(t.parts["dora"], rel=1e-9)
+    # the step grows by the dora part and the magnitudes' AdamW traffic (time.optimizer_bytes_moved:
+    # parameter, gradient and parameter written, 3 x 4 bytes, both states read and written, 2 x 8)
+    bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
+    grown_opt = t.parts["optimizer"] - t0.parts["optimizer"]
+    assert grown_opt == pytest.approx(28 * MAGNITUDES / bw, rel=1e-9)
+    assert t.step_s - t0.step_s == pytest.approx(t.parts["dora"] + grown_opt, rel=1e-9)
     ckpt = estimate_time(llama, setup.model_copy(update={"grad_ckpt": True}), gpu, 0, 0)
     assert ckpt.parts["dora"] == pytest.approx(2 * t.parts["dora"])  # the recomputed forward again
 
