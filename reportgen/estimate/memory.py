@@ -311,7 +311,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         # the last layer's forward: its MLP intermediate and the dequantized 4-bit weight, freed after
         # their matmuls, before the logits exist (reportgen trace: qlora_dequant_at_loss)
         # (a frozen fp32 head's 16-bit copy is made by the head's forward, after the last layer)
-        "forward-last-layer": base + gathered_bytes + mask + stack + copies_fwd - h_cast + fwd_work + dora_fwd,
+        # DoRA's transient comes after the base matmul has freed its dequantized weight
+        "forward-last-layer": base + gathered_bytes + mask + stack + copies_fwd - h_cast
+        + (fwd_work - dequant + max(dequant, dora_fwd) if dora_fwd else fwd_work),
         "forward-end": base + gathered_bytes + fixed + stack + copies_fwd + lm.forward_live,
         "loss-backward": base + gathered_bytes + fixed + stack + copies_held + lm.backward_live + after_fwd,
         "backward-top": base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
