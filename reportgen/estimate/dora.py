@@ -116,15 +116,19 @@ def saved_bytes_per_token(lin: Linear, in_bytes: int, dt: Dtypes) -> int:
 
 
 def saved_constant_bytes(model: ModelSpec, lin: Linear, dt: Dtypes, input_grad: bool) -> int:
-    """Per adapted linear, what does not scale with tokens: the ``div`` keeps ``norm`` and the two
-    ``mul`` keep ``m/norm - 1`` and ``m/norm``, ``3 x out`` in the adapter dtype; with dropout, the
+    """Per adapted linear, what does not scale with tokens: the ``div`` keeps ``norm`` (in ``x``'s
+    dtype) and the two ``mul`` keep ``m/norm - 1`` (when the base output needs a gradient) and
+    ``m/norm`` (the adapter dtype), ``3 x out x 4`` bytes under LoRA bf16-mixed; with dropout, the
     recomputed ``F.linear(dropout(x), W.to(x.dtype))`` keeps the weight for its input's gradient
     (``out x in`` in the compute dtype under autocast, a new copy; without autocast a copy only
     when ``W``'s dtype is not ``x``'s, and none when the input needs no gradient)."""
-    vectors = 3 * lin.out_features * dt.adapter
+    # a frozen base reading an input that needs no gradient (LoRA's first layer) gives an output that
+    # needs none: ``m/norm - 1`` is then not saved
+    # the norm is in x's dtype (``.to(weight.dtype)``, the weight cast to x's dtype), m/norm promotes to m's
+    x_b = dora_input_bytes(model, lin, dt)
+    vectors = lin.out_features * (x_b + (2 if input_grad else 1) * dt.adapter)
     if not (dt.lora_dropout and input_grad):
         return vectors
-    x_b = dora_input_bytes(model, lin, dt)
     if dt.autocast:
         copy = dt.compute
     else:
