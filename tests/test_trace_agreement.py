@@ -186,3 +186,16 @@ def test_dora_agrees_with_trace(fam, ckpt, method):
     spec = from_config(config, name=f"{name}-{LAYERS}-layers")
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True)
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("method", ("lora", "qlora"))
+@pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
+@pytest.mark.parametrize("precision", ("bf16-mixed", "bf16", "fp32"))
+def test_dora_recipes_agree_with_trace(precision, ckpt, method):
+    """DoRA on Llama with lora_dropout 0.1 (the base output recomputed from the dropped input, keeping
+    the weight for its input gradient) under each precision (without autocast peft's 4-bit layer
+    casts x to the adapter dtype; the 4-bit weight dequantized in the base matmul is freed first)."""
+    name = FAMILIES["llama"]
+    spec = from_config(dict(catalog.load_model(name).config, num_hidden_layers=LAYERS), name=f"{name}-{LAYERS}-layers")
+    setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True, lora_dropout=0.1, precision=precision)
+    assert abs(_relative_gap(spec, setup)) <= TOLERANCE

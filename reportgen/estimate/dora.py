@@ -169,9 +169,13 @@ def forward_transient_bytes(model: ModelSpec, lin: Linear, dt: Dtypes, rank: int
 
 
 def layer_forward_transient_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
-    """The largest ``forward_transient_bytes`` over a layer's adapted linears (one runs at a time)."""
+    """The largest ``forward_transient_bytes`` over a layer's adapted linears (one runs at a time),
+    net of what that linear saves only after it (with dropout, its weight copy: the layer's saved
+    tensors, which the memory timeline counts whole, do not hold it yet)."""
     tokens = setup.batch * setup.seq
     return max((forward_transient_bytes(model, lin, dt, setup.lora_rank, tokens)
+                - (saved_constant_bytes(model, lin, dt, True) - saved_constant_bytes(model, lin, dt, False)
+                   if dt.lora_dropout else 0)
                 for lin in adapted_linears(model, setup)), default=0)
 
 
