@@ -107,7 +107,7 @@ def saved_bytes_per_token(lin: Linear, in_bytes: int, dt: Dtypes) -> int:
     = 57,344 bytes per token."""
     lora_out = dt.compute if dt.autocast else dt.adapter
     if dt.lora_dropout:
-        base_out = dt.compute if dt.autocast else (in_bytes if dt.quantized and dt.autocast else dt.adapter)
+        base_out = dt.compute if dt.autocast else dt.adapter  # x is in the adapter dtype without autocast
     elif dt.quantized:
         base_out = in_bytes
     else:
@@ -122,9 +122,9 @@ def saved_constant_bytes(model: ModelSpec, lin: Linear, dt: Dtypes, input_grad: 
     recomputed ``F.linear(dropout(x), W.to(x.dtype))`` keeps the weight for its input's gradient
     (``out x in`` in the compute dtype under autocast, a new copy; without autocast a copy only
     when ``W``'s dtype is not ``x``'s, and none when the input needs no gradient)."""
-    # a frozen base reading an input that needs no gradient (LoRA's first layer) gives an output that
-    # needs none: ``m/norm - 1`` is then not saved
-    # the norm is in x's dtype (``.to(weight.dtype)``, the weight cast to x's dtype), m/norm promotes to m's
+    # the norm is in x's dtype (``.to(weight.dtype)``, the weight cast to x's dtype), m/norm promotes
+    # to m's; a frozen base reading an input that needs no gradient (LoRA's first layer) gives an
+    # output that needs none, so ``m/norm - 1`` is then not saved
     x_b = dora_input_bytes(model, lin, dt)
     vectors = lin.out_features * (x_b + (2 if input_grad else 1) * dt.adapter)
     if not (dt.lora_dropout and input_grad):
