@@ -188,6 +188,10 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         notes.append(note)
     if model.num_experts and setup.method == Method.qlora:
         notes.append("MoE experts are 3-D parameters in transformers >= 5: bitsandbytes leaves them 16-bit")
+    if setup.is_peft and setup.dora and (model.lora_selection(setup.lora_targets).head
+                                         or model.lora_selection(setup.lora_targets).embed):
+        notes.append("DoRA on lm_head/embed_tokens: their magnitudes are counted, not the V x h norm work "
+                     "and outputs DoRA adds there")
     if DORA.experts_refused(model, setup):
         notes.append("DoRA on MoE experts: peft's ParamWrapper refuses use_dora; the experts are counted as "
                      "plain LoRA")
