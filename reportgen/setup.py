@@ -179,6 +179,7 @@ class TrainingSetup:
     lora_alpha: int = 32
     lora_targets: str = "all-linear"
     lora_dropout: float = 0.0
+    dora: bool = False
     quant: Quant = Quant.nf4
     double_quant: bool = False
     grad_ckpt: bool = False
@@ -216,6 +217,9 @@ class TrainingSetup:
                                   "down, the model's own names such as qkv_proj, and lm_head, embed_tokens)"),
         "lora_dropout": FieldSpec(float, ge=0.0, lt=1.0, description="peft lora_dropout: each adapter drops its "
                                   "own copy of its input and keeps a mask for backward"),
+        "dora": FieldSpec(bool, description="LoRA/QLoRA: weight-decomposed adapters (DoRA, peft LoraConfig("
+                          "use_dora=True)): a trainable magnitude per output row of each adapted linear; each "
+                          "forward forms the full W + scale B A (the dequantized W for 4-bit) for its row norms"),
         "quant": FieldSpec(Quant, description="QLoRA 4-bit data type"),
         "double_quant": FieldSpec(bool, description="QLoRA double quantization of the 4-bit constants"),
         "grad_ckpt": FieldSpec(bool, description="activation (gradient) checkpointing of every decoder layer"),
@@ -286,6 +290,8 @@ class TrainingSetup:
             raise SetupError("optimizer_in_backward", "is not combined with CPU offload")
         if self.quant_head and self.method != Method.qlora:
             raise SetupError("quant_head", "quantizes the LM head with the other 4-bit linears: needs method qlora")
+        if self.dora and self.method == Method.full:
+            raise SetupError("dora", "decomposes the LoRA adapters' weight update: needs method lora or qlora")
         peft_mixed = self.method != Method.full and self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
         if self.frozen_dtype == FrozenDtype.fp32 and not peft_mixed:
             raise SetupError("frozen_dtype", "fp32 frozen weights are a LoRA/QLoRA mixed-precision choice: needs "
@@ -367,6 +373,8 @@ class TrainingSetup:
             parts.append(f"r{self.lora_rank} {self.lora_targets}")
             if self.lora_dropout:
                 parts.append(f"dropout {self.lora_dropout:g}")
+            if self.dora:
+                parts.append("dora")
         parts.append(self.precision.value)
         if self.optimizer != Optimizer.adamw:
             parts.append(self.optimizer.value)

@@ -236,3 +236,31 @@ def test_harness_model_saves_what_the_inventory_says(fam, method, dropout, prec,
     got = saved_bytes_harness(TINY[fam], fam, setup)
     expected = predicted_saved(fam, setup) + cpu_only_adjustment(fam, setup) + cpu_dropout_mask_adjustment(fam, setup)
     assert got == expected
+
+
+DORA_CASES = [
+    (fam, method, prec, dropout, ckpt)
+    for fam in ("llama", "qwen3", "gemma3", "phi3")
+    for method in ("lora", "qlora")
+    for prec in ("fp32", "bf16", "bf16-mixed")
+    for dropout in (0.0, 0.1)
+    for ckpt in (False, True)
+    if fam == "llama" or (dropout == 0.0 and not ckpt and prec == "bf16-mixed")
+]
+
+
+@pytest.mark.parametrize("fam,method,prec,dropout,ckpt", DORA_CASES)
+def test_dora_saves_what_the_inventory_says(fam, method, prec, dropout, ckpt):
+    """DoRA (peft use_dora=True) on the model the harness builds: the base and LoRA outputs and the
+    norm vectors its combination keeps (estimate/dora.py), with dropout its weight copies. Counted at
+    the forward's end: DoRA's B A graph (the identity's cast, lora_A's output) is saved and dropped
+    within each layer's forward, and the CPU allocator hands its storages to later tensors."""
+    pytest.importorskip("bitsandbytes")
+    from tests.torch_saved import saved_bytes_harness
+
+    setup = TrainingSetup(method=method, precision=prec, attn="sdpa", grad_ckpt=ckpt, batch=BATCH, seq=SEQ,
+                          lora_rank=RANK, lora_alpha=2 * RANK, lora_targets="all-linear", lora_dropout=dropout,
+                          dora=True)
+    got = saved_bytes_harness(TINY[fam], fam, setup, alive_at_end=True)
+    expected = predicted_saved(fam, setup) + cpu_only_adjustment(fam, setup) + cpu_dropout_mask_adjustment(fam, setup)
+    assert got == expected

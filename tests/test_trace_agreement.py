@@ -97,3 +97,34 @@ def test_recipe_dtypes_agree_with_trace(fam, ckpt, recipe):
     spec = from_config(config, name=f"{name}-{LAYERS}-layers")
     setup = TrainingSetup(grad_ckpt=ckpt, seq=512, **RECIPES[recipe])
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
+
+
+#: DoRA (peft use_dora=True, issue 9): the magnitude vectors, the base and LoRA outputs the DoRA
+#: combination keeps, and the forward's transient W + scale B A with its identity input (estimate/dora.py)
+DORA_FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+@pytest.mark.parametrize("method", ("lora", "qlora"))
+@pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
+@pytest.mark.parametrize("fam", DORA_FAMILIES)
+def test_dora_agrees_with_trace(fam, ckpt, method):
+    name = {**FAMILIES, **MORE_FAMILIES}[fam]
+    config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:LAYERS]
+    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True)
+    assert abs(_relative_gap(spec, setup)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("method", ("lora", "qlora"))
+@pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
+@pytest.mark.parametrize("precision", ("bf16-mixed", "bf16", "fp32"))
+def test_dora_recipes_agree_with_trace(precision, ckpt, method):
+    """DoRA on Llama with lora_dropout 0.1 (the base output recomputed from the dropped input, keeping
+    the weight for its input gradient) under each precision (without autocast peft's 4-bit layer
+    casts x to the adapter dtype; the 4-bit weight dequantized in the base matmul is freed first)."""
+    name = FAMILIES["llama"]
+    spec = from_config(dict(catalog.load_model(name).config, num_hidden_layers=LAYERS), name=f"{name}-{LAYERS}-layers")
+    setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True, lora_dropout=0.1, precision=precision)
+    assert abs(_relative_gap(spec, setup)) <= TOLERANCE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 TINY = {
     "llama": dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
@@ -155,9 +156,11 @@ def cuda_autocast_policy():
         lib._destroy()
 
 
-def saved_bytes_harness(cfg: dict, name: str, setup) -> int:
+def saved_bytes_harness(cfg: dict, name: str, setup, alive_at_end: bool = False) -> int:
     """Bytes saved for backward by one forward pass of the model the measuring harness builds
-    (``reportgen.measure.build``: QLoRA through bitsandbytes' CPU backend, LoRA dropout)."""
+    (``reportgen.measure.build``: QLoRA through bitsandbytes' CPU backend, LoRA dropout).
+    ``alive_at_end``: only what the graph still holds when the forward returns (DoRA saves tensors in
+    a graph it drops within the layer's forward, whose freed storages the CPU allocator reuses)."""
     import torch
 
     from reportgen.measure.build import build
@@ -167,26 +170,35 @@ def saved_bytes_harness(cfg: dict, name: str, setup) -> int:
     torch.manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
     with cuda_autocast_view():
-        seen = _saved_storages(model, ids, autocast=setup.precision.value == "bf16-mixed")
+        seen = _saved_storages(model, ids, autocast=setup.precision.value == "bf16-mixed", alive_at_end=alive_at_end)
     return sum(nbytes for nbytes, _, _ in seen.values())
 
 
-def _saved_storages(model, ids, autocast: bool) -> dict[int, tuple[int, tuple, object]]:
+def _saved_storages(model, ids, autocast: bool, alive_at_end: bool = False) -> dict[int, tuple[int, tuple, object]]:
     """One training forward pass (loss included) under ``saved_tensors_hooks``: every storage
-    autograd saves that is not a parameter, once, as ``{data_ptr: (bytes, shape, dtype)}``."""
+    autograd saves that is not a parameter, once, as ``{data_ptr: (bytes, shape, dtype)}``;
+    ``alive_at_end``: only those still saved in the graph of the returned loss."""
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, tuple[int, tuple, object]] = {}
+    packed: list = []
 
     def pack(t):
         st = t.untyped_storage()
         if st.data_ptr() not in params:
-            seen.setdefault(st.data_ptr(), (st.nbytes(), tuple(t.shape), t.dtype))
+            if alive_at_end:
+                packed.append((weakref.ref(t), st.data_ptr(), (st.nbytes(), tuple(t.shape), t.dtype)))
+            else:
+                seen.setdefault(st.data_ptr(), (st.nbytes(), tuple(t.shape), t.dtype))
         return t
 
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     policy = cuda_autocast_policy() if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx, policy:
-        model(input_ids=ids, labels=ids)
+        out = model(input_ids=ids, labels=ids)
+    for ref, ptr, info in packed:  # the graph of ``out`` still holds these
+        if ref() is not None:
+            seen.setdefault(ptr, info)
+    del out
     return seen

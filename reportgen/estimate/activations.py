@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.estimate import fusion, ops
+from reportgen.estimate import dora, fusion, ops
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import FP32_WEIGHTED_NORM, GEMMA_NORM, Linear, ModelSpec
 from reportgen.setup import Attention, TrainingSetup
@@ -95,6 +95,8 @@ def _linear_group(width: int, in_bytes: int, consumers: list[Linear], lora: set[
             kept, shared = _adapter_input(width, in_bytes, dt, shared, input_grad)
             # lora_A output, saved by lora_B
             saved += kept + (dt.compute if dt.autocast else dt.adapter) * rank * lin.count
+            if dt.dora and lin.count == 1:  # DoRA's base and LoRA outputs, kept for the magnitude's gradient
+                saved += dora.saved_bytes_per_token(lin, in_bytes, dt)
     return saved
 
 
@@ -249,6 +251,9 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         per_token += _norm(model, h, c, dt, True)
         const += _norm_const(model, h)
     const += 4 * model.num_experts  # MoE int32 offsets
+    for lin in dora.adapted_linears(model, setup):  # DoRA's norm vectors (and dropout's weight copies)
+        grad = input_grad or lin.name not in model.attn_in_names()
+        const += dora.saved_constant_bytes(model, lin, dt, grad)
     if setup.compile:  # Inductor's partitioner saves less than eager (fusion.py)
         per_token -= fusion.saved_bytes_per_token(model, dt, input_grad)
     return LayerActivations(per_token=per_token, per_seq_sq=per_sq, constant=const, batch=setup.batch,

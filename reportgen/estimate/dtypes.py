@@ -45,6 +45,7 @@ class Dtypes:
     embed: int = 0  # storage of the (unquantized) embedding and LM head weights; 0: same as base
     frozen_cast: bool = False  # frozen fp32 layer weights cast to the compute dtype per use (LoRA)
     head_cast: bool = False  # a frozen fp32 LM head cast to the compute dtype per forward (PEFT)
+    dora: bool = False  # peft use_dora: DoRA's saved tensors and transients (``dora.py``)
 
     @property
     def embed_bytes(self) -> int:
@@ -73,4 +74,5 @@ def dtypes_for(setup: TrainingSetup, libs: Libraries = CURRENT) -> Dtypes:
                   trainable_base=setup.method == Method.full, quantized=quantized,
                   lora_dropout=setup.is_peft and setup.lora_dropout > 0,
                   quant_holds_input=quantized and libs.bnb_4bit_holds_input, embed=embed,
-                  frozen_cast=cast and not quantized, head_cast=cast and (embed or base) == 4)
+                  frozen_cast=cast and not quantized, head_cast=cast and (embed or base) == 4,
+                  dora=setup.is_peft and setup.dora)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
+from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
 from reportgen.estimate import sharding as SH
 from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
@@ -187,6 +188,13 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         notes.append(note)
     if model.num_experts and setup.method == Method.qlora:
         notes.append("MoE experts are 3-D parameters in transformers >= 5: bitsandbytes leaves them 16-bit")
+    if setup.is_peft and setup.dora and (model.lora_selection(setup.lora_targets).head
+                                         or model.lora_selection(setup.lora_targets).embed):
+        notes.append("DoRA on lm_head/embed_tokens: their magnitudes are counted, not the V x h norm work "
+                     "and outputs DoRA adds there")
+    if DORA.experts_refused(model, setup):
+        notes.append("DoRA on MoE experts: peft's ParamWrapper refuses use_dora; the experts are counted as "
+                     "plain LoRA")
     if model.num_experts and setup.is_peft and any(
             lin.name in model.lora_selection(setup.lora_targets).linears for lin in model.layer_linears()
             if lin.count > 1 or lin.name == "router"):
@@ -286,6 +294,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     c_layer += f_layer  # one layer's copies again while its backward runs
     dequant = dequant_transient_bytes(model, setup, dt, libs)
     fwd_work = tokens * dt.compute * model.intermediate_size + dequant
+    # DoRA: each adapted linear's forward forms W + scale B A (and its identity input) and frees them
+    # when it returns (dora.py); the largest one of the last layer, again in a recomputed forward
+    dora_fwd = DORA.layer_forward_transient_bytes(model, setup, dt)
     bwd_work = backward_working_bytes(model, setup, dt, attn) + dequant
     opt_temp = optimizer_temp_bytes(model, setup, dt)
     shard = place.grads  # the gradients' divisor (the head's and the embedding's gradients too)
@@ -303,7 +314,10 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     phases = {
         # the last layer's forward: its MLP intermediate and the dequantized 4-bit weight, freed after
         # their matmuls, before the logits exist (reportgen trace: qlora_dequant_at_loss)
-        "forward-last-layer": base + gathered_bytes + mask + stack + copies_fwd + fwd_work,
+        # (a frozen fp32 head's 16-bit copy is made by the head's forward, after the last layer)
+        # DoRA's transient comes after the base matmul has freed its dequantized weight
+        "forward-last-layer": base + gathered_bytes + mask + stack + copies_fwd - h_cast
+        + (fwd_work - dequant + max(dequant, dora_fwd) if dora_fwd else fwd_work),
         "forward-end": base + gathered_bytes + fixed + stack + copies_fwd + lm.forward_live,
         "loss-backward": base + gathered_bytes + fixed + stack + copies_held + lm.backward_live + after_fwd,
         "backward-top": base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
@@ -312,6 +326,10 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         + after_fwd,
         "optimizer-step": base + g_opt + opt_temp + after_fwd,
     }
+    if dora_fwd and setup.grad_ckpt:
+        # the top layer's recomputed forward, before its gradients exist
+        phases["backward-recompute"] = (base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
+                                        + c_layer + dora_fwd + after_fwd)
     if setup.method == Method.full and model.tie_word_embeddings:
         # the tied weight's two gradients meet at the embedding's backward: the head's, waiting in
         # the autograd engine's input buffer since the loss backward, and embedding_dense_backward's,
@@ -348,7 +366,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "activations": fixed + stack,
         "kept_outputs": kept + held_prev,
         "logits": max(lm.forward_live, lm.backward_live),
-        "transient": max(bwd_work, fwd_work, opt_temp),
+        "transient": max(bwd_work, fwd_work + dora_fwd, opt_temp),
         "fsdp_unsharded": gathered_bytes,
         "cublas_workspace": workspace,
         "cuda_context": K.CUDA_CONTEXT_BYTES,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from reportgen.estimate import dora
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import ModelSpec
 from reportgen.setup import Method, Optimizer, TrainingSetup
@@ -91,7 +92,11 @@ def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
 
 
 def lora_params(model: ModelSpec, setup: TrainingSetup) -> int:
-    return model.lora_params(setup.lora_rank, setup.lora_targets) if setup.is_peft else 0
+    """Adapter parameters: LoRA's ``A`` and ``B`` (``ModelSpec.lora_params``) and, with DoRA, the
+    magnitude vectors (``dora.magnitude_params``)."""
+    if not setup.is_peft:
+        return 0
+    return model.lora_params(setup.lora_rank, setup.lora_targets) + dora.magnitude_params(model, setup)
 
 
 def targeted(model: ModelSpec, setup: TrainingSetup):
@@ -183,7 +188,7 @@ def trainable_shapes(model: ModelSpec, setup: TrainingSetup) -> list[tuple[tuple
             out += [((r, h), 1), ((model.vocab_size, r), 1)]
         if sel.embed:  # peft Embedding: lora_embedding_A r x V, lora_embedding_B h x r
             out += [((r, model.vocab_size), 1), ((h, r), 1)]
-        return out
+        return out + dora.magnitude_shapes(model, setup)
     out = [((model.vocab_size, h), 1)] + model.norm_shapes()
     if not model.tie_word_embeddings:
         out.append(((model.vocab_size, h), 1))

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reportgen.estimate import constants as K
+from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
 from reportgen.estimate.comm import communication
 from reportgen.estimate.dtypes import dtypes_for
@@ -63,7 +64,8 @@ class TimeEstimate:
     train_dollars: float | None
     #: seconds per optimizer step by term: compute, memory (the micro-batches' HBM traffic), dequant,
     #: optimizer, transfer, overhead, compile (<= 0: the elementwise traffic torch.compile fuses away,
-    #: ``fusion.py``); the step is accum-weighted max(compute, memory) + the rest
+    #: ``fusion.py``), dora (DoRA's per-forward B A product and weight norms, ``dora.py``); the step is
+    #: accum-weighted max(compute, memory) + the rest
     parts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -107,7 +109,8 @@ def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> 
     their adapters: ``2 (N_layers + N_lora)`` plus the kernel's attention forward; not the head,
     which transformers does not checkpoint (``GradientCheckpointingLayer`` wraps decoder layers)."""
     n = matmul_params_per_token(model)
-    lora = P.lora_params(model, setup) if setup.is_peft else 0
+    # A and B only: DoRA's magnitudes scale outputs elementwise (their work is in dora_s_per_micro_batch)
+    lora = model.lora_params(setup.lora_rank, setup.lora_targets) if setup.is_peft else 0
     weights = 6 * n if setup.method == Method.full else 4 * n + 6 * lora
     model_flops = weights + 3 * attention_flops_forward(model, setup.seq, None)
     kernel = attention_flops_forward(model, setup.seq, attn)
@@ -179,6 +182,22 @@ def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> flo
     return passes * P.quantized_linear_params(model, setup) * dequant_bytes_per_weight(setup)
 
 
+def dora_s_per_micro_batch(model: ModelSpec, setup: TrainingSetup, peak: float, eff: float, bw: float) -> float:
+    """DoRA's weight-sized work per micro-batch, independent of its tokens (``dora.py``): each forward
+    (and the recomputed one under checkpointing) forms ``B A`` through ``lora_B(lora_A(eye))`` at the
+    matmul rate (``dora.extra_flops_per_forward``), runs the memory-bound casts, sum and norm of
+    ``W + scale B A`` (``dora.extra_bytes_per_forward``) and, for QLoRA, dequantizes each adapted
+    4-bit weight once more (``dequant_bytes_per_weight``; peft ``dequantize_module_weight``)."""
+    if not (setup.is_peft and setup.dora):
+        return 0.0
+    passes = 2 if setup.grad_ckpt else 1
+    flops = DORA.extra_flops_per_forward(model, setup)
+    moved = DORA.extra_bytes_per_forward(model, setup, dtypes_for(setup))
+    if setup.method == Method.qlora:
+        moved += DORA.adapted_weight_params(model, setup) * dequant_bytes_per_weight(setup)
+    return passes * (flops / (peak * eff) + moved / bw)
+
+
 def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
     """A fused AdamW step reads parameter, gradient and both states and writes parameter and states."""
     dt = dtypes_for(setup)
@@ -235,7 +254,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     parts = {"compute": None if comp_mb is None else setup.accum * comp_mb, "memory": setup.accum * mem_mb,
              "dequant": setup.accum * dequant_mb, "optimizer": mem_opt, "transfer": transfer,
              "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S,
-             "compile": -setup.accum * fused_mb}
+             "compile": -setup.accum * fused_mb,
+             "dora": setup.accum * dora_s_per_micro_batch(model, setup, peak, eff, bw) if peak else 0.0}
     real = real_tokens_per_step(setup)
     if setup.seq_mean is not None:
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
@@ -249,7 +269,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     else:
         compute_s = setup.accum * comp_mb
         step = (setup.accum * max(comp_mb, mem_mb) + parts["dequant"] + parts["optimizer"] + parts["transfer"]
-                + parts["overhead"] + parts["compile"])
+                + parts["overhead"] + parts["compile"] + parts["dora"])
         tps = real / step
         mfu = model_flops * tps / (peak * setup.gpus)
         hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)

@@ -184,7 +184,7 @@ def _add_lora(model, spec: ModelSpec, setup: TrainingSetup, adapter_dtype):
 
     targets = lora_target_modules(spec, setup.lora_targets)
     config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                        use_dora=setup.dora, target_modules=targets, bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, config, autocast_adapter_dtype=setup.precision != Precision.bf16)
     for param in model.parameters():
         # peft places adapters in the base layer's dtype when it is a float (else fp32) and upcasts

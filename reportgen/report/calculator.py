@@ -52,7 +52,7 @@ BUNDLE = (
 #: the form's sections, in order; a setup field not listed here lands in "More settings"
 GROUPS = (
     ("Technique", ("method", "precision", "optimizer", "frozen_dtype")),
-    ("LoRA", ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")),
+    ("LoRA", ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora")),
     ("QLoRA", ("quant", "double_quant", "quant_head", "kbit_prep")),
     ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean")),
     ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
@@ -60,8 +60,8 @@ GROUPS = (
     ("GPUs", ("gpus", "sharding")),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
-APPLIES = {"lora_": ("lora", "qlora"), "quant": ("qlora",), "double_quant": ("qlora",), "quant_head": ("qlora",),
-           "kbit_prep": ("qlora",),
+APPLIES = {"lora_": ("lora", "qlora"), "dora": ("lora", "qlora"), "quant": ("qlora",), "double_quant": ("qlora",),
+           "quant_head": ("qlora",), "kbit_prep": ("qlora",),
            "frozen_dtype": ("lora", "qlora")}
 DEFAULT_MODEL = "llama-3.2-1b"
 DEFAULT_GPU = "rtx-4090"

@@ -60,6 +60,9 @@ EMULATIONS = {e.name: e for e in [
     Emulation("bnb_quantize_on_meta", "Params4bit.to('meta') skips quantization; quantize_4bit is called as "
               ".to('cuda') would, on meta (bitsandbytes' fake kernels give the packed weight and absmax)",
               "bitsandbytes/nn/modules.py Params4bit.to/_quantize; bitsandbytes/_ops.py register_fake"),
+    Emulation("dora_4bit_init_copy", "peft's DoRA init deepcopies a 4-bit base layer before reading its "
+              "weight for the initial magnitudes (a build temporary, for FSDP); a meta Params4bit cannot be "
+              "deep-copied, so the layer itself is read", "peft/tuners/lora/dora.py DoraLinearLayer.update_layer"),
     Emulation("bnb_gemm_4bit_dequant", "bitsandbytes' CUDA gemm_4bit dequantizes the whole weight to the "
               "compute dtype before F.linear for training-sized inputs",
               "bitsandbytes/backends/cuda/ops.py gemm_4bit, _dequant_linear_fallback"),
@@ -135,6 +138,24 @@ def bnb_quantize_on_meta(applied: Applied):
         return original(self, *args, **kwargs)
 
     with _patched(cls, "to", to):
+        yield
+
+
+@contextlib.contextmanager
+def dora_4bit_init_on_meta(applied: Applied):
+    """peft's ``DoraLinearLayer.update_layer`` reads the norms of ``deepcopy(base_layer)`` for a
+    ``Linear4bit``; the copy is freed when it returns, and only its weight is read, so on meta the
+    layer is read in place (``Params4bit.__deepcopy__`` cannot set meta data)."""
+    from peft.tuners.lora import dora
+
+    def no_copy(module, memo=None):
+        if type(module).__name__ == "Linear4bit":
+            applied.use("dora_4bit_init_copy")
+            return module
+        return dora_deepcopy(module, memo)
+
+    dora_deepcopy = dora.deepcopy
+    with _patched(dora, "deepcopy", no_copy):
         yield
 
 

@@ -193,7 +193,9 @@ def run_trace(spec: ModelSpec, setup: TrainingSetup, cublas_per_handle: int, cub
         # LoRA: the device context makes peft create its adapters on meta instead of on the CPU (time
         # only); not for QLoRA, whose bitsandbytes build computes code books on the CPU
         with torch.device(DEVICE) if setup.method == Method.lora else contextlib.nullcontext(), \
-                E.bnb_quantize_on_meta(applied) if setup.method == Method.qlora else contextlib.nullcontext():
+                E.bnb_quantize_on_meta(applied) if setup.method == Method.qlora else contextlib.nullcontext(), \
+                E.dora_4bit_init_on_meta(applied) if setup.method == Method.qlora and setup.dora \
+                else contextlib.nullcontext():
             built = build(spec, setup, DEVICE)
     except SetupNotSupported as exc:
         raise UserError(f"reportgen trace: {exc}") from None
