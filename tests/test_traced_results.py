@@ -268,3 +268,18 @@ def test_a_disagreement_without_a_listed_cause_is_shown_as_unexplained(site, tmp
     assert "**1 of 2** traced cases agree within 3%" in val and "### Outside the tolerance" in val
     row = next(line for line in val.splitlines() if line.startswith(f"| `{other['id']}` |"))
     assert "**-20.0%**" in row and "**not yet explained**" in row
+
+
+def test_building_a_model_leaves_the_catalog_config_as_read():
+    """transformers completes nested config dicts in place (Llama 3's ``rope_scaling`` gains
+    ``rope_theta``); the harness's build must not change the catalog's cached config, which every
+    inputs hash is made from (found when the committed traces read as stale after other tests)."""
+    import copy
+
+    pytest.importorskip("transformers")
+    from reportgen.measure.build import hf_config
+
+    spec = catalog.load_model("llama-3.1-8b")
+    before = copy.deepcopy(spec.config)
+    hf_config(spec, "sdpa")
+    assert catalog.load_model("llama-3.1-8b").config == before

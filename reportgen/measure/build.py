@@ -85,7 +85,11 @@ def hf_config(spec: ModelSpec, attn: str):
     """A transformers config object from the catalog's (or the user's) ``config.json``."""
     from transformers import AutoConfig
 
-    raw = {k: v for k, v in spec.config.items() if k not in _DROP_KEYS}
+    import copy
+
+    # a deep copy: transformers completes nested dicts in place (Llama 3's rope_scaling gains
+    # rope_theta), which would change the catalog's cached config and every hash made from it
+    raw = {k: copy.deepcopy(v) for k, v in spec.config.items() if k not in _DROP_KEYS}
     config = AutoConfig.for_model(spec.model_type, **raw)
     config.use_cache = False
     config._attn_implementation = attn

@@ -10,8 +10,6 @@ that fails is reported and nothing is written for it.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -79,10 +77,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
         todo.append(case)
     for case in progress(todo):
         ihash = traced_results.inputs_hash(case.as_dict())
-        # transformers completes nested config dicts in place (Llama 3's rope_scaling gains rope_theta):
-        # the trace gets its own copy, so the catalog's cached config, hashed above, stays as read
-        spec = catalog.load_model(case.model)
-        spec = dataclasses.replace(spec, config=copy.deepcopy(spec.config))
+        spec = catalog.load_model(case.model)  # measure/build.py hf_config copies what transformers edits
         try:
             trace = trace_case(spec, catalog.load_gpu(case.gpu), case.setup)
         except (KeyboardInterrupt, MemoryError):
