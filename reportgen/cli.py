@@ -6,7 +6,6 @@ import argparse
 import importlib
 import json
 import sys
-import time
 from pathlib import Path
 
 from reportgen import __version__, catalog

@@ -5,7 +5,6 @@ every relative href in the HTML)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest

@@ -4,7 +4,6 @@ against its estimate, one marker shape per source, with the error band; a CPU ru
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -200,7 +200,6 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
             if lin.count > 1 or lin.name == "router"):
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
 
-    n = setup.gpus
     place = SH.placement(setup)  # divisors of parameters, gradients, optimizer states (sharding.py)
     fsdp = place.sharded_params
     tokens = setup.batch * setup.seq

@@ -16,7 +16,8 @@ from reportgen import catalog
 from reportgen.report import charts
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
-from reportgen.report.views import (MEMORY_QUANTITIES, PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
+from reportgen.provenance import MEMORY_QUANTITIES
+from reportgen.report.views import (PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
                                     TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
                                     error_stats, gib_value, gpu_label, gpu_order, group, model_order,
                                     rel, reproduce, row, site_rows, sort_key)

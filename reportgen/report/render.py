@@ -27,7 +27,6 @@ from pathlib import Path
 import jinja2
 
 from reportgen import __version__
-from reportgen.errors import UserError
 from reportgen.report.page import Page, SiteData
 from reportgen import store
 from reportgen.views.format import money, pct, rate

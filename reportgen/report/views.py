@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from reportgen import catalog
-from reportgen.provenance import MEMORY_QUANTITIES, QUANTITIES, Provenance, provenance_of
+from reportgen.provenance import QUANTITIES, Provenance, provenance_of
 from reportgen.report.page import SiteData
 from reportgen.results import short_hash
 from reportgen.setup import TrainingSetup
