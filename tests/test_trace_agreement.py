@@ -55,13 +55,18 @@ def _relative_gap(spec, setup) -> float:
     return (analytic - traced) / traced
 
 
-@pytest.mark.parametrize("fam,method,ckpt,seq,batch", _params())
-def test_analytic_peak_agrees_with_trace(fam, method, ckpt, seq, batch):
+def _cut(fam: str):
+    """The family's catalog model cut to ``LAYERS`` decoder layers, at its real widths."""
     name = {**FAMILIES, **MORE_FAMILIES}[fam]
     config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
     if "layer_types" in config:  # Gemma 3 / OLMo-style per-layer lists follow the layer count
         config["layer_types"] = config["layer_types"][:LAYERS]
-    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    return from_config(config, name=f"{name}-{LAYERS}-layers")
+
+
+@pytest.mark.parametrize("fam,method,ckpt,seq,batch", _params())
+def test_analytic_peak_agrees_with_trace(fam, method, ckpt, seq, batch):
+    spec = _cut(fam)
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=seq, batch=batch)
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
 
@@ -90,11 +95,7 @@ RECIPE_FAMILIES = ("llama", "gemma3", "qwen3", "phi")
 @pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
 @pytest.mark.parametrize("fam", RECIPE_FAMILIES)
 def test_recipe_dtypes_agree_with_trace(fam, ckpt, recipe):
-    name = {**FAMILIES, **MORE_FAMILIES}[fam]
-    config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
-    if "layer_types" in config:
-        config["layer_types"] = config["layer_types"][:LAYERS]
-    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    spec = _cut(fam)
     setup = TrainingSetup(grad_ckpt=ckpt, seq=512, **RECIPES[recipe])
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
 
@@ -108,11 +109,7 @@ DORA_FAMILIES = ("llama", "qwen3", "gemma3")
 @pytest.mark.parametrize("ckpt", (False, True), ids=("nockpt", "ckpt"))
 @pytest.mark.parametrize("fam", DORA_FAMILIES)
 def test_dora_agrees_with_trace(fam, ckpt, method):
-    name = {**FAMILIES, **MORE_FAMILIES}[fam]
-    config = dict(catalog.load_model(name).config, num_hidden_layers=LAYERS)
-    if "layer_types" in config:
-        config["layer_types"] = config["layer_types"][:LAYERS]
-    spec = from_config(config, name=f"{name}-{LAYERS}-layers")
+    spec = _cut(fam)
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True)
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
 
@@ -124,7 +121,6 @@ def test_dora_recipes_agree_with_trace(precision, ckpt, method):
     """DoRA on Llama with lora_dropout 0.1 (the base output recomputed from the dropped input, keeping
     the weight for its input gradient) under each precision (without autocast peft's 4-bit layer
     casts x to the adapter dtype; the 4-bit weight dequantized in the base matmul is freed first)."""
-    name = FAMILIES["llama"]
-    spec = from_config(dict(catalog.load_model(name).config, num_hidden_layers=LAYERS), name=f"{name}-{LAYERS}-layers")
+    spec = _cut("llama")
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=512, dora=True, lora_dropout=0.1, precision=precision)
     assert abs(_relative_gap(spec, setup)) <= TOLERANCE
