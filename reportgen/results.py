@@ -172,16 +172,24 @@ def measurement_document(cid: str, sweep: str, case: dict, block: dict) -> dict:
     return {**block, "schema_version": MEASUREMENT_SCHEMA_VERSION, "id": cid, "sweep": sweep, "case": case}
 
 
-def read_measurement(path: Path) -> dict:
-    """A measurement document. Raises ``UnreadableResult`` (``newer`` for a newer schema)."""
+def read_versioned(path: Path, kind: str, noun: str, supported: int, required: set[str],
+                   ok=lambda data: True) -> dict:
+    """A write-once document of one schema version (a measurement, a trace): ``UnreadableResult``
+    with ``newer`` for a later schema, plain for anything else that is not one (``required`` keys
+    missing, or ``ok`` false)."""
     data = read_json(path)
     version = data.get("schema_version")
-    if isinstance(version, int) and version > MEASUREMENT_SCHEMA_VERSION:
-        raise UnreadableResult(path, f"measurement schema_version {version} was written by a newer reportgen "
-                               f"(this one reads up to {MEASUREMENT_SCHEMA_VERSION})", newer=True)
-    if version != MEASUREMENT_SCHEMA_VERSION or "id" not in data or "status" not in data:
-        raise UnreadableResult(path, f"not a reportgen measurement (schema_version {version!r})")
+    if isinstance(version, int) and version > supported:
+        raise UnreadableResult(path, f"{kind} schema_version {version} was written by a newer reportgen "
+                               f"(this one reads up to {supported})", newer=True)
+    if version != supported or not required <= set(data) or not ok(data):
+        raise UnreadableResult(path, f"not a reportgen {noun} (schema_version {version!r})")
     return data
+
+
+def read_measurement(path: Path) -> dict:
+    """A measurement document. Raises ``UnreadableResult`` (``newer`` for a newer schema)."""
+    return read_versioned(path, "measurement", "measurement", MEASUREMENT_SCHEMA_VERSION, {"id", "status"})
 
 
 def result_path(results_dir: Path, sweep: str, cid: str) -> Path:

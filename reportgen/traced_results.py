@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reportgen import catalog
-from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_json, short_hash, write_json_atomic
+from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_versioned, short_hash, write_json_atomic
 from reportgen.store import Warn, stderr_warn
 
 TRACED_DIR = "traced"
@@ -76,14 +76,8 @@ def write_traced(sweep_dir: Path, cid: str, case: dict, trace: dict, ihash: str 
 
 def read_traced(path: Path) -> dict:
     """A traced document. Raises ``UnreadableResult``."""
-    data = read_json(path)
-    version = data.get("schema_version")
-    if isinstance(version, int) and version > TRACED_SCHEMA_VERSION:
-        raise UnreadableResult(path, f"traced schema_version {version} was written by a newer reportgen "
-                               f"(this one reads up to {TRACED_SCHEMA_VERSION})", newer=True)
-    if version != TRACED_SCHEMA_VERSION or data.get("kind") != "traced" or not {"id", "case", "memory"} <= set(data):
-        raise UnreadableResult(path, f"not a reportgen traced result (schema_version {version!r})")
-    return data
+    return read_versioned(path, "traced", "traced result", TRACED_SCHEMA_VERSION, {"id", "case", "memory"},
+                          ok=lambda data: data.get("kind") == "traced")
 
 
 def staleness(doc: dict) -> str | None:
