@@ -404,3 +404,16 @@ def test_pages_workflow_tests_before_it_deploys():
     assert test_steps.index("pip install torch==2.13.0") < test_steps.index('pip install -e ".[site,measure,dev]"')
     build = " ".join(str(s.get("run", "")) for s in jobs["build"]["steps"])
     assert "mkdocs build --strict" in build and "reportgen render" in build
+
+
+def test_setup_labels_tell_every_recipe_field_apart():
+    """The site's setup label names each choice that changes the numbers, so two rows of one table
+    never read the same (the validation sweep has dropout pairs; issue 9's recipe fields)."""
+    from reportgen.report.views import setup_label
+    from reportgen.setup import TrainingSetup
+
+    variants = [dict(method="lora"), dict(method="lora", lora_dropout=0.05), dict(method="lora", dora=True),
+                dict(method="lora", frozen_dtype="fp32"), dict(method="qlora"), dict(method="qlora", quant_head=True),
+                dict(method="qlora", kbit_prep="trl"), dict(method="qlora", kbit_prep="none")]
+    labels = [setup_label(TrainingSetup(**kw)) for kw in variants]
+    assert len(set(labels)) == len(labels), labels

@@ -95,6 +95,16 @@ def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
         parts.append("activation offload")
     if setup.compile:
         parts.append("torch.compile")
+    if setup.is_peft and setup.lora_dropout:
+        parts.append(f"dropout {setup.lora_dropout:g}")
+    if setup.dora:
+        parts.append("DoRA")
+    if setup.quant_head:
+        parts.append("4-bit head")
+    if setup.kbit_prep is not None:
+        parts.append(f"kbit prep {setup.kbit_prep.value}")
+    if setup.frozen_dtype.value == "fp32":
+        parts.append("fp32 frozen weights")
     return ", ".join(parts)
 
 
