@@ -10,6 +10,7 @@ import pytest
 
 from reportgen.cli import main
 from reportgen.measure.protocol import MEASUREMENT_KEYS
+from tests.measure_helpers import measure_json, tiny_config
 from tests.torch_saved import TINY
 
 ENV_KEYS = {"device", "gpu_name", "gpu_total_bytes", "driver_version", "cuda_version", "versions", "python",
@@ -19,14 +20,7 @@ FAST = ["--gpu", "h100-sxm", "--device", "cpu", "--batch", "2", "--seq", "32", "
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "tiny-llama.json"
-    path.write_text(json.dumps(TINY["llama"]))
-    return str(path)
-
-
-def measure_json(capsys, *args) -> tuple[int, dict]:
-    rc = main(["measure", *args, "--format", "json"])
-    return rc, json.loads(capsys.readouterr().out)  # exactly one object: json.loads fails on trailing data
+    return str(tiny_config(tmp_path_factory.mktemp("cfg")))
 
 
 def check_ok_on_cpu(d: dict) -> dict:

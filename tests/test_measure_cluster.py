@@ -14,7 +14,7 @@ from reportgen.cli import main
 from reportgen.measure.cluster import CLUSTER_ENV, POLL_ENV, SLURM_DIR, parse_time_limit
 from reportgen.measure.runner import DEADLINE_ENV, DEVICE_ENV
 from reportgen.store import load_sweep, measurement_files
-from tests.torch_saved import TINY
+from tests.measure_helpers import tiny_sweep
 
 submitit = pytest.importorskip("submitit")
 
@@ -25,19 +25,7 @@ SWEEP = "tiny-slurm"
 def sweep_file(tmp_path, monkeypatch):
     monkeypatch.setenv(DEVICE_ENV, "cpu")
     monkeypatch.setenv(POLL_ENV, "0.5")
-    model = tmp_path / "tiny-llama.json"
-    model.write_text(json.dumps(TINY["llama"]))
-    path = tmp_path / "tiny.yaml"
-    path.write_text(f"""
-name: {SWEEP}
-grids:
-  - model: {model}
-    gpu: h100-sxm
-    method: [full, lora]
-    seq: 16
-measure: {{warmup: 1, steps: 1, timeout_s: 120}}
-""")
-    return path
+    return tiny_sweep(tmp_path, SWEEP)
 
 
 def sweep(path, results_dir, *extra):

@@ -5,7 +5,6 @@ GPU comparison, and a failing, dying or hanging rank is named in the answer with
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from reportgen.cli import main
 from reportgen.measure.protocol import MEASUREMENT_KEYS
 from reportgen.provenance import provenance_of
-from tests.torch_saved import TINY
+from tests.measure_helpers import measure_json, tiny_config
 
 pytest.importorskip("torch.distributed.run")
 
@@ -24,14 +23,7 @@ MEMORY = ("peak_allocated", "peak_reserved", "device_used", "memory_after_load")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "tiny-llama.json"
-    path.write_text(json.dumps(TINY["llama"]))
-    return str(path)
-
-
-def measure_json(capsys, *args) -> tuple[int, dict]:
-    rc = main(["measure", *args, "--format", "json"])
-    return rc, json.loads(capsys.readouterr().out)
+    return str(tiny_config(tmp_path_factory.mktemp("cfg")))
 
 
 @pytest.mark.parametrize("sharding,method", [("ddp", "full"), ("ddp", "lora"), ("fsdp", "full"), ("fsdp", "lora")])

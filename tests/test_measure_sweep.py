@@ -9,25 +9,14 @@ import pytest
 from reportgen.cli import main
 from reportgen.measure.runner import DEVICE_ENV
 from reportgen.store import load_sweep, measurement_files
+from tests.measure_helpers import tiny_sweep
 from tests.torch_saved import TINY
 
 
 @pytest.fixture()
 def sweep_file(tmp_path, monkeypatch):
     monkeypatch.setenv(DEVICE_ENV, "cpu")
-    model = tmp_path / "tiny-llama.json"
-    model.write_text(json.dumps(TINY["llama"]))
-    path = tmp_path / "tiny.yaml"
-    path.write_text(f"""
-name: tiny-measure
-grids:
-  - model: {model}
-    gpu: h100-sxm
-    method: [full, lora]
-    seq: 16
-measure: {{warmup: 1, steps: 1, timeout_s: 120}}
-""")
-    return path
+    return tiny_sweep(tmp_path, "tiny-measure")
 
 
 def results(results_dir):
