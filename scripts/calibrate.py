@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Fit the estimator's calibration constants to measured results, with held-out error.
 
-    python scripts/calibrate.py [--published=data/published_measurements.csv | --no-published] [results/validation ...]
+    python scripts/calibrate.py [--published=data/published_measurements.csv | --no-published] [--no-traced]
+                                [results/validation ...]
 
 First it fits ``MATMUL_EFFICIENCY`` per GPU class to the tokens/s that other projects published
 (``reportgen.published.speed``: rates stated or implied by the source, each row estimated with its
 recipe's documented defaults), over the rows whose estimated step is at least ``COMPUTE_SHARE_MIN``
 compute, with the leave-one-out error of the resulting tokens/s.
+
+Then it fits the two constants of ``memory.cached_free_bytes`` (``CACHED_WORKING_SETS``,
+``CACHED_LOGITS_SHARE``: the free blocks the caching allocator keeps, reserved but not allocated) to
+the allocator simulation of every current traced case under ``results/`` (``reportgen sweep
+sweeps/traced.yaml --trace``: the harness's real step replayed through PyTorch's caching-allocator
+rules), by least squares on the relative error of reserved, with the leave-one-out error.
 
 Reads every sweep directory given (default: all under ``results/``) through ``reportgen.store``
 (measurement files joined to their estimates) and uses a measured quantity only where the
@@ -15,7 +22,8 @@ that card or on a larger card capped to it, speed only from a run on that card; 
 run. It fits, each from at least ``MIN_CASES`` (parameters + 2) cases or not at all:
 
 * ``CUDA_CONTEXT_BYTES``: median of (NVML device_used - torch peak_reserved);
-* ``FRAGMENTATION_OF_TRANSIENT``: median of (reserved - allocated - segments) / transient bytes;
+* ``CACHED_WORKING_SETS``, ``CACHED_LOGITS_SHARE``: the same least-squares fit on measured
+  allocated and reserved peaks (where a measurement exists, it is the ground truth);
 * ``MATMUL_EFFICIENCY`` per GPU class, over cases the estimator calls compute-bound: the measured
   step time less every other term of the estimated step (``TimeEstimate.parts``: memory-bound
   time, dequantization, optimizer, transfers and the fixed per-step and per-micro-batch overheads,
@@ -37,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reportgen import catalog, store  # noqa: E402
 from reportgen.estimate import constants as K  # noqa: E402
 from reportgen.estimate import estimate  # noqa: E402
+from reportgen.estimate.memory import cached_free_bytes  # noqa: E402
 from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
@@ -45,9 +54,11 @@ from reportgen.setup import TrainingSetup  # noqa: E402
 #: the estimated step: elsewhere the step is mostly host-link transfers (FSDP over PCIe, CPU offload),
 #: whose own models would be absorbed into the efficiency
 COMPUTE_SHARE_MIN = 0.9
-#: every fit here has one parameter; a fit needs at least parameters + 2 cases
+#: most fits here have one parameter (the cached-free fit has two); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 MIN_CASES = PARAMETERS + 2
+#: the note ``trace/result.py`` adds when a step fits only because the allocator released its cache
+RELEASED_NOTE = "fits only because the allocator releases its cached segments"
 
 
 def measured_cases(dirs: list[Path]) -> list[dict]:
@@ -80,9 +91,10 @@ def describe(name: str, current, fit, errors: list[float], unit: str = "") -> No
           f"held-out |error| median {100 * med:.1f}%, worst {100 * worst:.1f}%")
 
 
-def enough(name: str, n: int) -> bool:
-    if n < MIN_CASES:
-        print(f"{name}: not fitted, {n} usable case(s); a fit of {PARAMETERS} parameter needs at least {MIN_CASES}")
+def enough(name: str, n: int, parameters: int = PARAMETERS) -> bool:
+    if n < parameters + 2:
+        print(f"{name}: not fitted, {n} usable case(s); a fit of {parameters} parameter(s) needs at least "
+              f"{parameters + 2}")
         return False
     return True
 
@@ -95,25 +107,83 @@ def fit_context(cases: list[dict]) -> None:
         describe("CUDA_CONTEXT_BYTES", f"{K.CUDA_CONTEXT_BYTES / 2**20:.0f} MiB", fit / 2**20, errs, " MiB")
 
 
+def cached_free_sample(allocated: int, reserved: int, est) -> dict | None:
+    """One observation of the cached free bytes: what ``reserved`` holds beyond ``allocated`` and
+    beyond the estimate's fixed parts of reserved (allocator segments, FSDP's unshard-stream pool),
+    with the estimate's working set and logits that ``memory.cached_free_bytes`` scales. None for a
+    step the estimate says only fits by releasing the cache (its reserved figure is the card's)."""
+    m = est.memory
+    if m.cache_released:
+        return None
+    working, logits = m.terms["transient"], m.terms["logits"]
+    other = m.peak_reserved - m.peak_allocated - cached_free_bytes(working, logits)
+    return {"allocated": allocated, "reserved": reserved, "working": working, "logits": logits, "other": other}
+
+
+def solve_cached_free(samples: list[dict]) -> tuple[float, float]:
+    """``(CACHED_WORKING_SETS, CACHED_LOGITS_SHARE)`` by least squares on the relative error of
+    reserved: minimise sum(((a w + b l) - (reserved - allocated - other))^2 / reserved^2)."""
+    sww = swl = sll = swy = sly = 0.0
+    for x in samples:
+        r2 = float(x["reserved"]) ** 2
+        w, lg = x["working"], x["logits"]
+        y = x["reserved"] - x["allocated"] - x["other"]
+        sww, swl, sll = sww + w * w / r2, swl + w * lg / r2, sll + lg * lg / r2
+        swy, sly = swy + w * y / r2, sly + lg * y / r2
+    det = sww * sll - swl * swl
+    if abs(det) < 1e-30:  # no logits anywhere: one parameter
+        return (swy / sww if sww else 0.0), 0.0
+    return (swy * sll - sly * swl) / det, (sly * sww - swy * swl) / det
+
+
+def fit_cached_free(samples: list[dict], source: str) -> tuple[float, float] | None:
+    """Fit ``memory.cached_free_bytes``'s two constants to ``samples`` and print the fit with the
+    leave-one-out error of the estimated reserved (allocated + a w + b l + other against reserved)."""
+    name = f"{source}: CACHED_WORKING_SETS, CACHED_LOGITS_SHARE"
+    if not enough(name, len(samples), parameters=2):
+        return None
+
+    def error(fit, x):
+        a, b = fit
+        pred = x["allocated"] + a * x["working"] + b * x["logits"] + x["other"]
+        return (pred - x["reserved"]) / x["reserved"]
+
+    held_out = [error(solve_cached_free(samples[:i] + samples[i + 1:]), x) for i, x in enumerate(samples)]
+    fit = solve_cached_free(samples)
+    current = [error((K.CACHED_WORKING_SETS, K.CACHED_LOGITS_SHARE), x) for x in samples]
+    print(f"{name}: current {K.CACHED_WORKING_SETS}, {K.CACHED_LOGITS_SHARE}; fit {fit[0]:.3f}, {fit[1]:.3f} "
+          f"from {len(samples)} cases; held-out |error| of reserved median "
+          f"{100 * statistics.median(abs(e) for e in held_out):.1f}%, signed {100 * statistics.median(held_out):+.1f}%, "
+          f"worst {100 * max(abs(e) for e in held_out):.1f}% (current constants: median "
+          f"{100 * statistics.median(abs(e) for e in current):.1f}%, signed {100 * statistics.median(current):+.1f}%)")
+    return fit
+
+
 def fit_fragmentation(cases: list[dict], ests: list) -> None:
-    frag, idx = [], []
-    for i, (c, e) in enumerate(zip(cases, ests)):
-        m = c["figures"]
-        transient = e.memory.peak_allocated - e.memory.terms["weights"] - e.memory.terms["optimizer"]
-        if c["memory"] and m.get("peak_reserved") and m.get("peak_allocated") and transient > 0:
-            frag.append((m["peak_reserved"] - m["peak_allocated"] - K.ALLOCATOR_SEGMENTS_BYTES) / transient)
-            idx.append(i)
-    if not enough("FRAGMENTATION_OF_TRANSIENT", len(frag)):
-        return
+    samples = [cached_free_sample(c["figures"]["peak_allocated"], c["figures"]["peak_reserved"], e)
+               for c, e in zip(cases, ests)
+               if c["memory"] and c["figures"].get("peak_reserved") and c["figures"].get("peak_allocated")]
+    fit_cached_free([s for s in samples if s], "measured")
 
-    def predict(f, j):
-        e, m = ests[idx[j]], cases[idx[j]]["figures"]
-        transient = e.memory.peak_allocated - e.memory.terms["weights"] - e.memory.terms["optimizer"]
-        pred = m["peak_allocated"] + f * transient + K.ALLOCATOR_SEGMENTS_BYTES
-        return (pred - m["peak_reserved"]) / m["peak_reserved"]
 
-    fit, errs = loo(frag, predict)
-    describe("FRAGMENTATION_OF_TRANSIENT", K.FRAGMENTATION_OF_TRANSIENT, fit, errs)
+def traced_samples(results_dir: Path) -> list[dict]:
+    """The allocator simulation's allocated and reserved peaks (``reportgen trace``: the harness's
+    step replayed through ``trace/allocator.py``) of every current traced case under
+    ``results_dir``, each with its estimate. Cases the simulation fitted only by releasing the cache
+    (a replay limited to the card) are left out: their reserved is the card's."""
+    from reportgen.traced_results import load_traced
+
+    out = []
+    for doc in load_traced(results_dir).values():
+        case, mem = doc["case"], doc["memory"]
+        if any(RELEASED_NOTE in n for n in doc.get("notes", [])):
+            continue
+        setup = TrainingSetup.model_validate(case["setup"])
+        est = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
+        sample = cached_free_sample(mem["peak_allocated"], mem["peak_reserved"], est)
+        if sample:
+            out.append(sample)
+    return out
 
 
 def compute_time_of(t, measured_step_s: float) -> float | None:
@@ -224,6 +294,8 @@ def main() -> int:
         rows = published_speed_cases(published)
         print(f"{len(rows)} published rows with tokens/s read from {published}")
         fit_efficiency_published(rows)
+    if "--no-traced" not in sys.argv:
+        fit_cached_free(traced_samples(Path("results")), "traced (allocator simulation)")
     dirs = [Path(a) for a in args] or sorted(p for p in Path("results").iterdir() if p.is_dir())
     cases = measured_cases(dirs)
     if not cases:

@@ -54,8 +54,10 @@ class _Estimates:
 
 def free_bytes(est: Estimate, gpu: GpuSpec) -> int:
     """GPU memory left over (negative: missing), counted like ``search.fits_memory``: paged optimizer
-    states may spill to host RAM, so they do not count against the card."""
-    return gpu.memory_bytes - (est.memory.device_total - est.memory.terms.get("optimizer_paged", 0))
+    states may spill to host RAM, so they do not count against the card; cached blocks the allocator
+    would have to release to stay within the card do."""
+    mem = est.memory
+    return gpu.memory_bytes - (mem.device_total + mem.cache_released - mem.terms.get("optimizer_paged", 0))
 
 
 def numbers(est: Estimate, gpu: GpuSpec) -> dict:

@@ -69,7 +69,12 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
                       offloaded_bytes=mem.offloaded_activations)
     notes = list(dict.fromkeys(mem.notes + t.notes))
     band = band_for("device_total", setup.method.value)
-    usable = mem.device_total - mem.terms.get("optimizer_paged", 0)
+    # what the step asks of the card: with the cached blocks the allocator would keep, before it
+    # releases any of them to stay within the card (memory.allocator_limited_reserved)
+    demand = mem.device_total + mem.cache_released - mem.terms.get("optimizer_paged", 0)
+    judged = verdict(demand, gpu.memory_bytes, band)
+    if mem.cache_released and judged == "does not fit":
+        judged = "tight"  # the allocated peak fits: it runs if releasing the cache leaves room
     if model.max_position_embeddings and setup.seq > model.max_position_embeddings:
         notes.append(context_note(model, setup.seq))
     if t.peak_dtype in gpu.derived:
@@ -78,7 +83,7 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         model=model.name, gpu=gpu.key, setup=setup,
         params_total=model.total_params,
         params_trainable=P.trainable_params(model, setup),
-        memory=mem, time=t, fits=fits_memory(mem, gpu), verdict=verdict(usable, gpu.memory_bytes, band), band=band,
+        memory=mem, time=t, fits=fits_memory(mem, gpu), verdict=judged, band=band,
         capacity=gpu.memory_bytes,
         max_batch=max_batch(model, setup, gpu) if reverse else None,
         max_seq=max_seq(model, setup, gpu) if reverse else None,

@@ -63,6 +63,7 @@ class MemoryEstimate:
     host_ram: int
     notes: list[str] = field(default_factory=list)
     offloaded_activations: int = 0  # bytes act_offload moves to the host each micro-batch
+    cache_released: int = 0  # cached free bytes the allocator must release to stay within the card
 
     def as_dict(self) -> dict:
         return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
@@ -150,6 +151,32 @@ def fsdp_stream_pool_bytes(layer_bytes: int) -> int:
     (``_FreeEventQueue._max_num_inflight_all_gathers = 2``): the unshard stream's pool holds up to
     four layers' buffers while two are allocated, so two more are reserved."""
     return 2 * layer_bytes
+
+
+def cached_free_bytes(working: int, logits: int) -> int:
+    """Reserved, not allocated, at the step's peak: free blocks the caching allocator keeps in its
+    segments (``constants.CACHED_WORKING_SETS``): about two of the step's largest working sets
+    (``working``: a layer's forward or backward temporaries, the dequantized 4-bit weight; the
+    forward's and the backward's are of different sizes, and the checkpoints and gradients
+    allocated between them split the segments they were cut from, so neither is fully reused)
+    and a share of the loss's fp32 logits (``logits``: freed before the layers' backward, their
+    segments partly reused by it). Fitted to the allocator simulation (``trace/allocator.py``,
+    PyTorch's ``CUDACachingAllocator.cpp`` rules replayed on the traced step) by
+    ``scripts/calibrate.py``; ``tests/test_reserved.py`` pins a worked example."""
+    return int(K.CACHED_WORKING_SETS * working + K.CACHED_LOGITS_SHARE * logits)
+
+
+def allocator_limited_reserved(peak: int, reserved: int, gpu: GpuSpec) -> tuple[int, int]:
+    """``(reserved, released)``: the caching allocator never reserves more than the card gives it.
+    When ``cudaMalloc`` fails it frees its cached, unused segments and retries
+    (``CUDACachingAllocator.cpp`` ``malloc``: ``release_cached_blocks`` then ``alloc_block``; the
+    trace's limited replay does the same, ``trace/result.py``), so a step whose cached free blocks
+    would pass the card's memory less the CUDA context reserves at most that much; ``released`` is
+    what it gives back. A step whose allocated peak alone passes it does not fit and is left as is."""
+    usable = gpu.memory_bytes - K.CUDA_CONTEXT_BYTES
+    if reserved <= usable or peak > usable:
+        return reserved, 0
+    return usable, reserved - usable
 
 
 def padding_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
@@ -342,10 +369,16 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     phase = max(phases, key=lambda k: phases[k])
     peak = phases[phase]
 
-    transient = peak - (w_dev + s_dev + workspace)
-    reserved = peak + int(K.FRAGMENTATION_OF_TRANSIENT * transient) + K.ALLOCATOR_SEGMENTS_BYTES
+    working = max(bwd_work, fwd_work + dora_fwd, opt_temp)
+    logits = max(lm.forward_live, lm.backward_live)
+    reserved = peak + cached_free_bytes(working, logits) + K.ALLOCATOR_SEGMENTS_BYTES
     if gathered and setup.sharding != Sharding.zero3:
         reserved += fsdp_stream_pool_bytes(layer_weight_bytes)
+    reserved, released = allocator_limited_reserved(peak, reserved, gpu)
+    if released:
+        notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} has: it releases "
+                     "cached blocks and retries (slower; fragmentation can still run out), so reserved stops "
+                     "at the card")
     device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // place.states)
     if states_managed:
         notes.append("paged optimizer states live in CUDA managed memory: counted in device_total, "
@@ -364,12 +397,12 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "autocast_copies": copies_fwd,
         "activations": fixed + stack,
         "kept_outputs": kept + held_prev,
-        "logits": max(lm.forward_live, lm.backward_live),
-        "transient": max(bwd_work, fwd_work + dora_fwd, opt_temp),
+        "logits": logits,
+        "transient": working,
         "fsdp_unsharded": gathered_bytes,
         "cublas_workspace": workspace,
         "cuda_context": K.CUDA_CONTEXT_BYTES,
     }
     return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
                           peak_phase=phase, phases=phases, host_ram=host, notes=notes,
-                          offloaded_activations=offloaded)
+                          offloaded_activations=offloaded, cache_released=released)
