@@ -44,15 +44,16 @@ def predicted_saved(fam: str, setup: TrainingSetup) -> int:
 def cpu_only_adjustment(fam: str, setup: TrainingSetup) -> int:
     """Differences between the CPU run of this test and CUDA that the estimator models for CUDA.
 
-    * The CPU flash-attention kernel allocates its output in the query's memory layout. Phi-3's
-      query (a slice of the fused ``qkv_proj`` output) and Phi-2's (``torch.cat`` of the rotated
-      and the pass-through part) reach SDPA (b, heads, s, d)-contiguous, so
-      ``transpose(1, 2).contiguous()`` copies the output for ``o_proj``/``dense``; the other
-      families' queries are (b, s, heads, d) and the copy is a no-op. The estimator follows
-      CUDA's memory-efficient kernel, which always writes (b, s, heads, d)
-      (``aten/.../transformers/cuda/attention.cu``). Open question for a GPU run: FlashAttention's
-      ``mha_fwd`` allocates ``empty_like(q)`` (``cuda/flash_attn/flash_api.cpp``), so with 16-bit
-      inputs the copy may happen on CUDA too for these two families.
+    * The CPU flash-attention kernel allocates its output in the query's memory layout, at every
+      dtype. Phi-3's and Phi-2's query (``torch.cat`` of the rotated and the pass-through part)
+      reach SDPA (b, heads, s, d)-contiguous, so ``transpose(1, 2).contiguous()`` copies the
+      output for ``o_proj``/``dense``; the other families' queries are (b, s, heads, d) and the copy
+      is a no-op. On CUDA the same holds for FlashAttention (``mha_fwd``: ``empty_like(q)``,
+      ``cuda/flash_attn/flash_api.cpp``; the meta function and ``reportgen trace`` agree), which
+      takes 16-bit inputs, and the estimator counts the copy there
+      (``activations.flash_attention``); fp32 inputs take the memory-efficient kernel, which always
+      writes (b, s, heads, d) (``aten/.../transformers/cuda/attention.cu``): no copy on CUDA, a copy
+      on the CPU.
     * LoRA under autocast: in the first layer, whose input needs no gradient, ``lora_A`` does not
       save its weight's 16-bit copy. autocast's cache still holds it until the forward pass ends,
       so the estimator counts it as live memory, but it is not a saved tensor.
@@ -66,7 +67,8 @@ def cpu_only_adjustment(fam: str, setup: TrainingSetup) -> int:
         setup.is_peft and spec.attn_out_name in spec.lora_selection(setup.lora_targets).linears
         and not setup.lora_dropout
         and (not setup.autocast or setup.method.value == "qlora"))
-    if setup.attn.value == "sdpa" and bhsd_query and o_proj_saves and not setup.grad_ckpt:
+    cuda_flash = dtypes_for(setup).compute == 2  # activations.flash_attention (no padding mask here)
+    if setup.attn.value == "sdpa" and bhsd_query and o_proj_saves and not setup.grad_ckpt and not cuda_flash:
         # in a first layer whose q, k and v have no adapter SDPA saves nothing: the estimator counts
         # o_proj's input there already
         sel = spec.lora_selection(setup.lora_targets) if setup.is_peft else None

@@ -192,7 +192,14 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     elif attn == Attention.sdpa:
         # q, k, v (GQA heads kept), output, logsumexp (fp32 per query head)
         per_token += c * hd * (nq + 2 * nkv) + c * nq * hd + 4 * nq
-        o_shared = True
+        # FlashAttention's output follows the query's memory layout (``mha_fwd``: ``empty_like(q)`` of
+        # the transposed query, ``cuda/flash_attn/flash_api.cpp``; its meta function does the same).
+        # An elementwise RoPE keeps the projection's (batch, seq, heads, dim) layout, so
+        # ``transpose(1, 2).contiguous()`` before o_proj is a no-op and o_proj saves SDPA's own
+        # output; Phi's and Phi-3's RoPE ends in ``torch.cat`` and hands SDPA a (batch, heads, seq,
+        # dim) query, so the transpose copies and o_proj saves the copy. The memory-efficient kernel
+        # (fp32 inputs, or a padding mask) always writes (batch, seq, heads, dim): no copy.
+        o_shared = not (fam in ROPE_BY_CAT and flash_attention(model, setup, c))
         if fam == "phi3" and not (dt.quantized and dt.stream != c):
             # value_states is a slice of qkv_proj's fused output and is not rotated: the view SDPA
             # saves keeps the whole (q, k, v) output alive (modeling_phi3 ``Phi3Attention``, with
@@ -271,6 +278,20 @@ def _phi_mlp(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[st
     act, act_out = ops.gelu_new(model.intermediate_size, fc1_out, dt)
     saved = act + _linear_group(model.intermediate_size, act_out, [lins["fc2"]], lora, dt, rank)
     return saved + (ops.dropout_mask(model.hidden_size) if model.resid_dropout else 0)
+
+
+#: families whose ``apply_rotary_pos_emb`` ends in ``torch.cat([rotated, passed], dim=-1)`` (partial
+#: rotary; transformers ``modeling_phi3``, ``modeling_phi``): the rotated query is a new tensor in
+#: (batch, heads, seq, dim) order (``reportgen trace``: an ``aten.clone`` of the attention output)
+ROPE_BY_CAT = ("phi", "phi3")
+
+
+def flash_attention(model: ModelSpec, setup: TrainingSetup, c: int) -> bool:
+    """CUDA's SDPA takes the FlashAttention kernel (sm80+, ``sdp_utils.cpp`` ``select_sdp_backend``,
+    as ``trace/kernels.py`` ``sdpa_backend``): 16-bit inputs, no attention mask (a padded batch
+    passes one, ``memory.padding_mask_bytes``), head dimension at most 256. Else memory-efficient."""
+    masked = setup.seq_mean is not None and setup.padding.value != "packed"
+    return c == 2 and not masked and model.head_dim <= 256
 
 
 def _qkv_requires_grad(model: ModelSpec, lora: set[str]) -> tuple[bool, bool, bool]:
