@@ -58,6 +58,22 @@ def test_litgpt_recipe_from_its_code():
     assert isinstance(phi3_full, Unmapped) and "8 bytes per parameter" in phi3_full.reason
 
 
+def test_litgpt_builds_a_separate_head_for_a_tied_model():
+    """litgpt's GPT never ties lm_head to the embedding (convert_hf_checkpoint copies it): Gemma 2 9B
+    trains with 256,000 x 3,584 more weights, a head that bnb.nf4 quantizes (the dequantized head is
+    the largest transient); the same model from fsdp_qlora or the catalog keeps its tied head."""
+    from reportgen import catalog
+    from reportgen.estimate import params as P
+
+    rows = {r["id"]: r for r in read_rows(CSV)}
+    gemma = map_row(rows["R069"])
+    tied = catalog.load_model("gemma-2-9b")
+    assert tied.tie_word_embeddings and not gemma.spec.tie_word_embeddings
+    assert gemma.spec.total_params == tied.total_params + 256_000 * 3_584
+    assert P.head_quantized(gemma.spec, gemma.setup) and not P.head_quantized(tied, gemma.setup)
+    assert map_row(rows["R001"]).spec == catalog.load_model("llama-2-7b")  # not litgpt: unchanged
+
+
 def test_loss_only_rows_are_mib_with_gemma2_softcapping():
     """apple/ml-cross-entropy's op_mem_mb is bytes / 2**20: the estimator's 12 and 14 bytes per logit
     (bf16 logits, soft-capped copy, fp32 copy, log-softmax; backward adds the gradient) of 8,192 x

@@ -23,7 +23,8 @@ Each source's defaults come from its own code or documentation, cited per mapper
   the loss holds full fp32 logits like transformers' (``loss='standard'``). With ``--quantize
   bnb.nf4`` Fabric's ``BitsandbytesPrecision`` trains with ``bnb.optim.PagedAdamW`` (32-bit,
   ``optimizer='paged-adamw'``) and also quantizes the LM head (``quant_head``). LoRA and full
-  fine-tuning use ``torch.optim.AdamW``. The figure is ``max_memory_allocated / 1e9``, never reset.
+  fine-tuning use ``torch.optim.AdamW``. litgpt's own model never ties the head to the embedding
+  (``litgpt_spec``). The figure is ``max_memory_allocated / 1e9``, never reset.
 * apple/ml-cross-entropy README: memory of the loss op alone (8,192 tokens, vocabulary 256,000,
   bf16 classifier, Gemma 2 2B with its final logit soft-capping); mapped to the logits term only.
   Its ``op_mem_mb`` divides bytes by 2**20 (MiB): 24,000.0 and 28,000.0 are exactly 12 and 14 bytes
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reportgen import catalog
@@ -81,7 +82,18 @@ class Mapped:
 
     @property
     def spec(self) -> ModelSpec:
-        return catalog.load_model(self.model)
+        spec = catalog.load_model(self.model)
+        return litgpt_spec(spec) if "litgpt" in self.source else spec
+
+
+def litgpt_spec(spec: ModelSpec) -> ModelSpec:
+    """The model as litgpt builds it: its ``GPT`` (``litgpt/model.py``) makes ``lm_head`` an
+    ``nn.Linear`` and ``transformer.wte`` an ``nn.Embedding`` of its own and never ties them;
+    ``convert_hf_checkpoint`` copies the embedding into ``lm_head.weight`` for a checkpoint that
+    ties them (Gemma, Llama 3.2 1B/3B). So a tied model trains with a separate head: V x h more
+    weights, a head that ``--quantize bnb.nf4`` quantizes like every other linear (``quant_head``),
+    and, in full fine-tuning, its own gradient and optimizer states."""
+    return replace(spec, tie_word_embeddings=False) if spec.tie_word_embeddings else spec
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ def slowdown_rows(rows: list[dict]) -> list[dict]:
             continue
         est = {}
         for key, run in (("lora", lora), ("qlora", q)):
-            spec, card = catalog.load_model(run["mapped"].model), catalog.load_gpu(gpu)
+            spec, card = run["mapped"].spec, catalog.load_gpu(gpu)
             mem = estimate_memory(spec, run["mapped"].setup, card, libs=LITGPT_LIBS)
             est[key] = estimate_time(spec, run["mapped"].setup, card, mem.terms["activations"],
                                      mem.terms["logits"]).tokens_per_s
