@@ -31,3 +31,22 @@ def test_a_sequence_past_the_context_is_estimated_and_says_so():
     est = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_gpu("h100-sxm"),
                    TrainingSetup(method="lora", seq=262144), reverse=False)
     assert "rope_scaling 'llama3'" in next(n for n in est.notes if "max_position_embeddings" in n)
+
+
+def test_advise_past_the_context_warns_before_the_walk():
+    """`reportgen advise --seq` past the model's context says so at the top (terminal) and in the walk's
+    JSON, where the guide pages show it as a warning; within the context it says nothing."""
+    import io
+
+    from rich.console import Console
+
+    from reportgen.advise.cli import print_walk
+    from reportgen.advise.walk import walk
+
+    doc = walk("tinyllama-1.1b", "rtx-4090", seq=100_000)
+    assert "seq 100,000 is past tinyllama-1.1b's max_position_embeddings 2,048" in doc["context_note"]
+    out = io.StringIO()
+    print_walk(doc, Console(file=out, width=200))
+    head = out.getvalue().splitlines()[:4]
+    assert any(line.startswith("warning: seq 100,000 is past") for line in head)
+    assert walk("tinyllama-1.1b", "rtx-4090", seq=2048)["context_note"] is None

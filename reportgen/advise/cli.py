@@ -116,6 +116,8 @@ def print_walk(doc: dict, console=None) -> None:
                   f"{doc['seq']:,} tokens: what to turn on first", highlight=False)
     console.print("[dim]every number is an estimate (reportgen estimate); GiB = 2^30 bytes; memory is the device "
                   "total, what nvidia-smi would show[/]", highlight=False)
+    if doc.get("context_note"):
+        console.print(f"[bold yellow]warning:[/] {doc['context_note']}", highlight=False)
     table = Table(title_justify="left")
     for col, just in (("#", "right"), ("step", "left"), ("setup evaluated", "left"), ("GiB (est.)", "right"),
                       ("tokens/s (est.)", "right"), ("result", "left")):

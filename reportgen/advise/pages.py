@@ -115,6 +115,7 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
     verdict = doc["verdict"]
     return {
         "seq": doc["seq"],
+        "context_note": doc.get("context_note"),
         "sweep": doc.get("sweep"),
         "verdict": verdict["kind"],
         "admonition": ADMONITION.get(verdict["kind"], "note"),

@@ -14,7 +14,7 @@ import math
 from reportgen import catalog
 from reportgen.advise import claims as C
 from reportgen.advise import tree as T
-from reportgen.estimate import Estimate, estimate
+from reportgen.estimate import Estimate, context_note, estimate
 from reportgen.fingerprint import estimator_hash
 from reportgen.estimate.search import cheapest_setup, default_precision
 from reportgen.hardware import GpuSpec
@@ -321,6 +321,8 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
         "gpu_name": gpu.name,
         "gpu_memory_bytes": gpu.memory_bytes,
         "seq": seq,
+        "context_note": (context_note(model, seq) if model.max_position_embeddings
+                         and seq > model.max_position_embeddings else None),
         "train_tokens": train_tokens,
         "estimator_hash": estimator_hash(),
         "tree_hash": T.tree_hash(),
