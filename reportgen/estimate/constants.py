@@ -38,7 +38,7 @@ CUDA_CONTEXT_BYTES = 500 * MIB
 #: 2.226 and 0.150 from 120 cases (every catalog model at batch 1 and 2,048 tokens with
 #: checkpointing, plus batches 1-10 at 512-2,048 tokens with and without checkpointing, pure bf16
 #: and bf16-mixed, full, LoRA and QLoRA), held-out |error| of reserved median 1.3 %, worst 13.6 %.
-#: They replace FRAGMENTATION_OF_TRANSIENT = 0.10 (ASSUMED: reserved = allocated + 0.10 x (peak -
+#: They replace FRAGMENTATION_OF_TRANSIENT = 0.10 (an assumption: reserved = allocated + 0.10 x (peak -
 #: weights - states)), which the same simulation found 4-16 % low on checkpointed PEFT steps and up
 #: to 16 % high without checkpointing. Above the card, ``memory.allocator_limited_reserved`` applies.
 CACHED_WORKING_SETS = 2.226
