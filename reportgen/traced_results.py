@@ -23,6 +23,9 @@ from reportgen import catalog
 from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_versioned, short_hash, write_json_atomic
 from reportgen.store import Warn, stderr_warn
 
+#: what ``trace/result.py`` notes when a step fits only in a replay limited to the card: its reserved
+#: figure is then the card's, after the allocator released cached blocks (tests pin the wording)
+RELEASED_NOTE = "fits only because the allocator releases its cached segments"
 TRACED_DIR = "traced"
 TRACED_SCHEMA_VERSION = 1
 #: the fields of ``Trace.as_dict()`` a traced file keeps
@@ -36,6 +39,11 @@ def _constants(gpu: str) -> dict:
 
     return {"cublas_workspace": cublas_workspace_bytes(catalog.load_gpu(gpu)), "cublas_handles": K.CUBLAS_HANDLES,
             "cuda_context": K.CUDA_CONTEXT_BYTES}
+
+
+def cache_limited(doc: dict) -> bool:
+    """Whether a traced document's figures come from the replay limited to the card."""
+    return any(RELEASED_NOTE in n for n in doc.get("notes", []))
 
 
 def inputs_hash(case: dict) -> str:

@@ -57,8 +57,7 @@ COMPUTE_SHARE_MIN = 0.9
 #: most fits here have one parameter (the cached-free fit has two); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 MIN_CASES = PARAMETERS + 2
-#: the note ``trace/result.py`` adds when a step fits only because the allocator released its cache
-RELEASED_NOTE = "fits only because the allocator releases its cached segments"
+
 
 
 def measured_cases(dirs: list[Path]) -> list[dict]:
@@ -171,12 +170,12 @@ def traced_samples(results_dir: Path) -> list[dict]:
     step replayed through ``trace/allocator.py``) of every current traced case under
     ``results_dir``, each with its estimate. Cases the simulation fitted only by releasing the cache
     (a replay limited to the card) are left out: their reserved is the card's."""
-    from reportgen.traced_results import load_traced
+    from reportgen.traced_results import cache_limited, load_traced
 
     out = []
     for doc in load_traced(results_dir).values():
         case, mem = doc["case"], doc["memory"]
-        if any(RELEASED_NOTE in n for n in doc.get("notes", [])):
+        if cache_limited(doc):
             continue
         setup = TrainingSetup.model_validate(case["setup"])
         est = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)

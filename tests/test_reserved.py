@@ -99,5 +99,21 @@ def test_calibrate_recovers_the_cached_free_constants(capsys):
     assert a == pytest.approx(1.7) and b == pytest.approx(0.3)
     assert "held-out |error| of reserved median 0.0%" in capsys.readouterr().out
     assert cal.fit_cached_free(samples[:3], "thin") is None  # two parameters need four cases
-    # the note the traced fit uses to leave out cache-releasing replays is the tracer's own words
-    assert cal.RELEASED_NOTE in (ROOT / "reportgen" / "trace" / "result.py").read_text()
+    # the note that marks a cache-releasing replay (left out of the fit, compared like with like on
+    # the validation page) is the tracer's own words
+    from reportgen.traced_results import RELEASED_NOTE
+
+    assert RELEASED_NOTE in (ROOT / "reportgen" / "trace" / "result.py").read_text()
+
+
+def test_validation_compares_reserved_like_with_like():
+    """The validation page's reserved gap: the estimate's demand (before releasing cached blocks) against
+    an unlimited replay; the card-limited figures against a replay that was itself limited."""
+    from reportgen.report.traced import comparison
+
+    base = {"id": "x", "model": "m", "gpu": "g", "color": "c", "label": "l", "batch": 1, "seq": 8, "sweep": "s",
+            "peak_allocated": 90, "peak_reserved": 100, "cache_released": 20}
+    free = comparison({**base, "traced": {"peak_allocated": 90, "peak_reserved": 125, "cache_limited": False}})
+    assert free["est_reserved"] == 120 and free["reserved_gap"] == pytest.approx(-0.04)
+    limited = comparison({**base, "traced": {"peak_allocated": 90, "peak_reserved": 100, "cache_limited": True}})
+    assert limited["est_reserved"] == 100 and limited["reserved_gap"] == 0

@@ -52,6 +52,10 @@ from reportgen.model import ModelSpec
 from reportgen.setup import Attention, Method, Offload, Optimizer, Sharding, TrainingSetup
 
 
+#: keys of ``MemoryEstimate.as_dict()`` that are totals or side figures, not memory terms
+TOTALS = ("peak_allocated", "peak_reserved", "device_total", "host_ram", "cache_released")
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     terms: dict[str, int]  # one key per term, bytes on one GPU
@@ -67,7 +71,7 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict:
         return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "device_total": self.device_total, "host_ram": self.host_ram}
+                "device_total": self.device_total, "host_ram": self.host_ram, "cache_released": self.cache_released}
 
 
 def effective_attention(model: ModelSpec, setup: TrainingSetup) -> tuple[Attention, str | None]:

@@ -25,10 +25,14 @@ def comparison(r: dict) -> dict:
     allocated gap is within the agreement tolerance (with the listed cause when it is not)."""
     t = r["traced"]
     gap = _gap(r["peak_allocated"], t["peak_allocated"])
+    # like with like: what each would reserve without the card's limit, unless the traced replay was
+    # itself limited to the card (then both are what the card shows)
+    est_reserved = r["peak_reserved"] if r["peak_reserved"] is None or t.get("cache_limited") else (
+        r["peak_reserved"] + (r.get("cache_released") or 0))
     return {**{k: r[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "sweep")},
             "est_allocated": r["peak_allocated"], "traced_allocated": t["peak_allocated"], "gap": gap,
-            "est_reserved": r["peak_reserved"], "traced_reserved": t["peak_reserved"],
-            "reserved_gap": _gap(r["peak_reserved"], t["peak_reserved"]),
+            "est_reserved": est_reserved, "traced_reserved": t["peak_reserved"],
+            "reserved_gap": _gap(est_reserved, t["peak_reserved"]),
             "within": gap is not None and abs(gap) <= agreement.TOLERANCE,
             "cause": agreement.STORED_DISAGREEMENTS.get(r["id"])}
 

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from reportgen import catalog
+from reportgen.estimate.memory import TOTALS as MEMORY_TOTALS
 from reportgen.provenance import QUANTITIES, Provenance, provenance_of
 from reportgen.report.page import SiteData
 from reportgen.results import short_hash
 from reportgen.setup import TrainingSetup
+from reportgen.traced_results import cache_limited
 from reportgen.views.format import GIB
 
 #: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
@@ -201,6 +203,7 @@ def traced_values(result: dict) -> dict | None:
     mem = doc.get("memory") or {}
     return {"peak_allocated": mem.get("peak_allocated"), "peak_reserved": mem.get("peak_reserved"),
             "device_total": mem.get("device_total"), "fits": doc.get("fits"), "peak_phase": doc.get("peak_phase"),
+            "cache_limited": cache_limited(doc),
             "title": "traced: the real training step on the meta device, its allocations replayed through a "
                      "simulation of the CUDA caching allocator (reportgen trace); not measured"}
 
@@ -247,9 +250,9 @@ def row(result: dict) -> dict:
         "peak_allocated": mem.get("peak_allocated"),
         "peak_reserved": mem.get("peak_reserved"),
         "device_total": mem.get("device_total"),
-        "terms": {k: v for k, v in mem.items() if k not in ("peak_allocated", "peak_reserved", "device_total",
-                                                            "host_ram")},
+        "terms": {k: v for k, v in mem.items() if k not in MEMORY_TOTALS},
         "host_ram": mem.get("host_ram"),
+        "cache_released": mem.get("cache_released") or 0,
         "peak_phase": est.get("peak_phase"),
         "max_batch": est.get("max_batch"),
         "max_seq": est.get("max_seq"),

@@ -38,11 +38,16 @@ def print_estimate(est, model, gpu, console: Console | None = None) -> None:
         lo, hi = est.band.range(mem.device_total)
         table.add_row("  expected range (error band)", f"{gib(lo)}-{gib(hi)}",
                       f"{100 * est.band.lo:+.0f}% to {100 * est.band.hi:+.0f}%, from {est.band.n} comparisons")
+    if mem.cache_released:
+        table.add_row("  cached blocks released to fit", gib(mem.cache_released),
+                      "reserved would pass the card without it")
     if mem.host_ram:
         table.add_row("host RAM (offload)", gib(mem.host_ram), "")
     console.print(table)
 
-    tt = Table(title="time (analytic roofline, efficiency constants not yet fitted)", title_justify="left")
+    basis = ("matmul efficiency fitted to published tokens/s of consumer cards" if gpu.is_consumer
+             else "matmul efficiency assumed for data-center cards, no fit adopted")
+    tt = Table(title=f"time (analytic roofline; {basis})", title_justify="left")
     tt.add_column("")
     tt.add_column("", justify="right")
     tt.add_row("step time", seconds(t.step_s))
