@@ -23,9 +23,6 @@ from reportgen import catalog
 from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_versioned, short_hash, write_json_atomic
 from reportgen.store import Warn, stderr_warn
 
-#: what ``trace/result.py`` notes when a step fits only in a replay limited to the card: its reserved
-#: figure is then the card's, after the allocator released cached blocks (tests pin the wording)
-RELEASED_NOTE = "fits only because the allocator releases its cached segments"
 TRACED_DIR = "traced"
 TRACED_SCHEMA_VERSION = 1
 #: the fields of ``Trace.as_dict()`` a traced file keeps
@@ -42,8 +39,9 @@ def _constants(gpu: str) -> dict:
 
 
 def cache_limited(doc: dict) -> bool:
-    """Whether a traced document's figures come from the replay limited to the card."""
-    return any(RELEASED_NOTE in n for n in doc.get("notes", []))
+    """Whether a traced document's figures come from the replay limited to the card (the allocator
+    released cached blocks to fit; ``trace/result.py`` ``cache_released``)."""
+    return bool((doc.get("memory") or {}).get("cache_released"))
 
 
 def inputs_hash(case: dict) -> str:

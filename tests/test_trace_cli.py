@@ -112,3 +112,33 @@ def test_the_cli_does_not_import_torch_to_build_its_parser():
     script = "import sys; from reportgen.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False"
+
+
+def test_a_trace_that_fits_only_by_releasing_the_cache_says_how_much(monkeypatch, tiny_llama):
+    """When the unlimited replay does not fit the card, the step is replayed limited to it; if that
+    succeeds, the JSON's memory says what the allocator gave back (cache_released), the figures are the
+    limited replay's, and the site compares them with the estimate's card-limited reserved."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from reportgen import catalog
+    from reportgen.model import from_config
+    from reportgen.setup import TrainingSetup
+    from reportgen.trace import replay as R
+    from reportgen.trace.result import trace_case
+    from reportgen.traced_results import cache_limited
+
+    real, extra = R.replay, 2**40  # the unlimited replay made to need a tebibyte more than the card
+
+    def replay(run, limit_bytes=None):
+        r = real(run, limit_bytes)
+        return r if limit_bytes else dataclasses.replace(r, peak_reserved=r.peak_reserved + extra)
+
+    monkeypatch.setattr(R, "replay", replay)
+    spec = from_config(json.loads(Path(tiny_llama).read_text()), name="tiny")
+    t = trace_case(spec, catalog.load_gpu("rtx-4090"), TrainingSetup(method="lora", seq=64))
+    memory = t.as_dict()["memory"]
+    assert t.fits and memory["cache_released"] == extra
+    assert memory["device_total"] <= catalog.load_gpu("rtx-4090").memory_bytes  # the limited replay's figures
+    assert any("fits only because the allocator releases" in n for n in t.notes)
+    assert cache_limited({"memory": memory}) and not cache_limited({"memory": {"cache_released": 0}})

@@ -9,6 +9,7 @@ cublas_workspace; then the three totals:
 * ``peak_allocated``: the simulated ``torch.cuda.max_memory_allocated`` of the measured step (block
   sizes, so 512-byte rounding and unsplit blocks count, as on CUDA);
 * ``peak_reserved``: the simulated ``torch.cuda.max_memory_reserved``;
+* ``cache_released``: what the replay limited to the card (below) gave back, 0 when it was not needed;
 * ``device_total``: ``peak_reserved`` plus the CUDA context, which no trace can see: the
   estimator's ``CUDA_CONTEXT_BYTES``. The cuBLAS workspaces are the estimator's constants too,
   injected as allocations (``kernels.cublas_workspace``). Both are named in ``notes``.
@@ -54,6 +55,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     capacity: int = 0
     context_limit: int | None = None
+    cache_released: int = 0  # reserved the limited replay gave back to fit the card (0: not limited)
 
     @property
     def terms(self) -> dict[str, int]:
@@ -74,7 +76,7 @@ class Trace:
             "analytic_family": self.known_family,
             "params": {"total": self.params_total, "trainable": self.params_trainable},
             "memory": {**self.terms, "peak_allocated": r.peak_allocated, "peak_reserved": r.peak_reserved,
-                       "device_total": self.device_total, "host_ram": 0},
+                       "device_total": self.device_total, "host_ram": 0, "cache_released": self.cache_released},
             "peak_phase": r.peak_phase,
             "peak_op": r.peak_op,
             "timeline": r.phases,
@@ -126,9 +128,11 @@ def trace_case(spec: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, warmup: int 
     notes = list(run.notes)
     device_total = r.peak_reserved + K.CUDA_CONTEXT_BYTES
     fits = device_total <= gpu.memory_bytes
+    released = 0
     if not fits:
         limited = replay(run, limit_bytes=gpu.memory_bytes - K.CUDA_CONTEXT_BYTES)
         if limited.oom is None:
+            released = max(0, r.peak_reserved - limited.peak_reserved)
             fits, r = True, limited
             device_total = r.peak_reserved + K.CUDA_CONTEXT_BYTES
             notes.append(f"fits only because the allocator releases its cached segments when {gpu.key} is full "
@@ -148,4 +152,5 @@ def trace_case(spec: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, warmup: int 
                  params_total=run.params_total, params_trainable=run.params_trainable, replay=r,
                  device_total=device_total, fits=fits, emulations=run.applied.as_list(),
                  sdpa_backends=run.sdpa_backends, environment=_environment(), notes=notes,
-                 capacity=gpu.memory_bytes, context_limit=spec.max_position_embeddings or None)
+                 capacity=gpu.memory_bytes, context_limit=spec.max_position_embeddings or None,
+                 cache_released=released)
