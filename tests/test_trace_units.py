@@ -46,7 +46,7 @@ def test_linear_runs_in_bf16_and_the_weight_cast_is_cached_until_autocast_exits(
     w = torch.nn.Parameter(torch.empty(8, 4, device=META))
     x = torch.empty(2, 4, device=META)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y1, y2 = F.linear(x, w), F.linear(x, w)
+        y1, _second = F.linear(x, w), F.linear(x, w)  # the second call hits the cast cache
         assert y1.dtype == torch.bfloat16
         hit = cuda_autocast._cache[id(w)][1]
         assert F.linear(x, w).dtype == torch.bfloat16 and cuda_autocast._cache[id(w)][1] is hit
