@@ -426,6 +426,7 @@ def _published(path: Path | None) -> dict | None:
         "unmapped": sorted(data.get("unmapped", []), key=lambda r: str(r.get("id"))),
         "median_abs_error_gb": data.get("median_abs_error_gb"),
         "median_abs_rel_error": data.get("median_abs_rel_error"),
+        "median_rel_error": data.get("median_rel_error"),
         "by_source": [{"source": k, **v} for k, v in sorted((data.get("by_source") or {}).items())],
         "speed": data.get("speed"),
         "multi_gpu": data.get("multi_gpu"),
