@@ -29,7 +29,7 @@ from enum import Enum
 from pathlib import Path
 
 from reportgen import catalog, cli
-from reportgen.estimate.memory import TOTALS as MEMORY_TOTALS
+from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
 from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seconds
@@ -38,8 +38,6 @@ from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seco
 PASTED = "config.json"
 #: ``reportgen estimate``'s default number of training tokens (its ``--train-tokens``)
 DEFAULT_TRAIN_TOKENS = 100_000_000
-#: keys of the ``memory`` object that are totals, not terms
-TOTALS = MEMORY_TOTALS
 
 _last_pasted: str | None = None
 

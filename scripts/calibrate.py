@@ -19,7 +19,7 @@ Reads every sweep directory given (default: all under ``results/``) through ``re
 (measurement files joined to their estimates) and uses a measured quantity only where the
 provenance rule (``reportgen.provenance``) lets it count for the case's card: memory from a run on
 that card or on a larger card capped to it, speed only from a run on that card; nothing from a CPU
-run. It fits, each from at least ``MIN_CASES`` (parameters + 2) cases or not at all:
+run. It fits, each from at least parameters + 2 cases or not at all:
 
 * ``CUDA_CONTEXT_BYTES``: median of (NVML device_used - torch peak_reserved);
 * ``CACHED_WORKING_SETS``, ``CACHED_LOGITS_SHARE``: the same least-squares fit on measured
@@ -56,8 +56,6 @@ from reportgen.setup import TrainingSetup  # noqa: E402
 COMPUTE_SHARE_MIN = 0.9
 #: most fits here have one parameter (the cached-free fit has two); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
-MIN_CASES = PARAMETERS + 2
-
 
 
 def measured_cases(dirs: list[Path]) -> list[dict]:
@@ -106,12 +104,12 @@ def fit_context(cases: list[dict]) -> None:
         describe("CUDA_CONTEXT_BYTES", f"{K.CUDA_CONTEXT_BYTES / 2**20:.0f} MiB", fit / 2**20, errs, " MiB")
 
 
-def cached_free_sample(allocated: int, reserved: int, est) -> dict | None:
+def cached_free_sample(allocated: int, reserved: int, m) -> dict | None:
     """One observation of the cached free bytes: what ``reserved`` holds beyond ``allocated`` and
     beyond the estimate's fixed parts of reserved (allocator segments, FSDP's unshard-stream pool),
     with the estimate's working set and logits that ``memory.cached_free_bytes`` scales. None for a
-    step the estimate says only fits by releasing the cache (its reserved figure is the card's)."""
-    m = est.memory
+    step the estimate (``m``, its ``MemoryEstimate``) says only fits by releasing the cache (its
+    reserved figure is the card's)."""
     if m.cache_released:
         return None
     working, logits = m.terms["transient"], m.terms["logits"]
@@ -159,7 +157,7 @@ def fit_cached_free(samples: list[dict], source: str) -> tuple[float, float] | N
 
 
 def fit_fragmentation(cases: list[dict], ests: list) -> None:
-    samples = [cached_free_sample(c["figures"]["peak_allocated"], c["figures"]["peak_reserved"], e)
+    samples = [cached_free_sample(c["figures"]["peak_allocated"], c["figures"]["peak_reserved"], e.memory)
                for c, e in zip(cases, ests)
                if c["memory"] and c["figures"].get("peak_reserved") and c["figures"].get("peak_allocated")]
     fit_cached_free([s for s in samples if s], "measured")
@@ -170,6 +168,7 @@ def traced_samples(results_dir: Path) -> list[dict]:
     step replayed through ``trace/allocator.py``) of every current traced case under
     ``results_dir``, each with its estimate. Cases the simulation fitted only by releasing the cache
     (a replay limited to the card) are left out: their reserved is the card's."""
+    from reportgen.estimate.memory import estimate_memory
     from reportgen.traced_results import cache_limited, load_traced
 
     out = []
@@ -178,7 +177,7 @@ def traced_samples(results_dir: Path) -> list[dict]:
         if cache_limited(doc):
             continue
         setup = TrainingSetup.model_validate(case["setup"])
-        est = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
+        est = estimate_memory(catalog.load_model(case["model"]), setup, catalog.load_gpu(case["gpu"]))
         sample = cached_free_sample(mem["peak_allocated"], mem["peak_reserved"], est)
         if sample:
             out.append(sample)

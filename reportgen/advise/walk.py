@@ -56,8 +56,7 @@ def free_bytes(est: Estimate, gpu: GpuSpec) -> int:
     """GPU memory left over (negative: missing), counted like ``search.fits_memory``: paged optimizer
     states may spill to host RAM, so they do not count against the card; cached blocks the allocator
     would have to release to stay within the card do."""
-    mem = est.memory
-    return gpu.memory_bytes - (mem.device_total + mem.cache_released - mem.terms.get("optimizer_paged", 0))
+    return gpu.memory_bytes - est.memory.card_demand
 
 
 def numbers(est: Estimate, gpu: GpuSpec) -> dict:

@@ -69,10 +69,7 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
                       offloaded_bytes=mem.offloaded_activations)
     notes = list(dict.fromkeys(mem.notes + t.notes))
     band = band_for("device_total", setup.method.value)
-    # what the step asks of the card: with the cached blocks the allocator would keep, before it
-    # releases any of them to stay within the card (memory.allocator_limited_reserved)
-    demand = mem.device_total + mem.cache_released - mem.terms.get("optimizer_paged", 0)
-    judged = verdict(demand, gpu.memory_bytes, band)
+    judged = verdict(mem.card_demand, gpu.memory_bytes, band)
     if mem.cache_released and judged == "does not fit":
         judged = "tight"  # the allocated peak fits: it runs if releasing the cache leaves room
     if model.max_position_embeddings and setup.seq > model.max_position_embeddings:

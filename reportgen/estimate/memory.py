@@ -69,6 +69,13 @@ class MemoryEstimate:
     offloaded_activations: int = 0  # bytes act_offload moves to the host each micro-batch
     cache_released: int = 0  # cached free bytes the allocator must release to stay within the card
 
+    @property
+    def card_demand(self) -> int:
+        """What the step asks of the card: ``device_total`` with the cached blocks the allocator would
+        keep (before it releases any to stay within the card), less paged optimizer states, which
+        may spill to host RAM. ``fits``, the verdict, the searches and the walks compare this."""
+        return self.device_total + self.cache_released - self.terms.get("optimizer_paged", 0)
+
     def as_dict(self) -> dict:
         return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "device_total": self.device_total, "host_ram": self.host_ram, "cache_released": self.cache_released}

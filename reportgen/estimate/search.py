@@ -24,7 +24,7 @@ def fits(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> bool:
 def fits_memory(mem, gpu: GpuSpec) -> bool:
     """``device_total`` (what nvidia-smi shows) within the card's memory; paged optimizer states
     may spill to host RAM, so they do not count against it."""
-    return mem.device_total + mem.cache_released - mem.terms.get("optimizer_paged", 0) <= gpu.memory_bytes
+    return mem.card_demand <= gpu.memory_bytes
 
 
 def _largest(ok: Callable[[int], bool], start: int, limit: int, step: int = 1) -> int | None:
