@@ -196,6 +196,18 @@ def load_sweep(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
     return sorted(results, key=lambda r: r["id"])
 
 
+def load_measured(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
+    """Every measured case of a sweep directory from its measurement files alone (no estimate file
+    needed: a fresh clone has only the committed measurements), sorted by id:
+    ``{"id", "case", "measurement", "measurements"}`` as ``load_sweep`` joins them. For the scripts
+    that compare measurements with the current code's estimates (calibration, the error band)."""
+    out = []
+    for cid, attempts in sorted(load_measurements(Path(sweep_dir), warn).items()):
+        out.append({"id": cid, "case": attempts[-1]["case"], "measurement": current_measurement(attempts),
+                    "measurements": attempts})
+    return out
+
+
 def load_case(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> dict:
     """One case of a sweep directory, joined like ``load_sweep``. Raises ``UnreadableResult``."""
     sweep_dir = Path(sweep_dir)

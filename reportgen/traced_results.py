@@ -70,8 +70,25 @@ def traced_document(cid: str, sweep: str, case: dict, trace: dict, ihash: str | 
     case's ``inputs_hash`` taken before tracing (default: now)."""
     doc = {k: trace[k] for k in KEPT}
     doc["emulations"] = [e["name"] for e in trace["emulations"]]
+    # the traced step's inventory (trace/work.py): independent of the time constants, so the traced step
+    # time is priced when read (``traced_time``), with the constants of the day
+    doc["work"] = (trace.get("time") or {}).get("work")
     return {**doc, "schema_version": TRACED_SCHEMA_VERSION, "kind": "traced", "id": cid, "sweep": sweep,
             "case": case, "inputs_hash": ihash or inputs_hash(case)}
+
+
+def traced_time(doc: dict):
+    """The time model (``time.estimate_time``) priced on a traced file's inventory, or None for a file
+    traced before inventories were stored."""
+    from reportgen.estimate.time import estimate_time
+    from reportgen.estimate.work import StepWork
+    from reportgen.setup import TrainingSetup
+
+    if not doc.get("work"):
+        return None
+    case = doc["case"]
+    return estimate_time(catalog.load_model(case["model"]), TrainingSetup.model_validate(case["setup"]),
+                         catalog.load_gpu(case["gpu"]), work=StepWork.from_dict(doc["work"]))
 
 
 def write_traced(sweep_dir: Path, cid: str, case: dict, trace: dict, ihash: str | None = None) -> Path:

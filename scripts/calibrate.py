@@ -2,7 +2,7 @@
 """Fit the estimator's calibration constants to measured results, with held-out error.
 
     python scripts/calibrate.py [--published=data/published_measurements.csv | --no-published] [--no-traced]
-                                [results/validation ...]
+                                [--verbose] [results/validation ...]
 
 First it fits ``MATMUL_EFFICIENCY`` per GPU class to the tokens/s that other projects published
 (``reportgen.published.speed``: rates stated or implied by the source, each row estimated with its
@@ -36,6 +36,7 @@ script prints; it never edits ``constants.py``. A changed constant cites this sc
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -50,10 +51,11 @@ from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
 
-#: published rows fit the matmul efficiency only where the estimated compute is at least this share of
-#: the estimated step: elsewhere the step is mostly host-link transfers (FSDP over PCIe, CPU offload),
-#: whose own models would be absorbed into the efficiency
-COMPUTE_SHARE_MIN = 0.9
+#: published rows fit the matmul efficiency only where the estimated GEMM and attention time is at least
+#: this share of the estimated step: elsewhere the step is mostly host-link transfers (FSDP over PCIe,
+#: CPU offload) or dispatch, whose own models would be absorbed into the efficiency (the memory-bound
+#: kernels take most of the rest: 10-36 % of these rows' steps)
+COMPUTE_SHARE_MIN = 0.6
 #: most fits here have one parameter (the cached-free fit has two); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 
@@ -63,7 +65,7 @@ def measured_cases(dirs: list[Path]) -> list[dict]:
     quantities the provenance rule lets count for the case's card."""
     out = []
     for d in dirs:
-        for r in store.load_sweep(d):
+        for r in store.load_measured(d):
             m = r.get("measurement")
             if not m or m.get("status") != "ok" or not isinstance(m.get("measurement"), dict):
                 continue
@@ -184,43 +186,132 @@ def traced_samples(results_dir: Path) -> list[dict]:
     return out
 
 
-def compute_time_of(t, measured_step_s: float) -> float | None:
-    """The measured step less every non-compute term of the estimated step, each once
-    (``TimeEstimate.parts``); None when what is left does not exceed the memory-bound time (the
-    case is not compute-bound as measured, so it says nothing about matmul efficiency)."""
-    p = t.parts
-    rest = p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"] + p.get("compile", 0.0)
-    compute = measured_step_s - rest
-    return compute if compute > p["memory"] else None
+#: the time model's fitted constants (``time.TimeConstants``), in the order ``constants.py`` lists them
+#: the fit's loss on the log ratio: soft L1 (Huber-like beyond 10 %), so that a few steps slowed by the
+#: measuring host (5-step medians with up to 50 % spread) do not pull the constants for all others
+LOSS = "soft_l1"
+#: upper bounds besides 1: memory-bound kernels whose inputs the previous kernel just wrote read them
+#: from the L2 cache (50 MB on an H100), so their effective bandwidth may exceed the HBM datasheet's
+UPPER = {"bandwidth_efficiency": 2.0}
+TIME_CONSTANTS = ("matmul_efficiency", "attention_efficiency", "bandwidth_efficiency", "kernel_device_s",
+                  "host_s_per_kernel", "host_s_per_call", "host_s_per_autocast_kernel")
+TIME_NAMES = {"matmul_efficiency": "MATMUL_EFFICIENCY[datacenter]", "attention_efficiency": "ATTENTION_EFFICIENCY",
+              "bandwidth_efficiency": "BANDWIDTH_EFFICIENCY", "kernel_device_s": "KERNEL_DEVICE_S",
+              "host_s_per_kernel": "HOST_S_PER_KERNEL", "host_s_per_call": "HOST_S_PER_CALL",
+              "host_s_per_autocast_kernel": "HOST_S_PER_AUTOCAST_KERNEL"}
 
 
-def fit_efficiency(cases: list[dict], ests: list) -> None:
-    for cls in ("datacenter", "consumer"):
-        effs, idx = [], []
-        for i, (c, e) in enumerate(zip(cases, ests)):
-            gpu = catalog.load_gpu(e.gpu)
-            step = c["figures"].get("step_s")
-            if (cls == "consumer") != gpu.is_consumer or not c["speed"] or e.time.bound != "compute" or not step:
-                continue
-            compute = compute_time_of(e.time, step)
-            if compute is None:
-                continue
-            peak = gpu.peak_flops(e.time.peak_dtype)
-            effs.append(e.time.hardware_flops_per_token * e.setup.tokens_per_step / (peak * e.setup.gpus * compute))
-            idx.append(i)
-        name = f"MATMUL_EFFICIENCY[{cls}]"
-        if not enough(name, len(effs)):
+def time_sample(model, gpu, setup: TrainingSetup, measured_step_s: float, label: str) -> dict | None:
+    """What ``time.estimate_time`` prices, independent of the fitted constants (the step's inventory,
+    the card, the peak's dtype), with the terms that do not depend on them (transfers, compile, DoRA);
+    None for a step that has no datasheet peak."""
+    from reportgen.estimate.memory import effective_attention
+    from reportgen.estimate.time import estimate_time, peak_dtype
+    from reportgen.estimate.work import step_work
+
+    t = estimate_time(model, setup, gpu)
+    if t.step_s is None:
+        return None
+    extra = t.parts["transfer"] + t.parts["compile"] + t.parts["dora"]
+    return {"work": step_work(model, setup, effective_attention(model, setup)[0]), "gpu": gpu,
+            "dtype": peak_dtype(setup, gpu)[0], "layers": model.num_layers, "extra": extra,
+            "measured": measured_step_s, "label": label}
+
+
+def predict_step(x: dict, c) -> float:
+    """The step time ``estimate_time`` gives ``x`` with constants ``c`` (``time.TimeConstants``)."""
+    from reportgen.estimate.time import pipeline_seconds, step_phases
+
+    return pipeline_seconds(step_phases(x["work"], x["gpu"], x["dtype"], c), x["layers"]) + x["extra"]
+
+
+#: extra starting points of the time fit: the pipeline's max() makes the loss piecewise smooth, with
+#: local minima where cases switch between host-bound and device-bound; the best of the starts wins
+STARTS = ((0.6, 0.4, 0.9, 5e-6, 1e-5, 4e-5, 1e-5), (0.5, 0.5, 1.0, 2e-6, 2e-5, 2e-5, 2e-6),
+          (0.7, 0.3, 0.7, 1e-5, 5e-6, 6e-5, 2e-5))
+
+
+def solve_time(samples: list[dict], start, free: tuple[str, ...] = TIME_CONSTANTS, multistart: bool = True):
+    """The constants in ``free`` minimising the soft-L1 loss of the predicted step's log error over
+    ``samples`` (the others as in ``start``): efficiencies within [0.05, 1] (bandwidth's up to
+    ``UPPER``), times >= 0; from ``start`` and, with ``multistart``, from each of ``STARTS``."""
+    import dataclasses
+
+    from scipy.optimize import least_squares
+
+    lo = [0.05 if n.endswith("efficiency") else 0.0 for n in free]
+    hi = [UPPER.get(n, 1.0) for n in free]
+
+    def consts(v):
+        return dataclasses.replace(start, **dict(zip(free, map(float, v))))
+
+    def residuals(v):
+        c = consts(v)
+        return [math.log(predict_step(x, c) / x["measured"]) for x in samples]
+
+    starts = [[getattr(start, n) for n in free]]
+    if multistart:
+        starts += [[dict(zip(TIME_CONSTANTS, s))[n] for n in free] for s in STARTS]
+    best = None
+    for x0 in starts:
+        x0 = [min(max(v, 1e-7), h) for v, h in zip(x0, hi)]
+        sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=x0, loss=LOSS, f_scale=0.1, ftol=1e-12,
+                            xtol=1e-12, gtol=1e-12, max_nfev=2000)
+        if best is None or sol.cost < best.cost:
+            best = sol
+    return consts(best.x)
+
+
+def time_errors(samples: list[dict], c) -> list[float]:
+    return [predict_step(x, c) / x["measured"] - 1 for x in samples]
+
+
+def summary(errors: list[float]) -> str:
+    a = [abs(e) for e in errors]
+    return (f"median {100 * statistics.median(a):.1f}%, signed {100 * statistics.median(errors):+.1f}%, "
+            f"worst {100 * max(a):.1f}%, {sum(x > 0.25 for x in a)} of {len(a)} beyond 25%")
+
+
+def fit_time(samples: list[dict], verbose: bool = False):
+    """All the time constants at once on the measured step times (data-center cards), with the
+    leave-one-out error of the step time: each case predicted by constants fitted without it."""
+    from reportgen.estimate.time import TimeConstants
+
+    name = "time model (" + ", ".join(TIME_NAMES[n] for n in TIME_CONSTANTS) + ")"
+    if not enough(name, len(samples), parameters=len(TIME_CONSTANTS)):
+        return None
+    start = TimeConstants.current(samples[0]["gpu"])
+    fit = solve_time(samples, start)
+    held_out = [predict_step(x, solve_time(samples[:i] + samples[i + 1:], fit, multistart=False)) / x["measured"] - 1
+                for i, x in enumerate(samples)]
+    print(f"{name}: fit from {len(samples)} measured step times")
+    for n in TIME_CONSTANTS:
+        print(f"  {TIME_NAMES[n]}: current {getattr(start, n):.4g}, fit {getattr(fit, n):.4g}")
+    print(f"  held-out |error| of the step time: {summary(held_out)}")
+    print(f"  in-sample with the fit: {summary(time_errors(samples, fit))}; "
+          f"with the current constants: {summary(time_errors(samples, start))}")
+    if verbose:
+        for x, e, cur in sorted(zip(samples, held_out, time_errors(samples, start)), key=lambda t: t[1]):
+            print(f"    {x['label']:45s} measured {1e3 * x['measured']:8.1f} ms  held-out {100 * e:+6.1f}%  "
+                  f"current {100 * cur:+6.1f}%")
+    return fit
+
+
+def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None:
+    """The time constants from the measured step times that count for their card (one data-center
+    GPU, no offload: the host-link models are not fitted here)."""
+    samples = []
+    for c, e in zip(cases, ests):
+        gpu = catalog.load_gpu(e.gpu)
+        step = c["figures"].get("step_s")
+        if not c["speed"] or not step or gpu.is_consumer or e.setup.gpus > 1 or e.setup.offload.value != "none":
             continue
+        case = c["result"]["case"]
+        x = time_sample(catalog.load_model(case["model"]), gpu, e.setup, step, c["result"]["id"])
+        if x:
+            samples.append(x)
+    fit_time(samples, verbose)
 
-        def predict(f, j):
-            e, m = ests[idx[j]], cases[idx[j]]["figures"]
-            model, gpu = catalog.load_model(cases[idx[j]]["result"]["case"]["model"]), catalog.load_gpu(e.gpu)
-            t = estimate_time(model, e.setup, gpu, e.memory.terms["activations"], e.memory.terms["logits"],
-                              matmul_efficiency=f)
-            return (t.tokens_per_s - m["tokens_per_s"]) / m["tokens_per_s"]
-
-        fit, errs = loo(effs, predict)
-        describe(name, K.MATMUL_EFFICIENCY[cls], fit, errs)
 
 
 def published_speed_cases(csv_path: Path) -> list[dict]:
@@ -246,40 +337,33 @@ def published_speed_cases(csv_path: Path) -> list[dict]:
 
 
 def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
-    """``MATMUL_EFFICIENCY`` per GPU class from published tokens/s: the measured step
-    (tokens per step / tokens/s) less the estimate's other terms, as ``fit_efficiency``, over rows whose
-    estimated compute is at least ``COMPUTE_SHARE_MIN`` of the step; the fit is the median, its error
-    the leave-one-out error of the estimator's tokens/s. Returns the fits made."""
+    """``MATMUL_EFFICIENCY`` per GPU class from published tokens/s, over rows whose estimated GEMM and
+    attention time is at least ``COMPUTE_SHARE_MIN`` of the estimated step (elsewhere the step is
+    transfers or host dispatch, whose own models would be absorbed): each row's efficiency is the one
+    at which the estimator reproduces its tokens/s, the fit is their median (robust to the rows whose
+    wall time is mostly loading), its error the leave-one-out error of the estimator's tokens/s.
+    Returns the fits made."""
+    from scipy.optimize import minimize_scalar
+
     fits = {}
     for cls in ("datacenter", "consumer"):
-        effs, idx = [], []
-        for i, r in enumerate(rows):
-            t, setup, gpu = r["time"], r["setup"], r["gpu"]
-            if (cls == "consumer") != gpu.is_consumer or t.bound != "compute" or not t.step_s:
-                continue
-            if t.parts["compute"] < COMPUTE_SHARE_MIN * t.step_s:
-                continue  # communication/offload-dominated: the fit would absorb those models' errors
-            compute = compute_time_of(r["time"], setup.tokens_per_step / r["tokens_per_s"])
-            if compute is None:
-                continue
-            peak = gpu.peak_flops(t.peak_dtype)
-            effs.append(t.hardware_flops_per_token * setup.tokens_per_step / (peak * setup.gpus * compute))
-            idx.append(i)
+        idx = [i for i, r in enumerate(rows) if (cls == "consumer") == r["gpu"].is_consumer and r["time"].step_s
+               and r["time"].parts["compute"] >= COMPUTE_SHARE_MIN * r["time"].step_s]
         name = f"published tokens/s: MATMUL_EFFICIENCY[{cls}]"
-        if not enough(name, len(effs)):
+        if not enough(name, len(idx)):
             continue
 
-        def predict(f, j):
-            r = rows[idx[j]]
-            t = estimate_time(r["model"], r["setup"], r["gpu"], r["mem"].terms["activations"],
-                              r["mem"].terms["logits"], matmul_efficiency=f,
+        def error(f, j):
+            r = rows[j]
+            t = estimate_time(r["model"], r["setup"], r["gpu"], matmul_efficiency=f,
                               offloaded_bytes=r["mem"].offloaded_activations)
             return (t.tokens_per_s - r["tokens_per_s"]) / r["tokens_per_s"]
 
-        fit, errs = loo(effs, predict)
+        effs = [minimize_scalar(lambda f: math.log1p(error(f, j)) ** 2, bounds=(0.02, 1.0), method="bounded",
+                                options={"xatol": 1e-5}).x for j in idx]
+        fit, errs = loo(effs, lambda f, k: error(f, idx[k]))
         describe(name, K.MATMUL_EFFICIENCY[cls], fit, errs)
-        per_row = ", ".join(f"{rows[i]['id']} {e:.3f}" for i, e in zip(idx, effs))
-        print(f"  efficiency per row: {per_row}")
+        print("  efficiency per row: " + ", ".join(f"{rows[j]['id']} {e:.3f}" for j, e in zip(idx, effs)))
         fits[cls] = fit
     return fits
 
@@ -307,7 +391,7 @@ def main() -> int:
         ests.append(estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False))
     fit_context(cases)
     fit_fragmentation(cases, ests)
-    fit_efficiency(cases, ests)
+    fit_efficiency(cases, ests, verbose="--verbose" in sys.argv)
     print(f"{len(cases)} measured cases read from {', '.join(map(str, dirs))} "
           f"({sum(c['memory'] for c in cases)} with memory, {sum(c['speed'] for c in cases)} with speed that count)")
     return 0

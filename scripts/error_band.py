@@ -66,7 +66,7 @@ def published_comparisons() -> list[dict]:
 def measured_comparisons(dirs: list[Path]) -> list[dict]:
     out = []
     for d in dirs:
-        for r in store.load_sweep(d, warn=lambda m: None):
+        for r in store.load_measured(d, warn=lambda m: None):
             m = r.get("measurement")
             if not m or m.get("status") != "ok" or not isinstance(m.get("measurement"), dict):
                 continue

@@ -1,6 +1,6 @@
 """scripts/calibrate.py recovers constants from measurement files, uses only what the provenance rule
-lets count, refuses thin fits, and takes every step overhead out once (synthetic FAKE measurements
-made in the test from the estimator's own numbers)."""
+lets count and refuses thin fits (synthetic FAKE measurements made in the test from the estimator's
+own numbers, with the time constants set to known values)."""
 
 import re
 import subprocess
@@ -17,15 +17,16 @@ from reportgen.sweep import load_sweep
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
 
 
-def make_sweep(tmp_path: Path, batches: list[int]) -> Path:
+def make_sweep(tmp_path: Path, batches: list[int], methods: str = "full", precisions: str = "bf16-mixed") -> Path:
     spec = tmp_path / "cal.yaml"
     spec.write_text(f"""
 name: cal
 grids:
   - model: llama-3.2-1b
     gpu: h100-sxm
-    method: full
-    seq: 2048
+    method: [{methods}]
+    precision: [{precisions}]
+    seq: 1024
     batch: {batches}
 """)
     out = tmp_path / "results"
@@ -33,25 +34,33 @@ grids:
     return out
 
 
+#: known time constants the FAKE step times are made with (``time.TimeConstants`` order), away from
+#: the shipped ones so that a fit that returned its starting point would fail
+KNOWN = {"MATMUL_EFFICIENCY": {"datacenter": 0.55, "consumer": 0.6}, "ATTENTION_EFFICIENCY": 0.35,
+         "BANDWIDTH_EFFICIENCY": 0.8, "KERNEL_DEVICE_S": 4e-6, "HOST_S_PER_KERNEL": 1.5e-5,
+         "HOST_S_PER_CALL": 3e-5, "HOST_S_PER_AUTOCAST_KERNEL": 5e-6}
+
+
 def add_fake(results: Path, device: str = "h100-sxm", capped: str | None = None, context_mib: int = 612,
-             efficiency: float | None = None) -> None:
+             timed: bool = False, monkeypatch=None) -> None:
     """A made-up measurement (test data only) for every case: allocated = reserved = the estimate,
-    device_used = reserved + context; with ``efficiency``, a step time made of the estimate's own
-    non-compute terms plus the compute time at that matmul efficiency."""
+    device_used = reserved + context; with ``timed``, the step time the estimator gives with the
+    ``KNOWN`` time constants."""
+    from reportgen.estimate import constants as K
+    from reportgen.setup import TrainingSetup
+
     for r in store.load_sweep(results / "cal"):
         case = r["case"]
-        from reportgen.setup import TrainingSetup
-
         setup = TrainingSetup.model_validate(case["setup"])
         e = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
         figures = {"peak_allocated": e.memory.peak_allocated, "peak_reserved": e.memory.peak_reserved,
                    "device_used": e.memory.peak_reserved + context_mib * 2**20, "step_s": None, "tokens_per_s": None}
-        if efficiency is not None:
-            p = e.time.parts
-            peak = catalog.load_gpu(case["gpu"]).peak_flops(e.time.peak_dtype)
-            compute = e.time.hardware_flops_per_token * setup.tokens_per_step / (peak * efficiency)
-            figures["step_s"] = compute + p["dequant"] + p["optimizer"] + p["transfer"] + p["overhead"]
-            figures["tokens_per_s"] = setup.tokens_per_step / figures["step_s"]
+        if timed:
+            with monkeypatch.context() as m:
+                for name, value in KNOWN.items():
+                    m.setattr(K, name, value)
+                t = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False).time
+            figures["step_s"], figures["tokens_per_s"] = t.step_s, t.tokens_per_s
         env = {"device": "cpu"} if device == "cpu" else {"device": "cuda", "gpu_catalog_key": device}
         cap = {"applied": True, "emulated_gpu": capped} if capped else None
         store.add_measurement(results / "cal", r["id"], case, {
@@ -68,24 +77,31 @@ def line(out: str, name: str) -> str:
     return next(ln for ln in out.splitlines() if ln.startswith(name))
 
 
-def test_fits_context_and_efficiency_with_zero_held_out_error(tmp_path):
-    results = make_sweep(tmp_path, [1, 2, 4, 8])
-    add_fake(results, efficiency=0.6)
+TIME = "time model ("
+
+
+def test_fits_context_and_the_time_constants_with_zero_held_out_error(tmp_path, monkeypatch):
+    results = make_sweep(tmp_path, [1, 8], methods="full, lora, qlora", precisions="bf16, bf16-mixed")
+    add_fake(results, timed=True, monkeypatch=monkeypatch)
     out = run(results / "cal")
     ctx = line(out, "CUDA_CONTEXT_BYTES")
-    assert "fit 612 MiB from 4 cases" in ctx and "median 0.0%" in ctx
-    # the synthetic step holds each overhead once: the fit recovers 0.6 exactly only if the script
-    # takes each of them out once (twice would push the efficiency up, never would pull it down)
-    eff = line(out, "MATMUL_EFFICIENCY[datacenter]")
-    assert "fit 0.6 from 4 cases" in eff and "median 0.0%" in eff and "worst 0.0%" in eff
+    assert "fit 612 MiB from 12 cases" in ctx and "median 0.0%" in ctx
+    assert line(out, TIME).endswith("fit from 12 measured step times")
+    held_out = line(out, "  held-out |error| of the step time")
+    assert "median 0.0%" in held_out and "worst 0.0%" in held_out, held_out
+    # the constants that shape these steps are recovered (a fit that stayed at the shipped values fails)
+    for name, known in (("MATMUL_EFFICIENCY[datacenter]", 0.55), ("HOST_S_PER_KERNEL", 1.5e-5),
+                        ("BANDWIDTH_EFFICIENCY", 0.8)):
+        fit = float(re.search(r"fit ([0-9.e+-]+)", line(out, f"  {name}:")).group(1))
+        assert fit == pytest.approx(known, rel=0.02), (name, fit)
 
 
-def test_refuses_a_fit_from_fewer_cases_than_parameters_plus_two(tmp_path):
+def test_refuses_a_fit_from_fewer_cases_than_parameters_plus_two(tmp_path, monkeypatch):
     results = make_sweep(tmp_path, [1, 2])
-    add_fake(results, efficiency=0.6)
+    add_fake(results, timed=True, monkeypatch=monkeypatch)
     out = run(results / "cal")
     assert "CUDA_CONTEXT_BYTES: not fitted, 2 usable case(s)" in out and "at least 3" in out
-    assert "MATMUL_EFFICIENCY[datacenter]: not fitted" in out
+    assert "time model (" in out and "not fitted, 2 usable case(s)" in line(out, TIME) and "at least 9" in out
 
 
 @pytest.mark.parametrize("device, capped, fits", [
@@ -93,12 +109,12 @@ def test_refuses_a_fit_from_fewer_cases_than_parameters_plus_two(tmp_path):
     ("a100-80gb", None, set()),  # another card, no cap: neither memory nor speed of the H100 case
     ("h200", "h100-sxm", {"CUDA_CONTEXT_BYTES"}),  # capped to the H100's memory: memory only
 ])
-def test_fits_only_what_the_provenance_rule_allows(tmp_path, device, capped, fits):
+def test_fits_only_what_the_provenance_rule_allows(tmp_path, monkeypatch, device, capped, fits):
     results = make_sweep(tmp_path, [1, 2, 4])
-    add_fake(results, device=device, capped=capped, efficiency=0.6)
+    add_fake(results, device=device, capped=capped, timed=True, monkeypatch=monkeypatch)
     out = run(results / "cal")
-    fitted = {name for name in ("CUDA_CONTEXT_BYTES", "MATMUL_EFFICIENCY[datacenter]")
-              if any(ln.startswith(name + ": current") for ln in out.splitlines())}
+    fitted = {name for name, prefix in (("CUDA_CONTEXT_BYTES", "CUDA_CONTEXT_BYTES: current"), ("time", TIME))
+              if any(ln.startswith(prefix) and "not fitted" not in ln for ln in out.splitlines())}
     assert fitted == fits
     if not fits:
         assert "nothing to fit" in out
@@ -119,8 +135,10 @@ def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
     # the shipped constant is the fit the script prints (constants.py: FITTED)
     current, fit = re.search(r"current ([0-9.]+), fit ([0-9.]+)", consumer).groups()
     assert current == fit
-    # data-center rows get a fit and its error printed; the constant stays ASSUMED (constants.py says why)
-    assert "published tokens/s: MATMUL_EFFICIENCY[datacenter]: current 0.45" in out
+    # data-center rows get a fit and its error printed; the constant comes from our own measurements
+    from reportgen.estimate import constants as K
+
+    assert f"published tokens/s: MATMUL_EFFICIENCY[datacenter]: current {K.MATMUL_EFFICIENCY['datacenter']}" in out
     quiet = subprocess.run([sys.executable, str(SCRIPT), "--no-published", str(tmp_path)], capture_output=True,
                            text=True, cwd=SCRIPT.parent.parent, check=True).stdout
     assert "published rows" not in quiet and "nothing to fit" in quiet

@@ -78,6 +78,13 @@ def test_step_time_adds_the_exposed_communication():
     setup = full(2, "fsdp")
     e = estimate(L2, g4090, setup, reverse=False)
     t = e.time
-    busy = max(t.parts["compute"], t.parts["memory"]) + t.parts["dequant"]
+    # the collectives overlap one micro-batch's forward and backward on the device (time.step_phases)
+    from reportgen.estimate.memory import effective_attention
+    from reportgen.estimate.time import TimeConstants, peak_dtype, step_phases
+    from reportgen.estimate.work import step_work
+
+    work = step_work(L2, setup, effective_attention(L2, setup)[0])
+    phases = step_phases(work, g4090, peak_dtype(setup, g4090)[0], TimeConstants.current(g4090))
+    busy = phases[0][1] + phases[1][1]
     assert t.parts["transfer"] == pytest.approx(C.communication(L2, setup, g4090, busy).exposed_s)
     assert t.parts["transfer"] > 0

@@ -120,12 +120,15 @@ def test_extra_flops_and_time(llama):
     t = estimate_time(llama, setup, gpu, 0, 0)
     t0 = estimate_time(llama, TrainingSetup(method="lora", seq=2048), gpu, 0, 0)
     assert t.parts["dora"] > 0 and t0.parts["dora"] == 0
-    # the step grows by the dora part and the magnitudes' AdamW traffic (time.optimizer_bytes_moved:
-    # parameter, gradient and parameter written, 3 x 4 bytes, both states read and written, 2 x 8)
+    # the step grows by the dora part and the magnitudes' AdamW traffic (work.optimizer_bytes_moved:
+    # parameter, gradient and parameter written, 3 x 4 bytes, both states read and written, 2 x 8),
+    # which the device runs after the backward (this step is GPU-bound: the host keeps ahead)
     bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
-    grown_opt = t.parts["optimizer"] - t0.parts["optimizer"]
+    grown_opt = t.parts["memory"] - t0.parts["memory"]
     assert grown_opt == pytest.approx(28 * MAGNITUDES / bw, rel=1e-9)
-    assert t.step_s - t0.step_s == pytest.approx(t.parts["dora"] + grown_opt, rel=1e-9)
+    assert t.bound != "host" and t0.bound != "host"
+    launches = (t.parts["launch"] - t0.parts["launch"])  # the magnitudes' share of AdamW's multi-tensor launches
+    assert t.step_s - t0.step_s == pytest.approx(t.parts["dora"] + grown_opt + launches, rel=1e-9)
     ckpt = estimate_time(llama, setup.model_copy(update={"grad_ckpt": True}), gpu, 0, 0)
     assert ckpt.parts["dora"] == pytest.approx(2 * t.parts["dora"])  # the recomputed forward again
 

@@ -46,7 +46,13 @@ def test_every_estimate_carries_its_band_and_verdict():
     assert d["verdict"] == verdict(est.memory.device_total, d["capacity"], b)
 
 
-def test_a_technique_with_few_comparisons_borrows_the_measure_band():
-    full = band_for("allocated", "full")
-    pooled = band_for("allocated", "all")
-    assert full == pooled  # two full fine-tuning rows are too few for their own band
+def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):
+    from reportgen.estimate import band as B
+
+    row = {"lo": -0.05, "hi": 0.05, "median": 0.0, "coverage": 0.8, "basis": "x"}
+    table = {"bands": {"allocated": {"all": {**row, "n": 40, "hi": 0.09},
+                                     "full": {**row, "n": B.MIN_ROWS - 1, "hi": 0.01},
+                                     "lora": {**row, "n": B.MIN_ROWS, "hi": 0.02}}}}
+    monkeypatch.setattr(B, "_table", lambda: table)
+    assert band_for("allocated", "full").hi == 0.09  # too few full fine-tuning rows: the pooled band
+    assert band_for("allocated", "lora").hi == 0.02  # enough: its own

@@ -138,24 +138,26 @@ def test_flops_full_is_6n_lora_4n_worked_example():
     3 x 4096 x 11008 = 135,266,304, so 32 x 202,375,168 = 6,476,005,376; the head 32000 x 4096 =
     131,072,000; N = 6,607,077,376. Attention forward, full square: 4 T H Q L = 4 x 8 x 32 x 128 x 32
     = 4,194,304 per token; PaLM's 12 L H Q T = 3 x that = 12,582,912; a causal SDPA kernel executes
-    half: 6,291,456. LoRA r8 on q and v: 32 x 2 x 8 x (4096 + 4096) = 4,194,304 adapter weights."""
+    half the square forward, 2,097,152, and 2.5 times that backward (FlashAttention-2's five GEMMs to the
+    forward's two): 3.5 x 2,097,152 = 7,340,032. LoRA r8 on q and v: 32 x 2 x 8 x (4096 + 4096) =
+    4,194,304 adapter weights."""
     n = matmul_params_per_token(L2)
     assert n == 6_607_077_376
     hw, model = flops_per_token(L2, s(method="full", seq=8), s().attn)
     assert model == 6 * 6_607_077_376 + 12_582_912 == 39_655_047_168  # PaLM: 6N + 12 L H Q T
-    assert hw == 6 * 6_607_077_376 + 6_291_456 == 39_648_755_712
+    assert hw == 6 * 6_607_077_376 + 7_340_032 == 39_649_804_288
     hw, model = flops_per_token(L2, s(method="lora", seq=8, lora_rank=8, lora_targets="qv"), s().attn)
     assert model == 4 * 6_607_077_376 + 6 * 4_194_304 + 12_582_912 == 26_466_058_240
-    assert hw == 4 * 6_607_077_376 + 6 * 4_194_304 + 6_291_456 == 26_459_766_784
+    assert hw == 4 * 6_607_077_376 + 6 * 4_194_304 + 7_340_032 == 26_460_815_360
 
 
 def test_model_flops_do_not_depend_on_the_attention_kernel():
     """PaLM's model FLOPs count the full attention square whatever the kernel; only the hardware
-    count differs: eager executes 3 x 4,194,304 = 12,582,912, causal SDPA half of that."""
+    count differs: eager executes 3 x 4,194,304 = 12,582,912, causal SDPA 3.5 x 2,097,152 = 7,340,032."""
     sdpa_hw, sdpa_model = flops_per_token(L2, s(seq=8), Attention.sdpa)
     eager_hw, eager_model = flops_per_token(L2, s(seq=8, attn="eager"), Attention.eager)
     assert sdpa_model == eager_model
-    assert eager_hw - sdpa_hw == 12_582_912 - 6_291_456
+    assert eager_hw - sdpa_hw == 12_582_912 - 7_340_032
 
 
 def test_checkpointing_recomputes_the_decoder_layers_not_the_head():
@@ -164,10 +166,10 @@ def test_checkpointing_recomputes_the_decoder_layers_not_the_head():
     (transformers checkpoints decoder layers only). Model FLOPs (MFU) do not count it. With LoRA r8
     on q and v the adapters' forward is recomputed too: + 2 x 4,194,304."""
     hw, model = flops_per_token(L2, s(seq=8, grad_ckpt=True), s().attn)
-    assert hw == 39_648_755_712 + 12_952_010_752 + 2_097_152 == 52_602_863_616
+    assert hw == 39_649_804_288 + 12_952_010_752 + 2_097_152 == 52_603_912_192
     assert model == 39_655_047_168
     hw, _ = flops_per_token(L2, s(method="lora", seq=8, lora_rank=8, lora_targets="qv", grad_ckpt=True), s().attn)
-    assert hw == 26_459_766_784 + 12_952_010_752 + 2 * 4_194_304 + 2_097_152 == 39_422_263_296
+    assert hw == 26_460_815_360 + 12_952_010_752 + 2 * 4_194_304 + 2_097_152 == 39_423_311_872
 
 
 def test_lora_dropout_worked_example():

@@ -6,7 +6,7 @@ import pytest
 from reportgen import catalog
 from reportgen.estimate import params as P
 from reportgen.estimate.slowdown import qlora_slowdown
-from reportgen.estimate.time import dequant_bytes_per_micro_batch, dequant_bytes_per_weight
+from reportgen.estimate.time import dequant_bytes_per_micro_batch, dequant_bytes_per_weight, estimate_time
 from reportgen.setup import TrainingSetup
 
 L8 = catalog.load_model("llama-3.1-8b")
@@ -34,15 +34,18 @@ def test_dequant_runs_once_per_pass():
     assert dequant_bytes_per_micro_batch(L8, s.model_copy(update={"method": "lora"})) == 0
 
 
-def test_qlora_slowdown_is_the_dequant_time_over_lora_step():
-    """QLoRA's extra time is exactly its dequantization term when the rest of the step is unchanged
-    (compute-bound at these shapes): ratio = (LoRA step + dequant) / LoRA step."""
-    s = TrainingSetup(method="lora", precision="bf16", batch=4, seq=2048, grad_ckpt=True)
+def test_qlora_slowdown_is_the_ratio_of_the_two_estimated_steps():
+    """QLoRA's step is LoRA's plus what bitsandbytes adds (dequantization kernels before every use of a
+    4-bit weight, Linear4bit's casts, peft's defensive clone, MatMul4Bit's Python forward and
+    backward): the slowdown is the ratio of the two estimated steps at equal tokens. Our H100
+    measurements of Llama 3.1 8B at batch 1 x 2048 give 1.16-1.25 (NF4 against LoRA, 5-step medians)."""
+    s = TrainingSetup(method="lora", batch=1, seq=2048)
     sd = qlora_slowdown(L8, H100, s)
-    lora_step = s.tokens_per_step / sd.lora_tokens_per_s
-    assert sd.ratio == pytest.approx((lora_step + sd.dequant_s) / lora_step, rel=1e-3)
-    assert 1.0 < sd.ratio < 1.1  # long matmuls hide little: a few percent on an H100 at 8k tokens
-    assert 0 < sd.dequant_share < 0.1
+    lora = estimate_time(L8, s, H100)
+    qlora = estimate_time(L8, s.model_copy(update={"method": "qlora"}), H100)
+    assert sd.ratio == pytest.approx(qlora.step_s / lora.step_s, rel=1e-9)
+    assert 1.1 < sd.ratio < 1.3
+    assert 0 < sd.dequant_share < 0.1  # the dequantization's bytes alone are a few percent of the step
 
 
 def test_slowdown_shrinks_with_longer_matmuls():

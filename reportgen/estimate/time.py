@@ -1,32 +1,47 @@
-"""Step time: FLOPs per token by technique, a roofline against compute and memory bandwidth, and
-host-link transfers for offload and multi-GPU communication.
+"""Step time: what the step's kernels cost the GPU, what dispatching them costs the host, and how
+the two overlap; host-link transfers for offload and multi-GPU communication on top.
+
+The inventory of one step (``work.py``: kernels, ATen ops, Python-level calls, matmul and attention
+FLOPs, HBM bytes, per phase) is priced on both sides of the launch queue, as the kernel-level
+predictors do (KernelSight-LM, arXiv 2606.28565: a roofline per kernel with a learned efficiency,
+plus a host-overhead model, composed by a discrete-event scheduler; TaxBreak, arXiv 2603.12465,
+decomposes the host side on H100/H200 into framework, library and launch time):
+
+* **device** (``device_seconds``): large GEMMs at ``MATMUL_EFFICIENCY`` of the datasheet peak of the
+  compute dtype, fused attention kernels at ``ATTENTION_EFFICIENCY``, memory-bound kernels
+  (elementwise ops, casts, reductions, small GEMMs, bitsandbytes' dequantization, the optimizer) at
+  ``BANDWIDTH_EFFICIENCY`` of the memory bandwidth, one after another on one stream, plus
+  ``KERNEL_DEVICE_S`` per launch;
+* **host** (``host_seconds``): ``HOST_S_PER_KERNEL`` per kernel the step launches (Python to ATen,
+  the dispatcher, the launch), ``HOST_S_PER_CALL`` per Python-level call around them (module calls,
+  peft's LoRA wrapper, bitsandbytes' Python autograd Function, Python optimizer loops) and
+  ``HOST_S_PER_AUTOCAST_KERNEL`` more per kernel launched under ``torch.autocast`` (the forward and
+  checkpointing's recomputation: the Autocast dispatch key's per-op casting logic and cast cache,
+  ``aten/src/ATen/autocast_mode.cpp``);
+* **overlap** (``pipeline_seconds``): kernels are queued asynchronously, so the host runs ahead of the
+  device; the step (synchronized at both ends, as the harness times it) is the discrete-event
+  schedule of its phases (each micro-batch's forward and backward, then the optimizer), each phase
+  cut into as many slices as the model has layers: a step is as long as its device time when the
+  host keeps ahead, as its host time when it cannot, and in between when a phase's host time and
+  device time are close.
+
+The constants are fitted by ``scripts/calibrate.py`` to our H100 measurements (and the consumer
+matmul efficiency to published tokens/s), with their leave-one-out errors (``constants.py``).
 
 FLOPs (Kaplan et al. 2020; Chowdhery et al. 2022 "PaLM", appendix B; Korthikanti et al. 2022 for
-recomputation):
-* a matmul with ``N`` weights costs ``2N`` FLOPs per token forward, ``2N`` for the input gradient
-  and ``2N`` for the weight gradient, so full fine-tuning costs ``6N`` per token; a frozen weight
-  (LoRA, QLoRA) needs no weight gradient: ``4N``; adapters add ``6 N_lora``;
-* attention scores and the weighted sum cost ``4 T n_heads d_head`` per token and layer forward
-  (``T`` the sequence length) and twice that backward;
-* activation checkpointing (transformers checkpoints each decoder layer, not the LM head) adds one
-  more forward pass of the decoder layers.
+recomputation): a matmul with ``N`` weights costs ``2N`` FLOPs per token forward, ``2N`` for the
+input gradient and ``2N`` for the weight gradient; a frozen weight (LoRA, QLoRA) needs no weight
+gradient. Two counts are reported. **Model FLOPs** (for MFU) follow PaLM: ``6N + 12 L H Q T`` per
+token for full fine-tuning, ``4N + 6 N_lora`` for LoRA/QLoRA, the full attention square, no
+recomputation, so MFU compares with torchtitan, nanoGPT and the papers. **Hardware FLOPs** (for
+HFU) are what the kernels execute: causal SDPA skips the masked half of the square (eager computes
+all of it), and checkpointing's recomputed forward is included.
 
-Two counts are reported. **Model FLOPs** (for MFU) follow PaLM: ``6N + 12 L H Q T`` per token for
-full fine-tuning (``H`` query heads of width ``Q``, ``L`` layers), the full attention square
-whatever the kernel, no recomputation, so MFU compares with torchtitan, nanoGPT and the papers; for
-LoRA/QLoRA the same definition counts ``4N + 6 N_lora`` for the weights (a frozen weight has no
-weight gradient to compute). **Hardware FLOPs** (for HFU and the step time) are what the kernels
-execute: causal SDPA/flash kernels skip the masked half of the square (eager computes all of it),
-and checkpointing's recomputed forward is included.
-
-Step time per micro-batch is the larger of compute time (hardware FLOPs at ``MATMUL_EFFICIENCY``
-of the datasheet peak) and memory time (bytes moved at ``BANDWIDTH_EFFICIENCY``), plus fixed
-overheads; QLoRA's dequantization kernels add their memory time; the optimizer step adds its
-memory time; ``torch.compile`` takes off the time of the elementwise traffic it fuses away
-(``fusion.py``); offload adds transfer time over the host link (not overlapped, so an upper bound);
-data-parallel collectives add what compute does not hide (``comm.py``: the real GPU-to-GPU link,
-each framework's overlap). ``TimeEstimate.parts`` keeps each of these, so a measured step
-time can be taken apart term by term (``scripts/calibrate.py``).
+``TimeEstimate.parts`` keeps each term (per optimizer step): ``compute`` (GEMMs and attention),
+``memory`` (memory-bound kernels), ``launch`` (the per-kernel device time), ``host`` (dispatch),
+``host_exposed`` (what the host adds beyond the device's busy time), ``dequant`` (QLoRA's share of
+``memory``), ``transfer``, ``compile`` (<= 0: what ``torch.compile`` fuses away, ``fusion.py``),
+``dora``; ``step_s`` = the pipeline of device and host + transfer + compile + dora.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
+from reportgen.estimate.work import StepWork, Work, dequant_bytes_per_weight, optimizer_bytes_moved, step_work
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import Attention, Method, Offload, TrainingSetup
@@ -62,11 +78,10 @@ class TimeEstimate:
     train_tokens: int
     train_hours: float | None
     train_dollars: float | None
-    #: seconds per optimizer step by term: compute, memory (the micro-batches' HBM traffic), dequant,
-    #: optimizer, transfer, overhead, compile (<= 0: the elementwise traffic torch.compile fuses away,
-    #: ``fusion.py``), dora (DoRA's per-forward B A product and weight norms, ``dora.py``); the step is
-    #: accum-weighted max(compute, memory) + the rest
+    #: seconds per optimizer step by term (module docstring)
     parts: dict = field(default_factory=dict)
+    #: what the step launches and dispatches (``work.StepWork.as_dict``), per micro-batch and phase
+    work: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -103,9 +118,9 @@ def attention_flops_forward(model: ModelSpec, seq: int, attn: Attention | None) 
 def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> tuple[float, float]:
     """(hardware FLOPs per token, model FLOPs per token), see the module docstring.
 
-    Weights: full ``6N``, LoRA/QLoRA ``4N + 6 N_lora``. Attention: ``3 x`` the forward count
-    (forward + backward). Model FLOPs take the full square (``12 L H Q T``); hardware FLOPs the
-    kernel's. Checkpointing adds, to the hardware count only, the forward of the decoder layers and
+    Weights: full ``6N``, LoRA/QLoRA ``4N + 6 N_lora``. Attention: model FLOPs ``3 x`` the forward
+    count of the full square (``12 L H Q T``); hardware FLOPs the kernel's, ``3.5 x`` for SDPA (its
+    backward recomputes the scores), ``3 x`` for eager. Checkpointing adds, to the hardware count only, the forward of the decoder layers and
     their adapters: ``2 (N_layers + N_lora)`` plus the kernel's attention forward; not the head,
     which transformers does not checkpoint (``GradientCheckpointingLayer`` wraps decoder layers)."""
     n = matmul_params_per_token(model)
@@ -114,7 +129,9 @@ def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> 
     weights = 6 * n if setup.method == Method.full else 4 * n + 6 * lora
     model_flops = weights + 3 * attention_flops_forward(model, setup.seq, None)
     kernel = attention_flops_forward(model, setup.seq, attn)
-    hardware = weights + 3 * kernel
+    # SDPA's backward runs five GEMMs to the forward's two (FlashAttention-2 recomputes the scores),
+    # eager's backward two per forward GEMM (``work.attention_core``)
+    hardware = weights + (3.5 if attn == Attention.sdpa else 3.0) * kernel
     if setup.grad_ckpt:
         hardware += 2 * (layer_matmul_params_per_token(model) + lora) + kernel
     return hardware, model_flops
@@ -129,45 +146,6 @@ def peak_dtype(setup: TrainingSetup, gpu: GpuSpec) -> tuple[str, list[str]]:
         notes.append(f"{gpu.name} has no bf16 tensor cores: bf16 runs at the fp32 rate or fails; use fp16-mixed")
         return "fp32", notes
     return want, notes
-
-
-def bytes_moved_per_micro_batch(model: ModelSpec, setup: TrainingSetup, activation_bytes: int,
-                                logits_bytes: int) -> float:
-    """HBM traffic of one micro-batch: every weight is read once per pass (forward, backward,
-    recompute), in the compute dtype; QLoRA dequantizes each 4-bit weight per pass (read 0.5 B,
-    write and read back 2 B); saved activations are written once and read once; the loss's
-    ``tokens x vocab`` tensors are written and read."""
-    dt = dtypes_for(setup)
-    passes = 2 + (1 if setup.grad_ckpt else 0)
-    if setup.method == Method.qlora:
-        q = P.quantized_linear_params(model, setup)
-        w = 2 * q + (model.total_params - q) * dt.compute  # the matmuls read the dequantized copies
-    else:
-        w = model.total_params * dt.compute
-    return passes * w + 2 * activation_bytes + 2 * logits_bytes
-
-
-def dequant_bytes_per_weight(setup: TrainingSetup) -> float:
-    """HBM bytes bitsandbytes' dequantization moves per 4-bit weight per pass (forward, backward,
-    recompute), traced from its code: ``bnb.matmul_4bit`` -> ``MatMul4Bit`` calls
-    ``F.dequantize_4bit(B, quant_state)`` in ``forward`` and again in ``backward`` (for ``grad_A``),
-    and the result feeds a plain ``torch.matmul``/``F.linear`` (``bitsandbytes/autograd/_functions.py``;
-    CUDA's ``gemm_4bit`` takes the same ``_dequant_linear_fallback`` for training shapes).
-
-    * ``dequantize_4bit`` reads the packed weight, 0.5 B, and its fp32 absmax, 4 B per block of 64
-      (``blocksize=64``), and writes the weight in the compute dtype, 2 B for bf16/fp16:
-      ``2.5 + 4/64 = 2.5625``;
-    * with double quantization (``quant_state.nested``) it first rebuilds the fp32 absmax:
-      ``dequantize_blockwise`` reads the uint8 absmax (1 B per 64 weights) and the fp32 second-level
-      constants (4 B per 256 blocks) and writes the fp32 absmax (4 B per 64 weights):
-      ``+ 1/64 + 4/(64 x 256) + 4/64``, 2.6409 B in all.
-
-    The matmul's own read of the dequantized copy is in ``bytes_moved_per_micro_batch``: it overlaps
-    with the matmul as a LoRA weight read does."""
-    per = 0.5 + 4 / P.BNB_4BIT_BLOCKSIZE + dtypes_for(setup).compute
-    if setup.double_quant:
-        per += (1 + 4 / P.BNB_NESTED_BLOCKSIZE + 4) / P.BNB_4BIT_BLOCKSIZE
-    return per
 
 
 def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> float:
@@ -198,90 +176,159 @@ def dora_s_per_micro_batch(model: ModelSpec, setup: TrainingSetup, peak: float, 
     return passes * (flops / (peak * eff) + moved / bw)
 
 
-def optimizer_bytes_moved(model: ModelSpec, setup: TrainingSetup) -> float:
-    """A fused AdamW step reads parameter, gradient and both states and writes parameter and states."""
-    dt = dtypes_for(setup)
-    trainable = P.trainable_params(model, setup)
-    pbytes = P.trainable_dtype_bytes(setup, dt)
-    state, managed = P.optimizer_state_bytes(model, setup, dt)
-    return trainable * 3 * pbytes + 2 * (state + managed)
+@dataclass(frozen=True)
+class TimeConstants:
+    """The fitted constants of the time model (``constants.py``), as one value, so that
+    ``scripts/calibrate.py`` can price a step with trial values through the same functions."""
+
+    matmul_efficiency: float
+    attention_efficiency: float
+    bandwidth_efficiency: float
+    kernel_device_s: float
+    host_s_per_kernel: float
+    host_s_per_call: float
+    host_s_per_autocast_kernel: float
+
+    @classmethod
+    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None) -> "TimeConstants":
+        eff = matmul_efficiency or K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
+        return cls(eff, K.ATTENTION_EFFICIENCY, K.BANDWIDTH_EFFICIENCY, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
+                   K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
 
 
-def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int,
-                  logits_bytes: int, train_tokens: int = 100_000_000,
-                  matmul_efficiency: float | None = None, offloaded_bytes: int = 0) -> TimeEstimate:
+def device_seconds(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants) -> float | None:
+    """GPU-busy seconds of ``w``: each kind of kernel at its own rate, one after another (module
+    docstring); None where the card has no datasheet peak for ``dtype``."""
+    peak = gpu.peak_flops(dtype)
+    if not peak:
+        return None
+    bw = gpu.memory_bandwidth_gbs * 1e9 * c.bandwidth_efficiency
+    return (w.matmul_flops / (peak * c.matmul_efficiency) + w.attention_flops / (peak * c.attention_efficiency)
+            + w.bytes / bw + w.kernels * c.kernel_device_s)
+
+
+def host_seconds(w: Work, c: TimeConstants, autocast_kernels: float = 0.0) -> float:
+    """Host seconds to dispatch ``w``: per kernel launched, per Python-level call, and the autocast
+    dispatch key's extra per kernel launched under ``torch.autocast`` (module docstring)."""
+    return w.kernels * c.host_s_per_kernel + w.calls * c.host_s_per_call + autocast_kernels * c.host_s_per_autocast_kernel
+
+
+def step_phases(work: StepWork, gpu: GpuSpec, dtype: str, c: TimeConstants) -> list[tuple[float, float]] | None:
+    """``[(host s, device s), ...]`` of the step's phases in program order: each micro-batch's forward
+    and backward, then the optimizer step. None without a datasheet peak."""
+    out = []
+    under = {"forward": work.forward.kernels, "backward": work.recompute_kernels} if work.autocast else {}
+    for name in ("forward", "backward", "optimizer"):
+        g = device_seconds(getattr(work, name), gpu, dtype, c)
+        if g is None:
+            return None
+        out.append((host_seconds(getattr(work, name), c, under.get(name, 0.0)), g))
+    return out[:2] * work.accum + out[2:]
+
+
+def pipeline_seconds(phases: list[tuple[float, float]], slices: int) -> float:
+    """The step's length when the host queues kernels asynchronously and the device runs them in order:
+    ``phases`` is ``[(host seconds, device seconds), ...]`` in program order, each cut into ``slices``
+    equal slices whose kernels the device starts once the host has queued them and the previous slice
+    is done (a discrete-event schedule; the step starts and ends synchronized). Within a phase the
+    device's end is the later of (previous end + its time) and the host's (start + one slice + the
+    device's time, or end + the last slice's device time), which is that schedule in closed form."""
+    host = device = 0.0
+    n = max(1, slices)
+    for c, g in phases:
+        device = max(device + g, host + c / n + g, host + c + g / n)
+        host += c
+    return max(host, device)
+
+
+def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int = 0,
+                  logits_bytes: int = 0, train_tokens: int = 100_000_000,
+                  matmul_efficiency: float | None = None, offloaded_bytes: int = 0,
+                  work: StepWork | None = None) -> TimeEstimate:
     """``matmul_efficiency``: use this fraction of the peak instead of ``K.MATMUL_EFFICIENCY`` (the
-    calibration script's held-out predictions).
+    calibration script's held-out predictions). ``activation_bytes`` and ``logits_bytes`` are kept for
+    callers that pass the memory terms; the inventory (``work.step_work``) counts the traffic itself.
+    ``work``: price this inventory instead of the analytic one (the traced step's, ``trace/work.py``:
+    the traced step time is the same model on what the real step dispatched).
 
-    Variable-length data (``lengths.py``): the kernels process micro-batches of the padded length
-    (FLOPs, attention and the activations' traffic scale with it), while tokens/s, MFU and hours
-    count real tokens only; ``activation_bytes`` and ``logits_bytes`` are the memory terms at
-    ``seq`` (the longest micro-batch) and are scaled to the padded length here.
+    Variable-length data (``lengths.py``): the kernels process micro-batches of the padded length,
+    while tokens/s, MFU and hours count real tokens only.
 
     Activation offloading (``offloaded_bytes`` per micro-batch) copies them to the host in the
     forward and back in the backward on a side stream (torchtune ``OffloadActivations``), so the
-    copies overlap the compute: only the part of ``2 x bytes / host link`` that exceeds the compute
+    copies overlap the compute: only the part of ``2 x bytes / host link`` that exceeds the device
     time adds to the step."""
+    del activation_bytes, logits_bytes
     notes: list[str] = []
     attn, _ = effective_attention(model, setup)
     length = padded_length(setup)
-    at_length = setup if length == setup.seq else setup.model_copy(update={"seq": max(8, round(length))})
+    seq = max(8, round(length))
+    at_length = setup if length == setup.seq else setup.model_copy(update={"seq": seq})
     executed, model_flops = flops_per_token(model, at_length, attn)
     dtype, dnotes = peak_dtype(setup, gpu)
     notes += dnotes
-    tokens_mb = setup.batch * length
     scale = length / setup.seq
     peak = gpu.peak_flops(dtype)
     eff = matmul_efficiency or K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
     bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
-
-    mem_mb = bytes_moved_per_micro_batch(model, setup, int(activation_bytes * scale), int(logits_bytes * scale)) / bw
-    dequant_mb = dequant_bytes_per_micro_batch(model, setup) / bw
-    mem_opt = optimizer_bytes_moved(model, setup) / bw
+    work = work or step_work(model, setup, attn, seq=seq)
+    if setup.gpus > 1:  # each rank runs its share of the micro-batch's work (sharding.py divides the memory)
+        notes.append(f"{setup.gpus} GPUs ({setup.sharding.value}): each rank's own micro-batch; collectives in comm.py")
+    tokens_mb = setup.batch * length
     fused_mb = fusion_saved_bytes_per_micro_batch(model, setup, dtypes_for(setup), tokens_mb) / bw
-    comp_mb = executed * tokens_mb / (peak * eff) if peak else None
 
     transfer = _transfer_s(model, setup, gpu, notes)
-    if offloaded_bytes and comp_mb is not None:
-        link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
-        copies = 2 * offloaded_bytes * scale / link if link else 0.0
-        transfer += setup.accum * max(0.0, copies - comp_mb)
-    if setup.gpus > 1 and comp_mb is not None:  # collectives over the real link, overlapped (comm.py)
-        comm = communication(model, setup, gpu, max(comp_mb, mem_mb) + dequant_mb)
-        transfer += comm.exposed_s
-        notes += comm.notes
-    memory_s = setup.accum * (mem_mb + dequant_mb) + mem_opt
-    parts = {"compute": None if comp_mb is None else setup.accum * comp_mb, "memory": setup.accum * mem_mb,
-             "dequant": setup.accum * dequant_mb, "optimizer": mem_opt, "transfer": transfer,
-             "overhead": setup.accum * K.MICRO_BATCH_OVERHEAD_S + K.STEP_OVERHEAD_S,
-             "compile": -setup.accum * fused_mb,
-             "dora": setup.accum * dora_s_per_micro_batch(model, setup, peak, eff, bw) if peak else 0.0}
     real = real_tokens_per_step(setup)
     if setup.seq_mean is not None:
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
-    if comp_mb is None:
+    consts = TimeConstants.current(gpu, matmul_efficiency)
+    phases = step_phases(work, gpu, dtype, consts)
+    if phases is None:
         notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
-        step = tps = mfu = hfu = None
-        bound = None
-        compute_s = None
-    else:
-        compute_s = setup.accum * comp_mb
-        step = (setup.accum * max(comp_mb, mem_mb) + parts["dequant"] + parts["optimizer"] + parts["transfer"]
-                + parts["overhead"] + parts["compile"] + parts["dora"])
-        tps = real / step
-        mfu = model_flops * tps / (peak * setup.gpus)
-        hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)
-        by = {"compute": compute_s, "memory": memory_s, "transfer": transfer}
-        bound = max(by, key=lambda k: by[k])
+        return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=None,
+                            memory_s=0.0, transfer_s=transfer, step_s=None, tokens_per_s=None, mfu=None, hfu=None,
+                            bound=None, peak_dtype=dtype, train_tokens=train_tokens, train_hours=None,
+                            train_dollars=None, parts={}, work=work.as_dict(), notes=notes)
+    micro = phases[0][1] + phases[1][1]
+    if offloaded_bytes:
+        link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+        copies = 2 * offloaded_bytes * scale / link if link else 0.0
+        transfer += setup.accum * max(0.0, copies - micro)
+    if setup.gpus > 1:  # collectives over the real link, overlapped (comm.py)
+        comm = communication(model, setup, gpu, micro)
+        transfer += comm.exposed_s
+        notes += comm.notes
+    overlapped = pipeline_seconds(phases, model.num_layers)
+    total = work.total
+    busy = sum(g for _, g in phases)
+    host_s = sum(c for c, _ in phases)
+    compute_s = total.matmul_flops / (peak * eff) + total.attention_flops / (peak * consts.attention_efficiency)
+    memory_s = total.bytes / bw
+    dequant = setup.accum * dequant_bytes_per_micro_batch(model, setup) / bw
+    parts = {"compute": compute_s, "memory": memory_s, "launch": total.kernels * consts.kernel_device_s,
+             "dequant": dequant, "host": host_s, "host_exposed": overlapped - busy, "transfer": transfer,
+             "compile": -setup.accum * fused_mb,
+             "dora": setup.accum * dora_s_per_micro_batch(model, setup, peak, eff, bw)}
+    step = overlapped + transfer + parts["compile"] + parts["dora"]
+    tps = real / step
+    mfu = model_flops * tps / (peak * setup.gpus)
+    hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)
+    # host: the host's dispatch outlasts the device's work; else the larger of the device's two kinds of
+    # kernel time, or the exposed transfers when they are larger still
+    by = {"compute": compute_s, "memory": memory_s + parts["launch"], "transfer": transfer}
+    bound = "host" if host_s > busy else max(by, key=lambda k: by[k])
+    if bound == "host":
+        notes.append(f"the host's dispatch of {total.kernels:,.0f} kernels per step ({host_s * 1e3:,.0f} ms) outlasts "
+                     f"the GPU's {busy * 1e3:,.0f} ms of work: larger micro-batches cost little more per step")
     hours = train_tokens / tps / 3600 if tps else None
     dollars = (hours * gpu.price_usd_per_hour * setup.gpus
                if hours is not None and gpu.price_usd_per_hour is not None else None)
     return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=compute_s,
                         memory_s=memory_s, transfer_s=transfer, step_s=step, tokens_per_s=tps, mfu=mfu, hfu=hfu,
                         bound=bound, peak_dtype=dtype, train_tokens=train_tokens, train_hours=hours,
-                        train_dollars=dollars, parts=parts, notes=notes)
+                        train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
 
 
 def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str]) -> float:

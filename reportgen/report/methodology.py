@@ -32,6 +32,7 @@ MODULES = (
     "reportgen.estimate.logits",
     "reportgen.estimate.memory",
     "reportgen.estimate.time",
+    "reportgen.estimate.work",
     "reportgen.estimate.search",
 )
 CONSTANT_MODULES = ("reportgen.estimate.constants", "reportgen.estimate.params")
@@ -177,6 +178,7 @@ def methodology_pages(site: SiteData) -> list[Page]:
         "root": "",
         "timeline": by_name["reportgen.estimate.memory"],
         "time_model": by_name["reportgen.estimate.time"],
+        "work": by_name["reportgen.estimate.work"],
         "estimator_hash": estimator_hash(),
         "estimator_sources": list(ESTIMATOR_SOURCES),
         "modules": modules,

@@ -73,6 +73,9 @@ class Recorder(TorchDispatchMode):
         self._accumulation: tuple[int, int] | None = None  # (sum's storage id, first addend's key)
         self.inplace_accumulations = 0
         self.replaced: dict[int, int] = {}  # storage id -> the storage whose memory it took over
+        #: ``trace/work.py``'s ``WorkCounter``, told of every op of step ``count_step`` (None: no count)
+        self.counter = None
+        self.count_step = -1
 
     # ----- events ------------------------------------------------------------------------------
     def mark(self, label: str) -> None:
@@ -174,9 +177,10 @@ class Recorder(TorchDispatchMode):
         for hook in self.op_hooks:
             hook(func, self)
         handler = self.kernels.get(func)
-        if handler is not None:
-            return handler(self, func, args, kwargs)
-        return self.run(func, args, kwargs)
+        out = handler(self, func, args, kwargs) if handler is not None else self.run(func, args, kwargs)
+        if self.counter is not None and self.step == self.count_step:
+            self.counter.op(func, args, kwargs, out, self.phase, self.recomputing)
+        return out
 
     def run(self, func, args, kwargs):
         """Run ``func`` on meta and record the storages its outputs bring."""

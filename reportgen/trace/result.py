@@ -56,6 +56,7 @@ class Trace:
     capacity: int = 0
     context_limit: int | None = None
     cache_released: int = 0  # reserved the limited replay gave back to fit the card (0: not limited)
+    time: dict | None = None  # the time model priced on the traced step's inventory (time.estimate_time)
 
     @property
     def terms(self) -> dict[str, int]:
@@ -85,7 +86,7 @@ class Trace:
             "allocator": {"segments_at_end": r.segments, "alloc_retries": r.alloc_retries,
                           "live_bytes_at_peak": r.peak_live_bytes,
                           "rounding_at_peak": r.peak_allocated - r.peak_live_bytes if r.oom is None else None},
-            "time": None,
+            "time": self.time,
             "fits": self.fits,
             # a traced figure has no error band until traces are compared with measurements
             "verdict": "fits" if self.fits else "does not fit",
@@ -145,6 +146,9 @@ def trace_case(spec: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, warmup: int 
     notes.append(f"traced, not measured: the harness's step on the meta device with the emulations listed; "
                  f"cuBLAS workspaces ({K.CUBLAS_HANDLES} x {per_handle / 2**20:.0f} MiB) and the CUDA context "
                  f"({K.CUDA_CONTEXT_BYTES / 2**20:.0f} MiB) are the estimator's constants (estimate/constants.py)")
+    from reportgen.estimate.time import estimate_time
+
+    timed = estimate_time(spec, setup, gpu, work=run.work)
     known = is_known_family(spec)
     if not known:
         notes.append(f"model_type {spec.model_type!r} has no analytic formulas: this traced answer is the only one")
@@ -153,4 +157,4 @@ def trace_case(spec: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, warmup: int 
                  device_total=device_total, fits=fits, emulations=run.applied.as_list(),
                  sdpa_backends=run.sdpa_backends, environment=_environment(), notes=notes,
                  capacity=gpu.memory_bytes, context_limit=spec.max_position_embeddings or None,
-                 cache_released=released)
+                 cache_released=released, time=timed.as_dict())

@@ -40,6 +40,7 @@ class TraceRun:
     attn_implementation: str
     sdpa_backends: list[str]
     saved_bytes: list[int] = field(default_factory=list)  # per forward of the measured step
+    work: object = None  # estimate.work.StepWork of the measured step (trace/work.py)
     notes: list[str] = field(default_factory=list)
 
 
@@ -221,6 +222,9 @@ def run_trace(spec: ModelSpec, setup: TrainingSetup, cublas_per_handle: int, cub
         rec.kernels[torch.ops.bitsandbytes.gemm_4bit.default] = _used(
             applied, "bnb_gemm_4bit_dequant", kernels.bnb_gemm_4bit)
     rec.op_hooks.append(kernels.cublas_workspace(cublas_per_handle, cublas_handles))
+    from reportgen.trace.work import WorkCounter
+
+    rec.counter, rec.count_step = WorkCounter(), warmup + 1
     applied.use("cublas_workspace")
     register_model(rec, model, setup, applied)
     rec.mark("empty_cache")
@@ -255,6 +259,11 @@ def run_trace(spec: ModelSpec, setup: TrainingSetup, cublas_per_handle: int, cub
         stack.enter_context(rec)
         stack.enter_context(functions)
         hooks = _install_layer_hooks(rec, layers)
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        hooks.append(register_module_forward_pre_hook(
+            lambda module, args: rec.counter.module_call(rec.phase, rec.recomputing) if rec.step == rec.count_step
+            else None))
         wrapped = _wrap_checkpointing(model, rec, functions)
         rec.set_phase("setup")
         scaler = E.MetaGradScaler(applied) if setup.precision == Precision.fp16_mixed else None
@@ -311,6 +320,7 @@ def run_trace(spec: ModelSpec, setup: TrainingSetup, cublas_per_handle: int, cub
                 h.remove()
             for module, original in wrapped:
                 module._gradient_checkpointing_func = original
+    run.work = rec.counter.step_work(setup.accum)
     if rec.inplace_accumulations:
         applied.use("autograd_inplace_accumulation")
     run.sdpa_backends = sorted(functions.sdpa_backends)

@@ -36,8 +36,15 @@ def print_trace(tr, gpu, console: Console | None = None) -> None:
     table.add_row("[bold]device total[/] (+ CUDA context, a constant)", gib(mem["device_total"]),
                   f"{verdict} in {gpu.memory_bytes / GIB:.1f}")
     console.print(table)
+    t = d.get("time")
+    if t and t.get("step_s"):
+        total = t["work"]
+        k = sum(total[p]["kernels"] for p in ("forward", "backward")) * total["accum"] + total["optimizer"]["kernels"]
+        console.print(f"step [bold]{t['step_s'] * 1e3:,.0f} ms[/] ({t['tokens_per_s']:,.0f} tokens/s, bound by "
+                      f"{t['bound']}): the time model on the traced step's inventory, {k:,.0f} kernels launched",
+                      highlight=False)
 
-    timeline = Table(title="largest allocated bytes per phase of the measured step", title_justify="left")
+    timeline = Table(title="largest allocated bytes per phase of the traced step", title_justify="left")
     timeline.add_column("phase")
     timeline.add_column("GiB", justify="right")
     for phase, value in d["timeline"].items():

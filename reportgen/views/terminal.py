@@ -45,9 +45,9 @@ def print_estimate(est, model, gpu, console: Console | None = None) -> None:
         table.add_row("host RAM (offload)", gib(mem.host_ram), "")
     console.print(table)
 
-    basis = ("matmul efficiency fitted to published tokens/s of consumer cards" if gpu.is_consumer
-             else "matmul efficiency assumed for data-center cards, no fit adopted")
-    tt = Table(title=f"time (analytic roofline; {basis})", title_justify="left")
+    basis = ("GEMM efficiency fitted to published tokens/s of consumer cards, the rest to H100 step times"
+             if gpu.is_consumer else "constants fitted to H100 step times")
+    tt = Table(title=f"time (kernels priced on the GPU and on the host, overlapped; {basis})", title_justify="left")
     tt.add_column("")
     tt.add_column("", justify="right")
     tt.add_row("step time", seconds(t.step_s))
@@ -55,6 +55,15 @@ def print_estimate(est, model, gpu, console: Console | None = None) -> None:
     tt.add_row("MFU (PaLM model FLOPs)", pct(t.mfu))
     tt.add_row("HFU (FLOPs the kernels execute)", pct(t.hfu))
     tt.add_row("bound by", t.bound or "-")
+    if t.parts:
+        p = t.parts
+        work = t.work or {}
+        kernels = sum(work.get(ph, {}).get("kernels", 0) for ph in ("forward", "backward")) * work.get("accum", 1) + \
+            work.get("optimizer", {}).get("kernels", 0)
+        tt.add_row("  GPU: GEMMs / memory-bound / launches",
+                   f"{seconds(p['compute'])} / {seconds(p['memory'])} / {seconds(p['launch'])}")
+        tt.add_row(f"  host: dispatch, {kernels:,.0f} kernels (exposed)",
+                   f"{seconds(p['host'])} ({seconds(p['host_exposed'])})")
     tt.add_row("model FLOPs per token", f"{t.model_flops_per_token / 1e9:.1f} GFLOP")
     tt.add_row("hardware FLOPs per token", f"{t.hardware_flops_per_token / 1e9:.1f} GFLOP")
     tt.add_row(f"{t.train_tokens / 1e6:,.0f}M tokens", "-" if t.train_hours is None else
