@@ -6,7 +6,8 @@ import pytest
 from reportgen import catalog
 from reportgen.estimate import params as P
 from reportgen.estimate.slowdown import qlora_slowdown
-from reportgen.estimate.time import dequant_bytes_per_micro_batch, dequant_bytes_per_weight, estimate_time
+from reportgen.estimate.time import dequant_bytes_per_micro_batch, estimate_time
+from reportgen.estimate.work import dequant_bytes_per_weight
 from reportgen.setup import TrainingSetup
 
 L8 = catalog.load_model("llama-3.1-8b")

@@ -198,7 +198,7 @@ def extra_bytes_per_forward(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) 
     dtype (read, write); the weight read and cast (read its storage or, for 4-bit, the dequantized
     copy, write ``x``'s dtype); ``scale *`` (read, write), ``+`` (read two, write), the norm (read):
     ``out x in x (3 mm_out + w + 8 x_b)`` roughly, ``mm_out`` the matmul's output dtype. QLoRA's
-    dequantization itself is ``time.dequant_bytes_per_weight`` per adapted weight per forward."""
+    dequantization itself is ``work.dequant_bytes_per_weight`` per adapted weight per forward."""
     a, c = dt.adapter, dt.compute
     mm_out = c if dt.autocast else a
     total = 0

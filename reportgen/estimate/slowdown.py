@@ -2,10 +2,12 @@
 
 ``qlora_slowdown(model, gpu, setup)`` estimates the same setup twice, once with 16-bit base weights
 (LoRA) and once with 4-bit ones (QLoRA, the setup's quant type and double quantization), and
-returns QLoRA's step time over LoRA's at equal tokens. The difference is bitsandbytes'
-dequantization traffic (``time.dequant_bytes_per_weight``: read 0.5 B + absmax, write 2 B per weight
-per pass, a memory-bound kernel ahead of each matmul), so the slowdown is large where the matmuls
-are short (small micro-batches, fast tensor cores, slow memory) and small where they are long.
+returns QLoRA's step time over LoRA's at equal tokens. The difference is what bitsandbytes adds to
+every use of a 4-bit weight (``work.linear_unit``): the dequantization kernel's traffic
+(``work.dequant_bytes_per_weight``: read 0.5 B + absmax, write 2 B per weight per pass), Linear4bit's
+casts, peft's defensive clone of the base output, and MatMul4Bit's Python forward and backward on the
+host. The slowdown is large where the matmuls are short (small micro-batches, fast tensor cores, slow
+memory, a host-bound step) and small where they are long.
 The site's prose and tables call this one function, so the words and the numbers agree.
 """
 

@@ -56,7 +56,7 @@ from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
-from reportgen.estimate.work import StepWork, Work, dequant_bytes_per_weight, optimizer_bytes_moved, step_work
+from reportgen.estimate.work import StepWork, Work, dequant_bytes_per_weight, step_work
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import Attention, Method, Offload, TrainingSetup
