@@ -41,7 +41,10 @@ def test_measure_shard_resume_force(sweep_file, tmp_path):
     assert r[first]["measurement"] is not None and r[second]["measurement"] is None
     block = r[first]["measurement"]
     assert block["status"] == "ok"
-    assert block["settings"] == {"device": "cpu", "warmup": 1, "steps": 1, "timeout_s": 120, "cap_to_gpu": False}
+    assert block["settings"] == {"device": "cpu", "warmup": 1, "steps": 1, "max_steps": 1, "max_timed_s": 5.0,
+                                 "target_rel_ci": 0.02, "timeout_s": 120, "cap_to_gpu": False, "profile": False,
+                                 "profile_steps": 2}
+    assert block["measurement"]["steps_run"] == 1 and block["measurement"]["stop_reason"] == "max_steps"
     assert block["measurement"]["step_s"] > 0 and block["measurement"]["peak_allocated"] is None
     assert block["environment"]["device"] == "cpu" and block["measured_at"]
     assert block["case"] == r[first]["case"] and block["id"] == first and block["schema_version"] == 1
@@ -183,7 +186,7 @@ grids:
     gpu: h100-sxm
     method: lora
     seq: 16
-measure: {{warmup: 0, steps: 1, timeout_s: 120}}
+measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120}}
 """)
     out = tmp_path / "out"
     env = dict(os.environ, SWEEP=str(spec), WHEELS=str(tmp_path / "no-wheels"), OUT=str(out),
