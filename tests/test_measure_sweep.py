@@ -186,7 +186,7 @@ grids:
     gpu: h100-sxm
     method: lora
     seq: 16
-measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120}}
+measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120, profile: true, profile_steps: 1}}
 """)
     out = tmp_path / "out"
     env = dict(os.environ, SWEEP=str(spec), WHEELS=str(tmp_path / "no-wheels"), OUT=str(out),
@@ -204,3 +204,9 @@ measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120}}
     assert blocks["bad-llama"]["status"] == "error" and blocks["tiny-llama"]["status"] == "ok"
     assert blocks["tiny-llama"]["environment"]["device"] == "cpu" and blocks["tiny-llama"]["settings"]["steps"] == 1
     assert "no-such-activation" in blocks["bad-llama"]["error"]
+    # the profiled case's trace, packed beside the measurements, named in its measurement file
+    profile = blocks["tiny-llama"]["measurement"]["profile"]
+    assert profile["error"] is None and profile["trace"].startswith("profiles/tiny-llama.")
+    with tarfile.open(out / "validation-profiles.tar") as tar:
+        assert tar.getnames() == ["script-check/" + profile["trace"]]
+    assert "== packed 1 profiler traces" in (out / "validate.log").read_text()
