@@ -6,6 +6,7 @@
     results/<sweep>/measured/<case-id>.<utc>.json        one measuring attempt (immutable)
     results/<sweep>/_advice/<model>.<gpu>.s<seq>.json    decision-tree walks (reportgen.advise.store)
     results/<sweep>/set-aside/<file>.<utc>               files a sweep could not use, kept for a person
+    results/<sweep>/profiles/<case-id>.<utc>.pt.trace.json.gz  profiler traces (measure.profile; not committed)
 
 Rules:
 
@@ -33,6 +34,8 @@ from reportgen.results import (UnreadableResult, canonical, measurement_document
 
 MEASURED_DIR = "measured"
 ASIDE_DIR = "set-aside"
+#: profiler traces of ``measure.profile`` (``reportgen.measure.profiling``; not committed)
+PROFILES_DIR = "profiles"
 #: statuses that settle a case (a rerun does not measure it again): an OOM is a result
 DONE_STATUSES = ("ok", "oom")
 

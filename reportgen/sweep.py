@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reportgen import catalog
 from reportgen.errors import UserError
@@ -29,14 +29,44 @@ from reportgen.setup import SetupError, TrainingSetup
 CASE_KEYS = {"model", "gpu", "gpu_memory"} | set(TrainingSetup.model_fields)
 
 
+#: ``measure.max_steps`` when a sweep does not set it (at least ``steps``)
+DEFAULT_MAX_STEPS = 50
+
+
 class MeasureConfig(BaseModel):
+    """A sweep's ``measure:`` settings. Timed steps (``reportgen/measure/timing.py``): at least
+    ``steps``, then on until the median's 95 % confidence interval lies within ``target_rel_ci`` of
+    it, ``max_steps`` ran, or the timed steps reach ``max_timed_s`` seconds; ``max_steps: <steps>``
+    is a fixed count."""
+
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
-    warmup: int = Field(2, ge=0)
+    warmup: int = Field(3, ge=0)
+    #: the minimum number of timed steps
     steps: int = Field(5, ge=1)
+    #: the most timed steps (default: the larger of ``steps`` and ``DEFAULT_MAX_STEPS``)
+    max_steps: int | None = Field(None, ge=1)
+    #: time cap on the timed steps' wall times, seconds (null: no cap)
+    max_timed_s: float | None = Field(5.0, gt=0)
+    #: stop once the median is known to +- this fraction at 95 % (null: no early stop)
+    target_rel_ci: float | None = Field(0.02, gt=0, lt=1)
     timeout_s: int = Field(900, ge=10)
     #: emulate this GPU's memory on a larger card (torch.cuda.set_per_process_memory_fraction)
     cap_to_gpu: bool = False
+    #: run ``profile_steps`` more steps under torch.profiler after the timed ones (trace + per-step figures)
+    profile: bool = False
+    profile_steps: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _steps_fit(self) -> "MeasureConfig":
+        if self.max_steps is not None and self.max_steps < self.steps:
+            raise ValueError(f"max_steps ({self.max_steps}) is below steps ({self.steps}), the minimum number of "
+                             f"timed steps; write max_steps: {self.steps} or more (equal to steps: a fixed count)")
+        return self
+
+    @property
+    def max_steps_or_default(self) -> int:
+        return self.max_steps if self.max_steps is not None else max(self.steps, DEFAULT_MAX_STEPS)
 
 
 class Rule(BaseModel):
@@ -136,8 +166,9 @@ def load_sweep(path: str | Path) -> Sweep:
         err = exc.errors()[0]
         loc = err["loc"]
         what = ".".join(str(p) for p in loc)
-        raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}",
-                        hint="top-level keys: " + ", ".join(SweepFile.model_fields)) from None
+        hint = ("measure keys: " + ", ".join(MeasureConfig.model_fields) if loc and loc[0] == "measure"
+                else "top-level keys: " + ", ".join(SweepFile.model_fields))
+        raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
     cases = _expand(path, spec, lines)
     return Sweep(path=path, spec=spec, cases=cases, content_hash=short_hash(raw, 12))
 

@@ -4,20 +4,26 @@
 # Run ON the GPU machine, from the repo root, after scripts/gpu_wheels.sh filled .whl/ here:
 #   REPORTGEN_GIT_COMMIT=<sha> scripts/validate_on_gpu.sh [SHARD] [BUDGET_S]
 #     SHARD     I/N: measure only cases whose index is I modulo N (default 0/1: all 52 cases,
-#               ~15 min on an H100, too long for one 10-minute call; use 0/3, 1/3, 2/3)
+#               ~25 min on an H100, too long for one 10-minute call; use 0/3, 1/3, 2/3)
 #     BUDGET_S  seconds from this script's start (wheels and import check included) after which no
-#               case is started (default 480); a case is started only if its expected time
+#               case is started (default 540: ~30 s of set-up, ~510 s for a shard of the validation
+#               sweep, whose worst case is ~500 s (sweeps/validation.yaml), and a minute left of a
+#               10-minute call for the packing); a case is started only if its expected time
 #               (reportgen/measure/runner.py expected_s) fits before that deadline, and a worker
 #               still running at the deadline is killed without writing a result. Cases left over
 #               are listed ("deferred by the deadline"); a later call measures them.
 # Writes into $OUT (or ./out): validation-results.tgz (the measurement files, one per measuring
 # attempt, <sweep>/measured/<case-id>.<utc>.json: uniquely named and never overwritten, so merging
 # shards is extracting every archive into results/; the estimates are recomputed here), validate.log,
-# and exits with the sweep's exit status.
+# and exits with the sweep's exit status. With measure.profile, also the profiler traces
+# (<sweep>/profiles/<case-id>.<utc>.pt.trace.json.gz; the per-step figures are in the measurement
+# files) in validation-profiles.tar, cut into validation-profiles.tar.partNN pieces of 15 MiB when
+# larger (`cat validation-profiles.tar.part* | tar -xf - -C results/` joins them).
 # SMOKE_K: a pytest -k expression; when set, tests/test_measure_cuda.py's tests that match it run
-# first (e.g. SMOKE_K='fused or snapshot or cap or oom': what the sweep does not exercise; 'recipes'
-# or 'cuda' for all, about 10 s a test). A failure is logged, the sweep runs all the same; their
-# time counts against the budget.
+# first (e.g. SMOKE_K='fused or snapshot or cap or oom': what the sweep does not exercise;
+# 'cuda_event or profile': the CUDA-event times and the profile's device figures; 'recipes' or 'cuda'
+# for all, about 10 s a test). A failure is logged, the sweep runs all the same; their time counts
+# against the budget.
 # Resume: measurement files already in results/<sweep name>/measured/ of this tree (extracted from an
 # earlier call's archive) are the starting point, so cases measured there (ok or oom, same settings)
 # are skipped and a second call of the same shard only measures what is missing.
@@ -28,7 +34,7 @@ cd "$(dirname "$0")/.."
 
 START=$(date +%s)
 SHARD=${1:-0/1}
-BUDGET_S=${2:-480}
+BUDGET_S=${2:-540}
 SWEEP=${SWEEP:-sweeps/validation.yaml}   # another sweep file (tests)
 WHEELS=${WHEELS:-.whl}                   # folder of wheels to install into $SITE
 SITE=${SITE:-/tmp/site}
@@ -142,6 +148,17 @@ find "$RESULTS" -name '*.json' -path '*/measured/*' | sort | comm -13 "$RESULTS/
 n=$(wc -l < "$RESULTS/measured.txt")
 tar -czf "$OUT/validation-results.tgz" -C "$RESULTS" -T "$RESULTS/measured.txt"
 echo "== packed $n measured result files into $OUT/validation-results.tgz" | tee -a "$LOG"
+# profiler traces (already gzipped: a plain tar), in pieces of at most 15 MiB
+find "$RESULTS" -name '*.pt.trace.json.gz' -path '*/profiles/*' | sort | sed "s|^$RESULTS/||" > "$RESULTS/traces.txt"
+if [ -s "$RESULTS/traces.txt" ]; then
+  tar -cf "$OUT/validation-profiles.tar" -C "$RESULTS" -T "$RESULTS/traces.txt"
+  if [ "$(stat -c %s "$OUT/validation-profiles.tar")" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15M -d "$OUT/validation-profiles.tar" "$OUT/validation-profiles.tar.part" \
+      && rm "$OUT/validation-profiles.tar"
+  fi
+  echo "== packed $(wc -l < "$RESULTS/traces.txt") profiler traces into $(cd "$OUT" && ls validation-profiles.tar* | tr '\n' ' ')" \
+    | tee -a "$LOG"
+fi
 python3 - "$RESULTS" "$RESULTS/measured.txt" <<'PY' | tee -a "$LOG"
 import json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
@@ -149,8 +166,11 @@ for line in pathlib.Path(sys.argv[2]).read_text().split():
     m = json.loads((root / line).read_text())
     v = m.get("measurement") or {}
     gib = lambda x: "-" if x is None else f"{x / 2**30:.2f}"
+    spread = "" if v.get("step_s_ci_rel") is None else f" +-{100 * v['step_s_ci_rel']:.1f}%"
+    steps = f" {v.get('steps_run')} steps {v.get('stop_reason')}" if v.get("steps_run") else ""
     print(f"{m['status']:>7} {m['id']:55} alloc {gib(v.get('peak_allocated')):>6} GiB  "
-          f"step {v.get('step_s') or 0:.3f} s  {(m.get('error') or '').splitlines()[0][:80] if m.get('error') else ''}")
+          f"step {v.get('step_s') or 0:.3f} s{spread}{steps}  "
+          f"{(m.get('error') or '').splitlines()[0][:80] if m.get('error') else ''}")
 PY
 echo "== done after $(( $(date +%s) - START ))s, exit status $status" | tee -a "$LOG"
 exit "$status"

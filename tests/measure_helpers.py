@@ -27,7 +27,7 @@ grids:
     gpu: h100-sxm
     method: [full, lora]
     seq: 16
-measure: {{warmup: 1, steps: 1, timeout_s: 120}}
+measure: {{warmup: 1, steps: 1, max_steps: 1, timeout_s: 120}}
 """)
     return path
 

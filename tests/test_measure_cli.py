@@ -15,7 +15,8 @@ from tests.torch_saved import TINY
 
 ENV_KEYS = {"device", "gpu_name", "gpu_total_bytes", "driver_version", "cuda_version", "versions", "python",
             "reportgen", "git_commit", "hostname", "utc"}
-FAST = ["--gpu", "h100-sxm", "--device", "cpu", "--batch", "2", "--seq", "32", "--warmup", "1", "--steps", "2"]
+FAST = ["--gpu", "h100-sxm", "--device", "cpu", "--batch", "2", "--seq", "32", "--warmup", "1", "--steps", "2",
+        "--max-steps", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_lora(capsys, tiny):
 
 def test_variable_lengths_are_padded_and_counted(capsys, tiny):
     """--seq-mean: padded, masked micro-batches; tokens/s counts the data tokens only."""
-    rc, d = measure_json(capsys, "--model", tiny, *FAST[:-4], "--warmup", "1", "--steps", "3", "--method", "lora",
+    rc, d = measure_json(capsys, "--model", tiny, *FAST[:-4], "--steps", "3", "--max-steps", "3", "--method", "lora",
                          "--seq-mean", "8", "--batch", "4")
     assert rc == 0
     m = d["measurement"]
@@ -115,7 +116,8 @@ def test_unbuildable_config_is_an_error_with_the_traceback(capsys, tmp_path):
 
 
 def test_timeout(capsys, tiny):
-    rc, d = measure_json(capsys, "--model", tiny, *FAST[:-2], "--steps", "1000000", "--timeout", "2")
+    rc, d = measure_json(capsys, "--model", tiny, *FAST[:-4], "--steps", "1000000", "--max-timed-s", "1e9",
+                         "--timeout", "2")
     assert rc == 1
     assert d["status"] == "timeout"
     assert "2 s" in d["error"]

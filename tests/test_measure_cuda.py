@@ -1,5 +1,6 @@
 """`reportgen measure` on a real NVIDIA GPU (skipped without CUDA): the memory figures exist and
-are ordered as PyTorch and the driver define them, the cap, the snapshot, a real OOM, and every
+are ordered as PyTorch and the driver define them, the cap, the snapshot, the CUDA-event step times
+and the profile's device figures, a real OOM, and every
 recipe of the validation sweep on a small model (the smoke test scripts/validate_on_gpu.sh runs
 with SMOKE=1 before it spends the GPU's time on the sweep)."""
 
@@ -80,6 +81,39 @@ def test_snapshot(capsys, tiny, tmp_path):
     assert rc == 0, d["error"]
     path = d["measurement"]["snapshot"]
     assert path and os.path.getsize(path) > 0 and path.endswith(".pickle")
+
+
+def test_cuda_event_times_and_adaptive_steps(capsys, tiny):
+    """Each timed step's CUDA-event time (start and end events on the current stream, inside the
+    synchronized wall-time window) is positive and not above its wall time; the rule ran at least
+    the minimum and says why it stopped."""
+    import statistics
+
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "lora", "--max-timed-s", "1")
+    assert rc == 0, d["error"]
+    m = d["measurement"]
+    assert len(m["step_times_cuda_s"]) == len(m["step_times_s"]) == m["steps_run"] >= 2
+    assert m["stop_reason"] in ("stable", "max_steps", "time_cap")
+    for wall, event in zip(m["step_times_s"], m["step_times_cuda_s"]):
+        assert 0 < event <= wall + 1e-4
+    assert m["step_s_cuda"] == statistics.median(m["step_times_cuda_s"])
+    assert m["step_s"] == statistics.median(m["step_times_s"])  # tokens/s stays on the wall time
+
+
+def test_profile_on_cuda(capsys, tiny, tmp_path):
+    """--profile on CUDA: per profiled step the GPU-busy time (union of the device's intervals) is
+    positive and within the step's wall time, kernels and launches are counted, and the trace holds
+    the kernels."""
+    from reportgen.measure.trace_stats import read_trace
+
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "lora", "--profile", str(tmp_path))
+    assert rc == 0, d["error"]
+    p = d["measurement"]["profile"]
+    assert p["error"] is None and p["activities"] == ["cpu", "cuda"] and len(p["steps"]) == 2
+    for step in p["steps"]:
+        assert 0 < step["gpu_busy_s"] <= 1.05 * step["wall_s"]
+        assert step["kernels"] > 0 and step["launches"] > 0 and step["aten_ops"] >= step["aten_ops_top"] > 0
+    assert any(e.get("cat") == "kernel" for e in read_trace(p["trace"]))
 
 
 def test_real_oom_under_a_cap(capsys, tiny):

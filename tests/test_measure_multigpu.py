@@ -5,6 +5,7 @@ GPU comparison, and a failing, dying or hanging rank is named in the answer with
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from tests.measure_helpers import measure_json, tiny_config
 pytest.importorskip("torch.distributed.run")
 
 FAST = ["--gpu", "h100-sxm", "--device", "cpu", "--gpus", "2", "--batch", "1", "--seq", "16", "--warmup", "1",
-        "--steps", "1"]
+        "--steps", "1", "--max-steps", "1"]
 MEMORY = ("peak_allocated", "peak_reserved", "device_used", "memory_after_load")
 
 
@@ -170,6 +171,53 @@ def test_merge_takes_the_largest_rank_memory_and_the_slowest_rank_step():
     assert d["environment"]["world_size"] == 2 and "rank" not in d["environment"]
     assert provenance_of(d).valid_quantities("h100-sxm") == ("peak_allocated", "peak_reserved", "device_total",
                                                             "tokens_per_s")
+
+
+def test_merge_recomputes_the_timing_summary_and_cuda_times_over_the_ranks():
+    from reportgen.measure.ranks import merge
+
+    answers = {0: _rank_answer(0, steps=(0.10, 0.30, 0.20), step_times_cuda_s=[0.09, 0.29, 0.19],
+                               stop_reason="time_cap", steps_run=3, step_s_iqr_rel=9.0),
+               1: _rank_answer(1, steps=(0.15, 0.25, 0.22), step_times_cuda_s=[0.14, 0.24, 0.21],
+                               stop_reason="time_cap", steps_run=3, step_s_iqr_rel=9.0)}
+    m = merge(_request(), answers)["measurement"]
+    assert m["step_times_cuda_s"] == [0.14, 0.29, 0.21] and m["step_s_cuda"] == 0.21
+    assert m["steps_run"] == 3 and m["stop_reason"] == "time_cap" and m["timed_s"] == pytest.approx(0.67)
+    # q1, q3 of (0.15, 0.22, 0.30) by linear interpolation: 0.185, 0.26 (never rank 0's own 9.0)
+    assert m["step_s_iqr_rel"] == pytest.approx((0.26 - 0.185) / 0.22)
+    assert [r["step_times_cuda_s"] for r in m["ranks"]] == [[0.09, 0.29, 0.19], [0.14, 0.24, 0.21]]
+
+
+def _agree_worker(rank: int, path: str, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from reportgen.measure.distributed import Rank
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    me = Rank(rank=rank, local_rank=rank, world_size=2, backend="gloo")
+    seen = [me.agree_stop("stable" if rank == 0 else None, "cpu"),  # only rank 0 would stop: both go on
+            me.agree_stop("stable" if rank == 0 else "time_cap", "cpu")]  # both would: each its own reason
+    dist.destroy_process_group()
+    with open(f"{path}.{rank}", "w") as f:
+        json.dump(seen, f)
+
+
+def test_ranks_stop_their_timed_steps_together(tmp_path):
+    """Rank.agree_stop: a rank whose rule says stop goes on while another's does not (their steps
+    run collectives, so every rank must run as many)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(_agree_worker, args=(str(tmp_path / "seen"), port), nprocs=2, start_method="spawn")
+    seen = [json.loads((tmp_path / f"seen.{r}").read_text()) for r in (0, 1)]
+    assert seen == [[None, "stable"], [None, "time_cap"]]
 
 
 def test_merge_names_the_rank_that_failed_first_not_the_ones_that_lost_it():

@@ -41,7 +41,10 @@ def test_measure_shard_resume_force(sweep_file, tmp_path):
     assert r[first]["measurement"] is not None and r[second]["measurement"] is None
     block = r[first]["measurement"]
     assert block["status"] == "ok"
-    assert block["settings"] == {"device": "cpu", "warmup": 1, "steps": 1, "timeout_s": 120, "cap_to_gpu": False}
+    assert block["settings"] == {"device": "cpu", "warmup": 1, "steps": 1, "max_steps": 1, "max_timed_s": 5.0,
+                                 "target_rel_ci": 0.02, "timeout_s": 120, "cap_to_gpu": False, "profile": False,
+                                 "profile_steps": 2}
+    assert block["measurement"]["steps_run"] == 1 and block["measurement"]["stop_reason"] == "max_steps"
     assert block["measurement"]["step_s"] > 0 and block["measurement"]["peak_allocated"] is None
     assert block["environment"]["device"] == "cpu" and block["measured_at"]
     assert block["case"] == r[first]["case"] and block["id"] == first and block["schema_version"] == 1
@@ -183,7 +186,7 @@ grids:
     gpu: h100-sxm
     method: lora
     seq: 16
-measure: {{warmup: 0, steps: 1, timeout_s: 120}}
+measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120, profile: true, profile_steps: 1}}
 """)
     out = tmp_path / "out"
     env = dict(os.environ, SWEEP=str(spec), WHEELS=str(tmp_path / "no-wheels"), OUT=str(out),
@@ -201,3 +204,9 @@ measure: {{warmup: 0, steps: 1, timeout_s: 120}}
     assert blocks["bad-llama"]["status"] == "error" and blocks["tiny-llama"]["status"] == "ok"
     assert blocks["tiny-llama"]["environment"]["device"] == "cpu" and blocks["tiny-llama"]["settings"]["steps"] == 1
     assert "no-such-activation" in blocks["bad-llama"]["error"]
+    # the profiled case's trace, packed beside the measurements, named in its measurement file
+    profile = blocks["tiny-llama"]["measurement"]["profile"]
+    assert profile["error"] is None and profile["trace"].startswith("profiles/tiny-llama.")
+    with tarfile.open(out / "validation-profiles.tar") as tar:
+        assert tar.getnames() == ["script-check/" + profile["trace"]]
+    assert "== packed 1 profiler traces" in (out / "validate.log").read_text()

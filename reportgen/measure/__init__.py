@@ -7,6 +7,9 @@
   ``ranks.py``: the command and the merge of the ranks' answers);
 * ``cluster.py``: a sweep's cases as a Slurm job array through submitit (``--executor slurm``);
 * ``worker.py``: that subprocess's entry point; ``harness.py``: the measurement itself;
+* ``timing.py``: how many timed steps run and what their times say (median, spread, interval);
+* ``profiling.py``: ``--profile``'s steps under torch.profiler; ``trace_stats.py``: per-step
+  figures (GPU-busy time, kernels, CPU ops) from the trace's events;
 * ``build.py``: the model of each recipe; ``optimizers.py``: the optimizer of each setup;
 * ``environment.py``, ``nvml.py``: provenance and the driver's view of memory; ``view.py``: the table.
 """

@@ -19,6 +19,7 @@ DEFAULT_TIMEOUT_S = 900.0
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
     from reportgen.cli import add_setup_flags
+    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
 
     p = sub.add_parser("measure", help="measure one setup for real (peak memory, step time) on this machine",
                        description="Train a few steps of the setup on random weights and tokens, in a subprocess, "
@@ -26,8 +27,26 @@ def register(sub) -> None:
     add_setup_flags(p)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cuda (default) or cpu (timings only: memory figures are null on CPU)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (optimizer states appear here)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps (median, min, max)")
+    defaults = MeasureConfig()
+    p.add_argument("--warmup", type=int, default=defaults.warmup,
+                   help=f"untimed steps first (optimizer states appear here; default {defaults.warmup})")
+    p.add_argument("--steps", type=int, default=defaults.steps,
+                   help=f"timed steps, at least (default {defaults.steps}); more until the median is stable "
+                        "(--target-rel-ci), --max-steps ran or --max-timed-s is reached")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help=f"at most N timed steps (default: the larger of --steps and {DEFAULT_MAX_STEPS}; "
+                        "equal to --steps: exactly that many)")
+    p.add_argument("--max-timed-s", type=float, default=defaults.max_timed_s, metavar="S",
+                   help=f"stop the timed steps once their times add up to S seconds (default {defaults.max_timed_s:g})")
+    p.add_argument("--target-rel-ci", type=float, default=defaults.target_rel_ci, metavar="F",
+                   help="stop once the median's 95%% confidence interval is within +-F of it "
+                        f"(default {defaults.target_rel_ci:g}; 0: never early)")
+    p.add_argument("--profile", type=Path, nargs="?", const=Path("profiles"), default=None, metavar="DIR",
+                   help="after the timed steps, run --profile-steps more under torch.profiler and write the trace "
+                        "(Chrome trace JSON, gzipped: open it in https://ui.perfetto.dev) into DIR (default ./profiles); "
+                        "the answer gets each profiled step's GPU-busy time, wall time, kernels and CPU ops")
+    p.add_argument("--profile-steps", type=int, default=None, metavar="N",
+                   help=f"steps to profile with --profile (default {defaults.profile_steps})")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--cap-to-gpu", action="store_true",
                    help="limit PyTorch's allocator to the --gpu card's memory (emulate a smaller card)")
@@ -47,6 +66,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from reportgen.measure.isolate import require_measure_packages, run_case
     from reportgen.measure.protocol import MeasureRequest
     from reportgen.results import case_id
+    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
 
     setup = setup_from_args(args)
     require_measure_packages()
@@ -55,6 +75,21 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise UserError("--warmup: must be 0 or more")
     if args.steps < 1:
         raise UserError("--steps: must be 1 or more")
+    max_steps = args.max_steps if args.max_steps is not None else max(args.steps, DEFAULT_MAX_STEPS)
+    if max_steps < args.steps:
+        raise UserError(f"--max-steps {max_steps}: below --steps {args.steps}, the minimum number of timed steps",
+                        hint=f"--max-steps {args.steps} times exactly {args.steps} steps")
+    if args.max_timed_s is not None and args.max_timed_s <= 0:
+        raise UserError("--max-timed-s: must be a positive number of seconds")
+    if args.target_rel_ci is not None and not 0 <= args.target_rel_ci < 1:
+        raise UserError(f"--target-rel-ci {args.target_rel_ci:g}: a fraction of the median, 0 <= F < 1 (0.02: +-2%)")
+    if args.profile_steps is not None and args.profile is None:
+        raise UserError("--profile-steps: only with --profile")
+    profile_steps = args.profile_steps if args.profile_steps is not None else MeasureConfig().profile_steps
+    if profile_steps < 1:
+        raise UserError("--profile-steps: must be 1 or more")
+    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
+        raise UserError(f"--profile {args.profile}: not a directory", hint="name a directory for the trace files")
     if args.timeout <= 0:
         raise UserError("--timeout: must be a positive number of seconds")
     setup_dict = setup.model_dump(mode="json")
@@ -67,8 +102,18 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise UserError("--snapshot: a CUDA memory snapshot records one process; not with --gpus > 1")
     if args.cap_to_gpu and args.device != "cuda":
         raise UserError("--cap-to-gpu: caps the CUDA allocator; needs --device cuda")
+    trace = None
+    if args.profile is not None:
+        from datetime import datetime, timezone
+
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        from reportgen.measure.profiling import TRACE_SUFFIX
+
+        trace = str((args.profile / f"{case_id(args.model, args.gpu, setup_dict)}.{stamp}{TRACE_SUFFIX}").resolve())
     request = MeasureRequest(model=args.model, gpu=args.gpu, setup=setup_dict, device=args.device,
-                             warmup=args.warmup, steps=args.steps, cap_to_gpu=args.cap_to_gpu, snapshot=snapshot)
+                             warmup=args.warmup, steps=args.steps, max_steps=max_steps, max_timed_s=args.max_timed_s,
+                             target_rel_ci=args.target_rel_ci or None, cap_to_gpu=args.cap_to_gpu, snapshot=snapshot,
+                             profile=trace, profile_steps=profile_steps)
     err = Console(stderr=True)
     how = "subprocess" if setup.gpus == 1 else f"torchrun, {setup.gpus} processes"
     what = f"measuring {model.name} {setup.short()} on {args.device} ({how}, timeout {args.timeout:g} s)"

@@ -147,6 +147,18 @@ class Rank:
         except Exception:  # noqa: BLE001 - another rank failed; its own answer says how
             return False
 
+    def agree_stop(self, reason: str | None, device: str) -> str | None:
+        """Stop the timed steps only when every rank's rule says stop (an all-reduce of the MIN of
+        the ranks' "stop" flags, outside the timed window): the ranks' steps run collectives, so all
+        must run the same number. Returns this rank's reason then, else None (go on)."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if reason else 0], dtype=torch.int32,
+                            device=torch.device("cuda", self.local_rank) if device == "cuda" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return reason if int(flag.item()) == 1 else None
+
     # ----- the model ---------------------------------------------------------------------------
     @staticmethod
     def quant_storage(setup: TrainingSetup) -> str | None:

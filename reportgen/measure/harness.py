@@ -29,9 +29,23 @@ warm-up steps are done, so the optimizer states exist and the peak is the steady
 every timed step, the largest sample; it adds the CUDA context and memory outside the allocator.
 ``memory_after_load``: ``memory_allocated()`` once the model (and adapters) are built.
 
-Time: ``torch.cuda.synchronize()`` before and after each timed step, ``time.perf_counter``;
-median, min and max over the timed steps. ``tokens_per_s`` = data tokens per optimizer step (padding
-left out; the mean over the timed steps) / median.
+Time: each timed step is timed twice: its wall time (``torch.cuda.synchronize()`` before and
+after it, ``time.perf_counter`` around it: ``step_times_s``) and, on CUDA, the time between two CUDA
+events recorded on the current stream at its start and end (``torch.cuda.Event.elapsed_time``:
+``step_times_cuda_s``, median ``step_s_cuda``). ``step_s`` is the median of the wall times. The
+number of timed steps adapts (``timing.py``): at least ``steps``, then on until the median's 95 %
+confidence interval lies within ``target_rel_ci`` of it (``stable``), ``max_steps`` ran, or the
+timed steps reach ``max_timed_s`` seconds (``time_cap``); ``steps_run``, ``stop_reason``,
+``timed_s``, the min, max and quartiles (``step_s_q1``/``step_s_q3``), the IQR relative to the
+median (``step_s_iqr_rel``) and the median's interval (``step_s_ci``, ``step_s_ci_rel``: known to
++- that fraction) are recorded. ``tokens_per_s`` = data tokens per optimizer step (padding left
+out; the mean over the timed steps) / ``step_s``. Measurements made before the rule ran exactly
+``steps`` timed steps and lack these fields.
+Profile (``profile``: ``reportgen measure --profile``, sweep ``measure.profile``): after the timed
+steps and after every figure above is read, ``profile_steps`` more steps run under
+``torch.profiler`` (``profiling.py``), and the measurement's ``profile`` block holds, per profiled
+step, the wall time, the GPU-busy time (the union of the device's kernel and copy intervals),
+the kernels and launches, the CPU operators dispatched (``trace_stats.py``), and the trace file's path.
 ``mfu`` (PaLM's definition, as ``estimate/time.py``): the model FLOPs per token of the technique
 (without recomputation) x tokens/s / the datasheet dense peak of the compute dtype of the GPU
 catalog entry that matches the MEASURED device (``environment.catalog_gpu_for``). When the
@@ -67,6 +81,7 @@ import time
 import traceback
 
 from reportgen import catalog
+from reportgen.measure import timing
 from reportgen.measure.optimizers import SetupNotSupported, make_optimizer
 from reportgen.measure.protocol import MeasureRequest, answer, empty_measurement, tail
 from reportgen.measure.step import train_step
@@ -325,29 +340,45 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
 
         # ----- timed steps ----------------------------------------------------------------------
         phase.name = "timed"
+        rule = timing.rule_from_settings(vars(request))
+        measurement.update(max_steps=rule.max_steps, max_timed_s=rule.max_timed_s, target_rel_ci=rule.target_rel_ci)
         times: list[float] = []
+        cuda_times: list[float] = []
         used_samples: list[int] = []
         source = None
         data.real_tokens.clear()
-        for i in range(request.steps):
-            batches[:] = data.next_step(longest=i == 0)  # outside the timed window
+        start_ev = torch.cuda.Event(enable_timing=True) if cuda else None
+        end_ev = torch.cuda.Event(enable_timing=True) if cuda else None
+        reason = None
+        while reason is None:
+            batches[:] = data.next_step(longest=not times)  # outside the timed window
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
+            if cuda:
+                start_ev.record()
             step()
             if cuda:
+                end_ev.record()
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
+            if cuda:
+                cuda_times.append(start_ev.elapsed_time(end_ev) / 1000.0)  # milliseconds -> seconds
             if nvml is not None:
                 used, source = nvml.process_used()
                 if used is not None:
                     used_samples.append(used)
-        median = statistics.median(times)
+            reason = timing.stop_reason(times, rule)
+            if dist is not None:  # every rank runs as many steps as the others (collectives)
+                reason = dist.agree_stop(reason, device)
+        stats = timing.summary(times)
+        median = stats["step_s"]
         real_per_step = statistics.mean(data.real_tokens)  # data tokens, padding left out
         tokens_per_s = real_per_step / median
         measurement["real_tokens_per_step"] = real_per_step
-        measurement.update(step_times_s=times, step_s=median, step_s_min=min(times), step_s_max=max(times),
-                           tokens_per_s=tokens_per_s)
+        measurement.update(stats, step_times_s=times, tokens_per_s=tokens_per_s, stop_reason=reason,
+                           timed_s=sum(times), step_times_cuda_s=cuda_times if cuda else None,
+                           step_s_cuda=statistics.median(cuda_times) if cuda else None)
         if last_loss:
             value = float(last_loss[0].float().item()) * setup.accum
             measurement["final_loss"] = value if value == value and abs(value) != float("inf") else None
@@ -365,6 +396,15 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         attn, _ = effective_attention(spec, setup)
         device_key = environment.get("gpu_catalog_key") if cuda else None
         measurement["mfu"], measurement["mfu_basis"] = _mfu(spec, setup, attn, tokens_per_s, device_key)
+
+        # ----- profiled steps (after every figure above is read) ----------------------------------
+        if request.profile:
+            phase.name = "profile"
+
+            def next_batches(_: int) -> None:
+                batches[:] = data.next_step()
+
+            measurement["profile"] = _profile(request, step, next_batches, cuda, dist)
         status, error = "ok", None
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
         if isinstance(exc, KeyboardInterrupt):
@@ -391,6 +431,22 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         if snapshot_on:
             measurement["snapshot"] = _dump_snapshot(request.snapshot)
     return answer(request, status, measurement=measurement, error=error, environment=environment, cap=cap)
+
+
+def _profile(request: MeasureRequest, step, before, cuda: bool, dist=None) -> dict:
+    """The ``profile`` block (``profiling.py``); a failure is recorded in it, never fails the case.
+    Each rank of a multi-GPU run writes its own trace (``.rank<R>`` before the suffix)."""
+    from reportgen.measure.profiling import profile_steps
+
+    path = request.profile
+    if dist is not None:
+        from reportgen.measure.profiling import rank_path
+
+        path = rank_path(path, dist.rank)
+    try:
+        return profile_steps(step, before, request.profile_steps, path, cuda)
+    except Exception as exc:  # noqa: BLE001 - the timed figures stand without a profile
+        return {"trace": None, "steps": [], "error": tail(f"{type(exc).__name__}: {exc}", 1000)}
 
 
 #: torchtune's ``CEWithChunkedOutputLoss`` default

@@ -12,7 +12,8 @@ The answer is one JSON object, the same for ``reportgen measure --format json`` 
      "case": {"model", "gpu", "setup"}}
 
 Memory figures are bytes, times seconds. A figure the device cannot give (memory on CPU) is null,
-never a guess.
+never a guess. Fields added later (the timing summary of ``timing.py``, ``step_times_cuda_s``,
+``profile``) are absent from older answers and files, never filled in for them.
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ class MeasureRequest:
     setup: dict  # TrainingSetup.model_dump(mode="json")
     device: str = "cuda"
     warmup: int = 2
-    steps: int = 5
+    steps: int = 5  # timed steps: the minimum (exactly this many when max_steps is None)
     cap_to_gpu: bool = False
     snapshot: str | None = None  # file to write a CUDA memory snapshot pickle to
+    # the stopping rule of the timed steps (timing.py); None: not used (max_steps None: fixed count)
+    max_steps: int | None = None
+    max_timed_s: float | None = None
+    target_rel_ci: float | None = None
+    profile: str | None = None  # trace file to write: profile steps after the timed ones (profiling.py)
+    profile_steps: int = 2
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -11,13 +11,16 @@ answer of the case, still the shape of ``protocol.py``::
      "measurement": {
         "peak_allocated", "peak_reserved", "device_used", "memory_after_load":  the max over ranks
                                                  (the per-GPU memory the estimator predicts);
-        "step_times_s": per timed step, the slowest rank's time; "step_s": their median (min, max);
+        "step_times_s": per timed step, the slowest rank's time; "step_s": their median, and the
+                       timing summary of timing.py over them (min, max, quartiles, interval);
+        "step_times_cuda_s": likewise from the ranks' CUDA-event times; "stop_reason": rank 0's
+                       (every rank stops at the same step, distributed.Rank.agree_stop);
         "real_tokens_per_step": the sum over ranks; "tokens_per_s": that / step_s;
         "mfu": model FLOPs x tokens/s / (world_size x the device's peak);
         "world_size": 2,
         "ranks": [{"rank", "local_rank", "status", "phase", "peak_allocated", "peak_reserved",
-                   "device_used", "memory_after_load", "step_times_s", "step_s",
-                   "real_tokens_per_step", "final_loss", "error", "environment", "cap"}, ...],
+                   "device_used", "memory_after_load", "step_times_s", "step_s", "step_times_cuda_s",
+                   "real_tokens_per_step", "final_loss", "profile", "error", "environment", "cap"}, ...],
         <everything else: rank 0's (build_s, dtypes, notes, params_trainable, ...)>}}
 
 On the CPU (gloo) every memory figure is null, as in the single-process CPU run.
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from reportgen.measure.distributed import LAUNCHER, TORCHRUN_FLAG, rank_paths
 from reportgen.measure.protocol import FINAL_STATUSES, MeasureRequest, answer, empty_measurement, tail
+from reportgen.measure.timing import summary
 
 #: memory figures: max over ranks
 MAX_KEYS = ("peak_allocated", "peak_reserved", "device_used", "memory_after_load", "memory_after_load_reserved",
@@ -49,10 +53,13 @@ MAX_KEYS = ("peak_allocated", "peak_reserved", "device_used", "memory_after_load
 #: what each rank's entry keeps of its own measurement
 RANK_KEYS = ("phase", "failed_in", "peak_allocated", "peak_reserved", "device_used", "device_used_source",
              "memory_after_load", "memory_after_load_reserved", "peak_allocated_at_failure", "step_times_s", "step_s",
-             "real_tokens_per_step", "final_loss", "loss_finite", "build_s", "fault_injected", "peer_lost")
+             "step_times_cuda_s", "stop_reason", "real_tokens_per_step", "final_loss", "loss_finite", "build_s",
+             "fault_injected", "peer_lost", "profile")
 #: per-rank figures that the merged measurement recomputes (never rank 0's alone)
 PER_RANK = ("step_times_s", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "real_tokens_per_step", "mfu",
-            "final_loss", "loss_finite", "device_used_source", "phase", "pid", "failed_at", "peer_lost")
+            "final_loss", "loss_finite", "device_used_source", "phase", "pid", "failed_at", "peer_lost",
+            "step_times_cuda_s", "step_s_cuda", "step_s_q1", "step_s_q3", "step_s_iqr_rel", "step_s_ci",
+            "step_s_ci_rel", "steps_run", "timed_s")
 
 
 def torchrun_command(request: MeasureRequest, request_path: Path, answer_path: Path) -> list[str]:
@@ -243,10 +250,17 @@ def _merge_times(measurement: dict, entries: list[dict], world: int) -> None:
     times = [max(t[i] for t in runs) for i in range(steps)]  # a step ends when its slowest rank does
     if not times:
         return
-    median = statistics.median(times)
+    stats = summary(times)
+    median = stats["step_s"]
     real = sum(e.get("real_tokens_per_step") or 0 for e in entries)
-    measurement.update(step_times_s=times, step_s=median, step_s_min=min(times), step_s_max=max(times),
-                       real_tokens_per_step=real, tokens_per_s=real / median)
+    measurement.update(stats, step_times_s=times, real_tokens_per_step=real, tokens_per_s=real / median,
+                       timed_s=sum(times))
+    cuda_runs = [e.get("step_times_cuda_s") for e in entries]
+    if cuda_runs and all(cuda_runs):
+        cuda_times = [max(t[i] for t in cuda_runs) for i in range(min(len(t) for t in cuda_runs))]
+        measurement.update(step_times_cuda_s=cuda_times, step_s_cuda=statistics.median(cuda_times))
+    else:  # the CPU (gloo) has no CUDA events
+        measurement.update(step_times_cuda_s=None, step_s_cuda=None)
     losses = [e.get("final_loss") for e in entries]
     measurement["final_loss"] = losses[0]
     measurement["loss_finite"] = all(e.get("loss_finite") for e in entries)

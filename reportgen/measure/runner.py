@@ -13,8 +13,11 @@ document adds it with ``id`` and ``sweep``) plus the settings it was measured wi
      "measurement": {"peak_allocated", "peak_reserved", "device_used", "memory_after_load",
                      "step_s", "step_s_min", "step_s_max", "step_times_s", "tokens_per_s", "mfu", ...},
      "error": str | null, "environment": {...}, "cap": null | {...},
-     "settings": {"device", "warmup", "steps", "timeout_s", "cap_to_gpu"}
-                 (+ "world_size", "launcher", "backend" for a multi-GPU case: torchrun, one process per GPU),
+     "settings": {"device", "warmup", "steps", "max_steps", "max_timed_s", "target_rel_ci", "timeout_s",
+                  "cap_to_gpu", "profile", "profile_steps"}
+                 (+ "world_size", "launcher", "backend" for a multi-GPU case: torchrun, one process per GPU;
+                  files measured before the adaptive timed steps have only "device", "warmup", "steps",
+                  "timeout_s", "cap_to_gpu": ``steps`` timed steps exactly),
      "measured_at": "2026-11-21T17:00:00+00:00", "wall_s": 41.2}
 
 What a measurement may be compared with (the device that ran it, the cap) is decided by
@@ -23,12 +26,16 @@ What a measurement may be compared with (the device that ran it, the cap) is dec
 Rules:
 
 * resume: a case with an attempt of status ``ok`` or ``oom`` (an OOM is a result: the case does
-  not fit) with the same settings is skipped, so an interrupted sweep continues where it stopped;
+  not fit) with the same settings (``_same_settings``: device, warm-up, cap, the timed steps'
+  stopping rule, and a profile if one is asked for) is skipped, so an interrupted sweep continues where it stopped;
   ``error`` and ``timeout`` are retried (the failed attempt's file stays); ``force`` measures
   again, as a new attempt.
 * ``shard="I/N"``: only cases whose index in the sweep (cases sorted by id) is ``I`` modulo ``N``;
   several machines can split a sweep, and since each attempt is its own uniquely named file,
   merging their results is copying the files together.
+* ``measure.profile``: each case also runs ``profile_steps`` steps under torch.profiler after its
+  timed ones; the trace is ``results/<sweep>/profiles/<case-id>.<utc>.pt.trace.json.gz`` (not
+  committed: large; the per-step figures are in the measurement file, ``profiling.py``).
 * hopeless cases: a case whose estimated peak is over twice the memory of its ``gpu`` card is not
   run (no measurement is written, the summary lists it). Cases the estimate merely says will not
   fit are measured, to confirm the OOM. The case's ``gpu`` is the card measured, or emulated with
@@ -52,8 +59,11 @@ from pathlib import Path
 
 from reportgen import catalog, store
 from reportgen.errors import UserError
+from reportgen.measure import timing
 from reportgen.measure.isolate import require_measure_packages, run_case
+from reportgen.measure.profiling import TRACE_SUFFIX
 from reportgen.measure.protocol import MeasureRequest
+from reportgen.measure.timing import timing_note
 from reportgen.results import UnreadableResult, read_result, result_path
 from reportgen.store import DONE_STATUSES
 from reportgen.sweep import Case, Sweep
@@ -66,6 +76,12 @@ CASE_OVERHEAD_S = 30.0
 STEP_TIME_MARGIN = 3.0
 #: estimated peak over this many times the card's memory: not worth a run
 HOPELESS_FACTOR = 2.0
+#: planning guesses for a profiled case, not measurements (no GPU run has timed the profiler yet;
+#: each profile block records its own ``total_s``, to replace these): the profiler's start (CUPTI,
+#: about a second), the export, gzip and reading of a trace of tens of thousands of events (a second
+#: or two); a recorded step's host side pays a few microseconds per operator and kernel launch
+PROFILE_OVERHEAD_S = 3.0
+PROFILE_SLOWDOWN = 1.5
 
 
 @dataclass
@@ -92,13 +108,22 @@ def parse_shard(shard: str | None) -> tuple[int, int]:
 
 def settings_for(sweep: Sweep, device: str) -> dict:
     mc = sweep.spec.measure
-    return {"device": device, "warmup": mc.warmup, "steps": mc.steps, "timeout_s": mc.timeout_s,
-            "cap_to_gpu": mc.cap_to_gpu}
+    return {"device": device, "warmup": mc.warmup, "steps": mc.steps, "max_steps": mc.max_steps_or_default,
+            "max_timed_s": mc.max_timed_s, "target_rel_ci": mc.target_rel_ci, "timeout_s": mc.timeout_s,
+            "cap_to_gpu": mc.cap_to_gpu, "profile": mc.profile, "profile_steps": mc.profile_steps}
 
 
 def _same_settings(old: dict, new: dict) -> bool:
-    keys = ("device", "warmup", "steps", "cap_to_gpu")
-    return all(old.get(k) == new.get(k) for k in keys)
+    """Whether an attempt measured with ``old`` settings is current for ``new`` ones: the same device,
+    warm-up, cap and stopping rule of the timed steps (an older attempt without ``max_steps`` ran
+    exactly ``steps``: ``timing.rule_from_settings``), and a profile when ``new`` asks for one."""
+    if any(old.get(k) != new.get(k) for k in ("device", "warmup", "cap_to_gpu")):
+        return False
+    if timing.rule_from_settings(old).key() != timing.rule_from_settings(new).key():
+        return False
+    if new.get("profile") and not (old.get("profile") and old.get("profile_steps") == new.get("profile_steps")):
+        return False
+    return True
 
 
 def _estimate_of(sweep: Sweep, case: Case, results_dir: Path) -> dict:
@@ -142,13 +167,20 @@ def parse_deadline(value: str | None) -> float | None:
 
 
 def expected_s(result: dict, settings: dict) -> float:
-    """Seconds one case is expected to take: the worker's fixed cost plus its warm-up and timed
-    steps at the estimated step time, with a margin (no estimate: the fixed cost twice)."""
+    """Seconds one case is expected to take: the worker's fixed cost, its warm-up steps at the
+    estimated step time with a margin, its timed steps at most (``timing.planned_timed_s``: the
+    minimum, then up to the time cap or ``max_steps``), and its profiled steps when asked for
+    (``PROFILE_SLOWDOWN`` and ``PROFILE_OVERHEAD_S``). No estimate: the fixed cost twice."""
     try:
-        step = float(result["estimate"]["time"]["step_s"])
+        step = STEP_TIME_MARGIN * float(result["estimate"]["time"]["step_s"])
     except (KeyError, TypeError, ValueError):
         return 2 * CASE_OVERHEAD_S
-    return CASE_OVERHEAD_S + STEP_TIME_MARGIN * step * (settings["warmup"] + settings["steps"])
+    total = CASE_OVERHEAD_S + step * settings["warmup"] + timing.planned_timed_s(step, timing.rule_from_settings(settings))
+    if settings.get("profile"):
+        from reportgen.measure.profiling import PROFILE_WARMUP
+
+        total += PROFILE_OVERHEAD_S + PROFILE_SLOWDOWN * step * (PROFILE_WARMUP + settings.get("profile_steps", 0))
+    return total
 
 
 def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, force: bool = False,
@@ -205,7 +237,7 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
                     bar.advance(task)
                     continue
                 timeout = min(timeout, left)
-            block = measure_case(case, settings, timeout)
+            block = measure_case(case, settings, timeout, sweep_dir)
             if block["status"] == "timeout" and timeout < sweep.spec.measure.timeout_s:
                 # cut by the deadline, not by the case's own limit: no result, a later call measures it
                 rest = [c.id for c in mine[n + 1:] if not _settled(measured.get(c.id, []), settings, force)
@@ -227,13 +259,22 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
     return stats
 
 
-def measure_case(case: Case, settings: dict, timeout_s: float) -> dict:
-    """One case in a worker subprocess -> the ``measurement`` block of its result file."""
+def measure_case(case: Case, settings: dict, timeout_s: float, sweep_dir: Path | None = None) -> dict:
+    """One case in a worker subprocess -> the ``measurement`` block of its result file. With
+    ``settings["profile"]`` its trace goes to ``<sweep_dir>/profiles/<case-id>.<utc>.pt.trace.json.gz``
+    and the block records that path relative to ``sweep_dir``."""
+    trace = None
+    if settings.get("profile") and sweep_dir is not None:
+        trace = Path(sweep_dir).resolve() / store.PROFILES_DIR / f"{case.id}.{store._stamp()}{TRACE_SUFFIX}"
     request = MeasureRequest(model=case.model, gpu=case.gpu, setup=case.setup.model_dump(mode="json"),
                              device=settings["device"], warmup=settings["warmup"], steps=settings["steps"],
-                             cap_to_gpu=settings["cap_to_gpu"] and settings["device"] == "cuda")
+                             max_steps=settings.get("max_steps"), max_timed_s=settings.get("max_timed_s"),
+                             target_rel_ci=settings.get("target_rel_ci"),
+                             cap_to_gpu=settings["cap_to_gpu"] and settings["device"] == "cuda",
+                             profile=str(trace) if trace else None, profile_steps=settings.get("profile_steps", 2))
     answer = run_case(request, timeout_s)
     answer.pop("case", None)
+    _relative_traces(answer.get("measurement"), sweep_dir)
     answer["settings"] = dict(settings)
     if case.setup.gpus > 1:  # never mistaken for a single-GPU run
         from reportgen.measure.distributed import LAUNCHER, backend_for
@@ -241,6 +282,19 @@ def measure_case(case: Case, settings: dict, timeout_s: float) -> dict:
         answer["settings"].update(world_size=case.setup.gpus, launcher=LAUNCHER, backend=backend_for(settings["device"]))
     answer["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return answer
+
+
+def _relative_traces(measurement: dict | None, sweep_dir: Path | None) -> None:
+    """Trace paths under the sweep directory, stored relative to it (the results move between machines)."""
+    if not measurement or sweep_dir is None:
+        return
+    root = Path(sweep_dir).resolve()
+    for block in [measurement.get("profile")] + [r.get("profile") for r in measurement.get("ranks") or []]:
+        if isinstance(block, dict) and block.get("trace"):
+            try:
+                block["trace"] = Path(block["trace"]).resolve().relative_to(root).as_posix()
+            except ValueError:
+                pass
 
 
 def _summary(block: dict) -> str:
@@ -252,7 +306,7 @@ def _summary(block: dict) -> str:
     if m.get("peak_allocated") is not None:
         parts.append(f"peak {m['peak_allocated'] / 2**30:.2f} GiB")
     if m.get("step_s") is not None:
-        parts.append(f"step {m['step_s']:.3f} s")
+        parts.append(f"step {m['step_s']:.3f} s" + (f" ({timing_note(m)})" if timing_note(m) else ""))
     if m.get("tokens_per_s") is not None:
         parts.append(f"{m['tokens_per_s']:,.0f} tok/s")
     return ", ".join(parts)

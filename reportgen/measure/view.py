@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
+from reportgen.measure.timing import timing_note
 from reportgen.views.format import gib, pct, rate, seconds
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red"}
@@ -42,14 +46,19 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
         spread = f" ({seconds(m['step_s_min'])} to {seconds(m['step_s_max'])})"
     table.add_row("step time, median" + (" (min to max)" if spread else ""), seconds(m.get("step_s")) + spread,
                   seconds(et.step_s) if et else "-")
+    if m.get("step_s_cuda") is not None:
+        table.add_row("step time, CUDA events, median", seconds(m["step_s_cuda"]), "-")
     table.add_row("tokens/s", rate(m.get("tokens_per_s")), rate(et.tokens_per_s) if et else "-")
     basis = m.get("mfu_basis") or {}
     mfu_label = "MFU" + (f" (vs {basis['gpu']} {basis['dtype']} peak)" if basis.get("gpu") else "")
     table.add_row(mfu_label, pct(m.get("mfu")), pct(et.mfu) if et else "-")
     console.print(table)
     if m.get("step_times_s"):
-        console.print("step times: " + ", ".join(seconds(t) for t in m["step_times_s"])
-                      + f" after {m.get('warmup')} warm-up steps", highlight=False)
+        console.print("step times: " + _times(m["step_times_s"]) + f" after {m.get('warmup')} warm-up steps",
+                      highlight=False)
+        console.print(f"timing: {timing_note(m)}", highlight=False)
+    for line in profile_lines(m.get("profile")):
+        console.print(line, highlight=False)
     if m.get("ranks"):
         env_line = f"{m.get('world_size')} ranks ({env.get('launcher')}, {env.get('backend')}); " \
                    "memory is the largest rank's, a step ends with its slowest rank"
@@ -59,7 +68,7 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
             console.print(f"  rank {r['rank']}: {r.get('status')}"
                           f" on {renv.get('gpu_name') or renv.get('device') or '?'}"
                           f", peak allocated {gib(r.get('peak_allocated'))} GiB"
-                          f", steps {', '.join(seconds(t) for t in r.get('step_times_s') or []) or '-'}", highlight=False)
+                          f", steps {_times(r.get('step_times_s') or []) or '-'}", highlight=False)
     if result.get("cap"):
         cap = result["cap"]
         if cap.get("applied"):
@@ -82,3 +91,47 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
         f"python {env.get('python')}", *parts,
         f"reportgen {env.get('reportgen')} @ {(env.get('git_commit') or 'unknown')[:10]}",
         env.get("hostname"), env.get("utc")])) + "[/]", highlight=False)
+
+
+#: step times listed in full up to this many; beyond, the first ones and a count
+SHOWN_TIMES = 12
+
+
+def _times(times: list[float]) -> str:
+    shown = ", ".join(seconds(t) for t in times[:SHOWN_TIMES])
+    return shown + (f", ... ({len(times)} in all)" if len(times) > SHOWN_TIMES else "")
+
+
+def profile_lines(profile: dict | None, root: Path | None = None) -> list[str]:
+    """The profile block in words: where the trace is (a path relative to a sweep directory is
+    joined to ``root``), and the median over the profiled steps of each figure
+    (``reportgen.measure.profiling``)."""
+    if not profile:
+        return []
+    if profile.get("error"):
+        return [f"profile failed (the timed figures stand): {profile['error']}"]
+    steps = profile.get("steps") or []
+    trace = Path(profile["trace"]) if profile.get("trace") else None
+    if trace is not None and not trace.is_absolute() and root is not None:
+        trace = root / trace
+    where = "-" if trace is None else f"{trace} (open at https://ui.perfetto.dev)" if trace.exists() else \
+        f"{trace} (not on this machine: traces are not committed)"
+    lines = [f"profile: {len(steps)} step(s) under torch.profiler after the timed ones (with its overhead); "
+             f"trace {where}"]
+    if not steps:
+        return lines
+
+    def med(key):
+        values = [s[key] for s in steps if s.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    wall, busy = med("wall_s"), med("gpu_busy_s")
+    parts = [f"wall {seconds(wall)}"]
+    if busy is not None:
+        parts.append(f"GPU busy {seconds(busy)}" + (f" ({100 * busy / wall:.0f}% of the step)" if wall else ""))
+    for key, label in (("kernels", "kernels"), ("launches", "launches"), ("cpu_ops", "CPU ops"),
+                       ("aten_ops", "ATen ops"), ("aten_ops_top", "top-level ATen ops")):
+        if med(key) is not None:
+            parts.append(f"{med(key):,.0f} {label}")
+    lines.append("  per profiled step (median): " + ", ".join(parts))
+    return lines

@@ -10,6 +10,8 @@ from pathlib import Path
 from reportgen import store
 from reportgen.errors import UserError
 from reportgen.fingerprint import estimator_hash
+from reportgen.measure.timing import timing_note
+from reportgen.measure.view import profile_lines
 from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult
 from reportgen.setup import TrainingSetup
@@ -70,9 +72,14 @@ def commands(result: dict) -> dict[str, str]:
     tokens = ((result.get("estimate") or {}).get("time") or {}).get("train_tokens")
     est = ["reportgen", "estimate"] + base + (["--train-tokens", str(int(tokens))] if tokens else [])
     settings = (result.get("measurement") or {}).get("settings") or {}
-    extra = [f for key in ("warmup", "steps") if settings.get(key) is not None for f in (f"--{key}", str(settings[key]))]
+    keys = ("warmup", "steps", "max_steps", "max_timed_s", "target_rel_ci")
+    extra = [f for key in keys if settings.get(key) is not None for f in ("--" + key.replace("_", "-"), f"{settings[key]:g}")]
+    if "steps" in settings and "max_steps" not in settings:  # measured before the adaptive rule: a fixed count
+        extra += ["--max-steps", str(settings["steps"])]
     if settings.get("cap_to_gpu"):
         extra.append("--cap-to-gpu")
+    if settings.get("profile"):
+        extra += ["--profile", "--profile-steps", str(settings.get("profile_steps", 2))]
     return {"estimate": shlex.join(est),
             "measure": shlex.join(["reportgen", "measure"] + base + extra + ["--format", "json"]),
             "trace": shlex.join(["reportgen", "trace"] + base)}
@@ -151,8 +158,13 @@ def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print) -> N
     out(f"  {prov.label(gpu)}")
     out("  compares with the estimate: " + (", ".join(valid) if valid else "nothing (not a measurement of this card)"))
     figures = m.get("measurement") if isinstance(m.get("measurement"), dict) else {}
+    if figures.get("step_times_s"):
+        out(f"  timing: {timing_note(figures)}")
+    root = Path(m["path"]).parent.parent if m.get("path") else None  # the sweep directory
+    for line in profile_lines(figures.get("profile"), root=root):
+        out(f"  {line}")
     for key, value in sorted(figures.items()):
-        if value is None:
+        if value is None or key == "profile":
             continue
         if key in BYTE_FIGURES:
             out(f"  {key:<42} {gib(value):>10} GiB")
