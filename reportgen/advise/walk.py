@@ -289,7 +289,7 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
             outcome, explain = PREDICATES[node.test](nums, setup, ev)
             if node.variant != "as-is":
                 explain = (f"weights + gradients + optimizer states {_gib(nums['param_side'])}; at micro-batch 1 "
-                           f"with checkpointing and the fused loss the step {explain}")
+                           f"with checkpointing and the fused loss: {explain}")
             steps.append({"kind": "check", "node": node.id, "stage": node.stage, "question": node.question,
                           "how": node.how, "variant": node.variant, "outcome": outcome, "explain": explain,
                           "numbers": nums, "next": node.edges[outcome],

@@ -159,9 +159,9 @@ def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title:
                 ax.add_patch(Rectangle((j + 0.05, i + 0.07), 0.9, 0.86, facecolor="#ffffff", edgecolor=color,
                                        linewidth=2.0))
                 name = cell["technique"].replace(" + ckpt", "+ckpt")
-                ax.text(j + 0.5, i + 0.32, f"guide: {name}", ha="center", va="center", fontsize=MIN_FONT,
-                        color="#222222", fontweight="bold")
-                ax.text(j + 0.5, i + 0.71, "fits, not swept", ha="center", va="center", fontsize=MIN_FONT,
+                ax.text(j + 0.5, i + 0.32, name, ha="center", va="center", fontsize=9, color="#222222",
+                        fontweight="bold")
+                ax.text(j + 0.5, i + 0.71, "guide · not swept", ha="center", va="center", fontsize=MIN_FONT,
                         color="#444444")
                 continue
             fg = _text_color(color)
@@ -190,6 +190,9 @@ def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title:
         side.set_visible(False)
     handles = technique_legend(list(TECHNIQUE_COLORS))
     handles.append(Patch(facecolor="#eeeeee", edgecolor="#bbbbbb", hatch="////", label="nothing fits"))
+    if any(c and c.get("unswept") for c in cells.values()):
+        handles.append(Patch(facecolor="#ffffff", edgecolor="#555555", linewidth=1.5,
+                             label="fits only with the guide's setup (not swept)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=4, fontsize=9,
               handlelength=1.6, handleheight=1.1, columnspacing=1.2)
     ax.set_title(title, loc="left", pad=44 if ncol > 4 else 26, fontsize=10.5)
@@ -360,7 +363,7 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
         if batches:
             ax.set_xlim(batches[0] / 1.3, batches[-1] * 1.3)
         if not any_fit:
-            ax.text(0.5, 0.5, "nothing fits", transform=ax.transAxes, ha="center", va="center", color="#777777")
+            ax.text(0.5, 0.5, "no swept setup fits", transform=ax.transAxes, ha="center", va="center", color="#777777")
             ax.set_yticks([])
         if k % ncols == 0:
             ax.set_ylabel("tokens/s (est.)", fontsize=9)
