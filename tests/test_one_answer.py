@@ -31,7 +31,7 @@ from reportgen.estimate.verdict import margin_label
 from reportgen.report.pages import gpu_pages, home_pages, model_pages
 from reportgen.report.render import load_site, render_page
 from reportgen.report.show import setup_flags
-from reportgen.report.views import PRIMARY_SEQ, best_fit, group, setup_label, site_rows, training_setup
+from reportgen.report.views import PRIMARY_SEQ, best_fit, setup_label, site_rows, training_setup
 from reportgen.runner import run_estimates
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import load_sweep
