@@ -52,6 +52,18 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def with_verdict_fields(d: dict) -> dict:
+    """The traced JSON with the verdict fields ``reportgen estimate --format json`` has (``demand``,
+    ``margin``, ``verdict_text``; ``estimate/verdict.py``), for the traced total, which has no error
+    band: the replay itself says whether the step runs within the card (releasing cached blocks if it
+    must), and what nvidia-smi would then show is what it asks of the card."""
+    from reportgen.estimate.verdict import verdict_text
+
+    demand = d["memory"]["device_total"]
+    return {**d, "demand": demand, "margin": d["capacity"] - demand,
+            "verdict_text": verdict_text(d["verdict"], demand, d["capacity"], None)}
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     from reportgen import catalog
     from reportgen.cli import setup_from_args
@@ -83,7 +95,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     result = trace_case(spec, gpu, setup, warmup=args.warmup)
     if args.format == "json":
-        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(with_verdict_fields(result.as_dict()), indent=2, sort_keys=True))
         return 0
     from reportgen.trace.view import print_trace
 

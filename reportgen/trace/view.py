@@ -34,7 +34,7 @@ def print_trace(tr, gpu, console: Console | None = None) -> None:
     table.add_row("[bold]peak reserved[/] (caching-allocator replay)", gib(mem["peak_reserved"]), "")
     verdict = "[green]fits[/]" if tr.fits else "[red]does not fit[/]"
     table.add_row("[bold]device total[/] (+ CUDA context, a constant)", gib(mem["device_total"]),
-                  f"{verdict} in {gpu.memory_bytes / GIB:.1f} (traced total against the card; no error band)")
+                  f"{verdict} in {gpu.memory_bytes / GIB:.1f}")
     console.print(table)
 
     timeline = Table(title="largest allocated bytes per phase of the traced step (after warm-up)", title_justify="left")
