@@ -32,7 +32,7 @@ from reportgen import catalog, cli
 from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
-from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seconds
+from reportgen.views.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 #: the file a pasted config.json is written to (relative to the working directory)
 PASTED = "config.json"
@@ -211,14 +211,19 @@ def view(d: dict) -> dict:
         _row("memory.peak_allocated", "peak allocated", gib(mem["peak_allocated"]),
              f"torch.cuda.max_memory_allocated, at {d['peak_phase']}"),
         _row("memory.peak_reserved", "peak reserved", gib(mem["peak_reserved"]), "torch.cuda.max_memory_reserved"),
-        _row("memory.device_total", "device total", gib(mem["device_total"]),
-             f"nvidia-smi: {d['verdict']} in {capacity}"),
+        _row("memory.device_total", "device total", gib(mem["device_total"]), "nvidia-smi"),
     ]
+    if mem.get("cache_released"):
+        totals.append(_row("memory.cache_released", "cached blocks released to fit", gib(mem["cache_released"]),
+                           "reserved would pass the card without it"))
+    if d["demand"] != mem["device_total"]:
+        totals.append(_row("demand", "asked of the card", gib(d["demand"]), demand_note(mem)))
     band = d.get("band")
     if band:
-        lo, hi = band["device_total_range"]
-        totals.append(_row("band.device_total_range", "expected range (error band)", f"{gib(lo)}-{gib(hi)}",
+        lo, hi = band["demand_range"]
+        totals.append(_row("band.demand_range", "expected range (error band)", f"{gib(lo)}-{gib(hi)}",
                            f"{100 * band['lo']:+.0f}% to {100 * band['hi']:+.0f}%, from {band['n']} comparisons"))
+    totals.append(_row("verdict", "verdict", d["verdict"], f"margin {d['margin'] / GIB:+.2f} GiB of {capacity}"))
     if mem.get("host_ram"):
         totals.append(_row("memory.host_ram", "host RAM (offload)", gib(mem["host_ram"])))
 
@@ -238,9 +243,10 @@ def view(d: dict) -> dict:
              "" if t.get("train_dollars") is not None else "the GPU catalog has no price for this card"),
     ]
     limit = d.get("context_limit")
+    none = f"none fits (batch {setup.batch}, seq {setup.seq:,}: {d['verdict']})"
     reverse = [
-        _row("max_batch", f"largest micro-batch at seq {setup.seq:,}", _count(d["max_batch"], "none fits")),
-        _row("max_seq", f"longest sequence at batch {setup.batch}", _count(d["max_seq"], "none fits"),
+        _row("max_batch", f"largest micro-batch that fits at seq {setup.seq:,}", _count(d["max_batch"], none)),
+        _row("max_seq", f"longest sequence that fits at batch {setup.batch}", _count(d["max_seq"], none),
              f"the model's context is {limit:,}" if limit else ""),
     ]
     share = 100 * params["trainable"] / params["total"] if params["total"] else 0.0
@@ -248,12 +254,13 @@ def view(d: dict) -> dict:
         "title": f"{d['model']} on {gpu.name} ({capacity}): {setup.short()}",
         "params": f"parameters {params['total']:,}, trainable {params['trainable']:,} ({share:.2f}%)",
         "verdict": d["verdict"],
-        "verdict_text": f"{d['verdict']} in {capacity}",
+        "verdict_text": d["verdict_text"],
         "sections": [
             {"id": "memory", "title": "Memory on one GPU, by term (GiB = 2^30 bytes)", "rows": memory},
             {"id": "totals", "title": "Totals and fit", "rows": totals},
             {"id": "time", "title": "Time (analytic roofline)", "rows": time_rows},
-            {"id": "reverse", "title": "Largest batch and longest sequence that fit", "rows": reverse},
+            {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
+                                        "the whole error band within the card)", "rows": reverse},
         ],
         "notes": list(d["notes"]),
     }

@@ -188,9 +188,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(est.as_dict(), indent=2, sort_keys=True))
         return 0
+    from reportgen.measured import footer
+    from reportgen.results import case_id
     from reportgen.views.terminal import print_estimate
 
-    print_estimate(est, model, gpu)
+    print_estimate(est, model, gpu, footer=footer(DEFAULT_RESULTS, case_id(model.name, gpu.key,
+                                                                          setup.model_dump(mode="json")), gpu.key))
     return 0
 
 

@@ -68,6 +68,9 @@ def test_walk_and_search_never_disagree_without_the_numbers(walks, pair):
     if search["same"]:
         return
     text = search["text"]
+    if found is None:  # the walk's setup uses techniques outside the search's candidates (fused loss)
+        assert rec is not None and "finds nothing that fits" in text and rec["label"] in text
+        return
     assert found["label"] in text
     rel = found["tokens_per_s"] / rec["tokens_per_s"] - 1
     if abs(rel) >= 0.005:
@@ -81,8 +84,8 @@ def test_walk_and_search_never_disagree_without_the_numbers(walks, pair):
         variant = {**found["setup"], **{f: rec["setup"][f] for f in fields}}
         est = estimate(catalog.load_model(pair[0]), catalog.load_gpu(pair[1]), TrainingSetup(**variant),
                        reverse=False)
-        if not est.fits:
-            assert f"needs {est.memory.device_total / 2**30:.1f} GiB, does not fit" in text
+        if not est.fits:  # named by its verdict: tight or does not fit
+            assert f"needs {est.judgement.demand / 2**30:.1f} GiB, {est.verdict}" in text
         else:
             change = est.time.tokens_per_s / found["tokens_per_s"] - 1
             assert f"{est.time.tokens_per_s:,.0f} tokens/s ({pct0(change)})" in text

@@ -235,7 +235,8 @@ def test_advise_json_contract(capsys):
 def test_advise_table_prints_the_walk_and_verdict(capsys):
     assert main(["advise", "--model", "llama-3.1-70b", "--gpu", "rtx-4090"]) == 0
     out = capsys.readouterr().out
-    assert "verdict" in out and "does not fit on one" in out and "option" in out and "cheapest_setup" in out
+    assert "verdict" in out and "does not fit on one" in out and "option" in out and "compared with a search" in out
+    assert "cheapest_setup" not in out and "estimate.search" not in out  # no internal names in the answer
 
 
 def test_advise_mermaid(capsys):
@@ -323,3 +324,9 @@ def test_guide_shows_measurements_next_to_estimates(fixture_site):
     page = next(p for p in guide_pages(site2) if p.path == "guides/rtx-4090.md")
     text = render(page)
     assert "Measured" in text and "23.0 GiB" in text
+
+
+def test_no_two_stages_share_a_label():
+    """Issue 19: "Step 2" labelled both the activations of micro-batch 1 and raising the batch."""
+    labels = [label.split(":")[0] for label in T.STAGES.values()]
+    assert len(labels) == len(set(labels)), labels

@@ -343,3 +343,22 @@ def test_the_runtime_is_checked_against_the_pinned_integrity(tmp_path, monkeypat
     assert pyodide.runtime_files() == FAKE_RUNTIME
     assert calls[-1] == "https://mirror.example/npm/pyodide/-/pyodide-314.0.7.tgz"
     assert pyodide.runtime_files() == FAKE_RUNTIME and len(calls) == 2  # cached
+
+
+def test_every_link_into_the_calculator_lands_on_an_element_of_it(fake_runtime):
+    """The GPU, model and guide pages link ``calculator/index.md#gpu=KEY`` and ``#model=NAME``; each is an
+    element id of the calculator page (its choice in the form), so MkDocs validates the anchors instead
+    of printing one INFO line per link (issue 19: 42 of them on every `mkdocs serve`)."""
+    import re
+
+    from reportgen.advise.pages import guide_pages
+    from reportgen.report.pages import gpu_pages, model_pages
+
+    text = render.render_page(calculator.calculator_pages(SITE)[0])
+    ids = set(re.findall(r'id="([^"]+)"', text))
+    anchors = set()
+    for provider in (gpu_pages, model_pages, guide_pages):
+        for page in provider(SITE):
+            anchors |= set(re.findall(r"calculator/index\.md#([^)\s\"]+)", render.render_page(page)))
+    assert anchors >= {"gpu=rtx-4090", "model=llama-3.1-8b"}
+    assert anchors <= ids, sorted(anchors - ids)

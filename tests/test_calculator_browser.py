@@ -344,3 +344,33 @@ def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, 
     # fixing the config brings the result back
     browser.execute_async_script(SET_FORM, {"config": MISTRAL}, True)
     assert browser.execute_script(READ_PAGE)["error"] is None
+
+
+def test_the_default_view_answers_one_way(served_site, browser, shots):
+    """Issue 19: the default view (llama-3.2-1b, full fine-tuning, RTX 4090) said "tight in 24.0 GiB" and,
+    below, "largest micro-batch at seq 2,048: none fits" and "longest sequence at batch 1: 1,920" (past
+    what the same verdict allows). As a reader reads it: the verdict with its margin, and reverse answers
+    that agree with it (a fitting setup's batch and sequence are within them, a tight one's are not)."""
+    first_answer(browser, served_site + "calculator/")
+    page = browser.execute_script(READ_PAGE)
+    shown = dict(page["shown"])
+    verdict, batch, seq = shown["verdict"], int(page["form"]["setup.batch"]), int(page["form"]["setup.seq"])
+    data = json.loads(page["json"])
+    assert verdict == data["verdict"] and shown["verdict"] in ("fits", "tight", "does not fit")
+    text = browser.execute_script("return document.querySelector('.rg-calc-verdict').textContent")
+    assert text.startswith(verdict + ":") and " GiB" in text  # the margin, in words
+    assert f"{data['margin'] / 2**30:+.2f} GiB" in browser.execute_script(
+        "return document.getElementById('rg-result').textContent")
+
+    def number(key):
+        value = shown[key]
+        return None if value.startswith("none fits") else int(value.replace(",", ""))
+
+    largest, longest = number("max_batch"), number("max_seq")
+    if verdict == "fits":
+        assert largest is not None and largest >= batch and longest is not None and longest >= seq
+    else:
+        assert largest is None or largest < batch, shown["max_batch"]
+        assert longest is None or longest < seq, shown["max_seq"]
+        assert shown["max_batch"].startswith("none fits") or largest < batch
+    screenshot(browser, shots / "calculator-default.png")

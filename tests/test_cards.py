@@ -64,3 +64,31 @@ def test_stored_answers_cover_the_catalog():
     for per_model in data["gpus"].values():
         assert set(per_model) == set(catalog.model_names())
         assert all(set(v) == set(CN.METHODS) for v in per_model.values())
+
+
+def test_a_count_past_one_machine_says_how_many_and_on_consumer_cards_that_it_is_impractical():
+    """Issue 19: the table suggested 32 RTX 3060s without saying that this is no realistic setup."""
+    fit = {"gpus": 32, "sharding": "fsdp", "offload": "none", "tokens_per_s": 7000.0, "device_total_gib": 11.0,
+           "host_ram_gib": 0.0, "setup": "x"}
+    data = {"seq": 2048, "counts": [1, 2, 4, 8, 16, 32, 64], "gpus": {
+        key: {"llama-3.1-8b": {"full": {"method": "full", "fit": fit, "offload_fit": None},
+                               "lora": {"method": "lora", "fit": {**fit, "gpus": 8}, "offload_fit": None},
+                               "qlora": {"method": "qlora", "fit": None, "offload_fit": None}}}
+        for key in ("rtx-3060", "h100-sxm")}}
+    full, lora, qlora = cards_view(data, "rtx-3060")["rows"][0]["cells"]
+    assert full.startswith("32 cards, fsdp") and "4 machines of 8 over a network: impractical for consumer cards" in full
+    assert "machines" not in lora and qlora == "not within 64 cards"
+    h100 = cards_view(data, "h100-sxm")["rows"][0]["cells"][0]
+    assert "4 machines of 8 over a network" in h100 and "impractical" not in h100
+
+
+def test_one_card_here_is_one_card_in_the_walk():
+    """The table's recipe is the decision tree's Step 1 (checkpointing, fused loss, micro-batch 1; for
+    QLoRA also double quantization and paged 8-bit AdamW): Llama 3.1 8B QLoRA fits one RTX 3060 in both,
+    where the table once said two cards and the guide one (issue 19)."""
+    from reportgen.advise.walk import walk
+
+    c = CN.cards_needed(L8, catalog.load_gpu("rtx-3060"), "qlora")
+    w = walk(L8, catalog.load_gpu("rtx-3060"), 2048)
+    assert c.fit.gpus == 1 and w["recommended"]["setup"]["method"] == "qlora"
+    assert CN.method_setups("qlora", 2048)[0].loss.value == "fused" and len(CN.method_setups("qlora", 2048)) == 3

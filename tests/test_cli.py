@@ -91,3 +91,23 @@ def test_models_and_gpus_list(capsys):
     assert "mixtral-8x7b" in out and "46,702,792,704" in out
     assert main(["gpus"]) == 0
     assert "h100-sxm" in capsys.readouterr().out
+
+
+def test_the_table_ends_with_what_was_measured_of_this_setup(capsys, monkeypatch):
+    """Issue 19: every ``estimate`` ended "compare with measured cases on the validation page", also
+    for setups nobody measured. It now names the measurement of this exact setup on this card (the
+    committed H100 runs under results/validation/measured/) or says there is none; and the verdict
+    line carries its margin and band."""
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # results/ of the repository
+    assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--method", "lora"]) == 0
+    out = capsys.readouterr().out
+    assert "validation page" not in out
+    assert "measured too: device total" in out and "reportgen show llama-3.1-8b.h100-sxm.lora.453de8e9" in out
+    assert "\nfits: needs " in out and "GiB free, expected" in out
+    assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--method", "lora"]) == 0
+    out = capsys.readouterr().out  # measured on the H100 capped to 24 GiB: out of memory
+    assert "measured too: out of memory" in out and "capped to the memory of rtx-4090" in " ".join(out.split())
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-3060", "--method", "qlora"]) == 0
+    assert "estimate only: this setup (llama-3.2-1b.rtx-3060.qlora." in capsys.readouterr().out

@@ -41,9 +41,12 @@ def test_every_estimate_carries_its_band_and_verdict():
     assert d["verdict"] in ("fits", "tight", "does not fit") and d["capacity"] == catalog.load_gpu("rtx-4090").memory_bytes
     b = band_for("device_total", "qlora")
     assert b is not None and d["band"]["n"] == b.n and d["band"]["quantity"] == "device_total"
-    lo, hi = d["band"]["device_total_range"]
-    assert lo == int(est.memory.device_total * (1 + b.lo)) and hi == int(est.memory.device_total * (1 + b.hi))
-    assert d["verdict"] == verdict(est.memory.device_total, d["capacity"], b)
+    lo, hi = d["band"]["demand_range"]  # the band is applied to what the step asks of the card
+    demand = est.memory.card_demand
+    assert d["demand"] == demand and d["margin"] == d["capacity"] - demand
+    assert lo == int(demand * (1 + b.lo)) and hi == int(demand * (1 + b.hi))
+    assert d["verdict"] == verdict(demand, d["capacity"], b) and d["fits"] == (d["verdict"] == "fits")
+    assert d["verdict_text"].startswith(d["verdict"] + ":")
 
 
 def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):

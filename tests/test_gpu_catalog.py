@@ -138,3 +138,19 @@ def test_datacenter_dense_peaks_are_half_the_sparse_datasheet_figures():
     assert (nvl.peak_tflops["tf32"], nvl.peak_tflops["bf16"]) == (835 / 2, 1671 / 2)
     assert (b200.peak_tflops["tf32"], b200.peak_tflops["bf16"]) == (2200 / 2, 4500 / 2)
     assert not nvl.derived and not b200.derived
+
+
+def test_the_t4_trains_at_its_power_capped_clock_not_its_boost_peak():
+    """Issue 19: a 70 W T4 was estimated 1.8x faster than an RTX 3060 for llama-3.2-1b LoRA because the
+    catalog gave it the datasheet's 65 TFLOPS, a boost-clock figure it cannot hold under continuous
+    matmuls (NVIDIA forum thread 264462: ~24 TFLOPS measured, "power capping ... expected"). Its fp16
+    peak is 320 tensor cores x 128 FLOP/clk x 585 MHz (the datasheet's base clock), marked derived."""
+    from reportgen.estimate import estimate
+    from reportgen.setup import TrainingSetup
+
+    t4 = catalog.load_gpu("t4")
+    assert t4.peak_tflops["fp16"] == pytest.approx(320 * 128 * 585e6 / 1e12, abs=0.05) and "fp16" in t4.derived
+    model = catalog.load_model("llama-3.2-1b")
+    t4_tps = estimate(model, t4, TrainingSetup(method="lora", precision="fp16-mixed"), reverse=False).time.tokens_per_s
+    rtx = estimate(model, catalog.load_gpu("rtx-3060"), TrainingSetup(method="lora"), reverse=False).time.tokens_per_s
+    assert t4_tps < rtx

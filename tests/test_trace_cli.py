@@ -146,3 +146,17 @@ def test_a_trace_that_fits_only_by_releasing_the_cache_says_how_much(monkeypatch
     assert memory["device_total"] <= catalog.load_gpu("rtx-4090").memory_bytes  # the limited replay's figures
     assert any("fits only because the allocator releases" in n for n in t.notes)
     assert cache_limited({"memory": memory}) and not cache_limited({"memory": {"cache_released": 0}})
+
+
+def test_the_answer_is_not_buried_under_library_warnings(tiny_llama):
+    """Issue 19: seven lines of torchao, torch and transformers warnings came before the answer; and
+    the traced step is the one after warm-up, not a "measured" one."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    proc = subprocess.run([sys.executable, "-m", "reportgen", "trace", "--model", tiny_llama, "--gpu", "rtx-4090",
+                           "--method", "lora", "--seq", "32"], capture_output=True, text=True, cwd=ROOT,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
+    assert proc.stdout.startswith(tiny_llama)  # the answer comes first
+    assert "measured step" not in proc.stdout

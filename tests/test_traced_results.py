@@ -283,3 +283,18 @@ def test_building_a_model_leaves_the_catalog_config_as_read():
     before = copy.deepcopy(spec.config)
     hf_config(spec, "sdpa")
     assert catalog.load_model("llama-3.1-8b").config == before
+
+
+def test_show_finds_a_case_that_only_a_trace_stored(site, capsys):
+    """Issue 19: ``reportgen show`` of a traced case whose sweep was not estimated said "unknown case
+    id", and with ``--results results/<sweep>`` took the traced file for a result ("status None")."""
+    results, current, _ = site
+    (results / "tiny" / f"{current['id']}.json").unlink()  # the sweep's estimate is gone, its trace stays
+    for where in (results, results / "tiny"):
+        assert main(["show", current["id"], "--results", str(where)]) == 0
+        out = capsys.readouterr().out
+        assert f"case {current['id']}  (traced in sweep tiny; no estimate" in out
+        assert "traced (reportgen trace" in out and "status None" not in out
+        assert "reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --method lora" in out
+    assert main(["show", "llama-3.1-8b.rtx-4090.lora.00000000", "--results", str(results / "tiny")]) == 2
+    assert "unknown case id" in capsys.readouterr().err

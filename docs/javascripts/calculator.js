@@ -135,7 +135,7 @@ function showResult(out, form) {
   const v = out.view;
   const verdict = el("div", { class: "rg-calc-verdict rg-calc-" + v.verdict.replace(/ /g, "-") },
     el("span", { class: "rg-calc-verdict-word", "data-key": "verdict", text: v.verdict }),
-    el("span", { text: " " + v.verdict_text.slice(v.verdict.length) }));
+    el("span", { text: v.verdict_text.slice(v.verdict.length) }));  // ": needs ... GiB, ..." (the margin)
   const head = el("div", { class: "rg-calc-head" },
     el("p", { class: "rg-calc-title" }, el("span", { class: "rg-est", title: "analytic estimate", text: "est." }), " ",
       el("span", { "data-key": "title", text: v.title })),

@@ -2,12 +2,16 @@
 on which some data-parallel strategy fits, the strategy that is fastest there, and its estimated
 speed.
 
-The recipe is the tree's starting point for each method (bf16 mixed precision, AdamW, activation
-checkpointing, micro-batch 1, QLoRA NF4 r16 on every linear), so the answer is a floor: a
-sharding that fits at micro-batch 1. Counts are powers of two up to ``MAX_GPUS``; past the card's
-NVLink domain the collectives go over the network (``comm.py``). A strategy fits when the
-estimate's verdict is "fits" (its whole error band inside the card). Offload is tried last, at
-the same count, only where nothing fits without it.
+The recipe is the one the decision tree's Step 1 checks (``tree.MIN_ACTIVATIONS``: activation
+checkpointing, fused cross-entropy, micro-batch 1, at the card's default mixed precision, AdamW;
+LoRA and QLoRA rank 16 on every linear), and for QLoRA also the tree's next steps on one card,
+double quantization and then paged 8-bit AdamW. So "one card" here is exactly where the tree's walk
+(``reportgen advise``, the guides) finds the method fitting on one card, and the answer is a
+floor: a sharding that fits at micro-batch 1. Counts are powers of two up to ``MAX_GPUS``; past the
+card's NVLink domain the collectives go over the network (``comm.py``), and past one machine
+(``NODE_GPUS``) the GPU pages call the count impractical for a single user. A strategy fits when
+the estimate's verdict is "fits" (``estimate/verdict.py``: its whole error band inside the card).
+Offload is tried last, at the same count, only where nothing fits without it.
 
 ``reportgen cards`` writes the answers for every catalog model and GPU to ``data/cards_needed.json``;
 the GPU pages render that file (computing never renders).
@@ -17,13 +21,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from reportgen.advise import tree as T
 from reportgen.estimate import estimate
+from reportgen.estimate.search import default_precision
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import TrainingSetup
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64)
 MAX_GPUS = COUNTS[-1]
+#: GPUs in one machine: more cards means several machines over a network
+NODE_GPUS = 8
 #: tried at each count > 1, lightest first; the fastest that fits wins
 STRATEGIES = ("ddp", "zero1", "zero2", "shard-grad-op", "fsdp", "zero3", "hybrid-shard")
 METHODS = ("full", "lora", "qlora")
@@ -34,7 +42,7 @@ class Fit:
     gpus: int
     sharding: str
     offload: str
-    tokens_per_s: float  # over all GPUs
+    tokens_per_s: float | None  # over all GPUs (None: no peak FLOP/s in the catalog)
     device_total_gib: float
     host_ram_gib: float
     setup: str  # the setup's short label
@@ -50,36 +58,52 @@ class CardsNeeded:
         return asdict(self)
 
 
-def base_setup(method: str, seq: int) -> TrainingSetup:
-    return TrainingSetup(method=method, precision="bf16-mixed", grad_ckpt=True, batch=1, seq=seq,
-                         lora_targets="all-linear")
+def method_setups(method: str, seq: int, precision: str = "bf16-mixed") -> list[TrainingSetup]:
+    """The setups the decision tree's Step 1 checks for ``method`` on one card, in its order: the
+    method with ``tree.MIN_ACTIVATIONS`` (checkpointing, fused loss, micro-batch 1); for QLoRA then
+    with double quantization, then also with paged 8-bit AdamW (the tree's ``double_quant`` and
+    ``paged_8bit`` steps)."""
+    base = TrainingSetup(method=method, precision=precision, seq=seq, **T.MIN_ACTIVATIONS)
+    if method != "qlora":
+        return [base]
+    dq = base.model_copy(update={"double_quant": True})
+    return [base, dq, dq.model_copy(update={"optimizer": "paged-adamw-8bit"})]
 
 
-def _candidates(method: str, seq: int, n: int, offload: str):
-    base = base_setup(method, seq).model_copy(update={"offload": offload})
-    if n == 1:
-        yield base
-        return
-    for s in STRATEGIES:
-        if s == "hybrid-shard" and n <= 8:
-            continue  # the same as fsdp inside one node
-        if offload == "params" and s in ("ddp", "zero1", "zero2"):
-            continue  # parameter offload needs parameter sharding
-        yield base.model_copy(update={"gpus": n, "sharding": s})
+def base_setup(method: str, seq: int, precision: str = "bf16-mixed") -> TrainingSetup:
+    """The first of ``method_setups``: the method as the tree's Step 1 checks it first."""
+    return method_setups(method, seq, precision)[0]
+
+
+def _candidates(method: str, seq: int, n: int, offload: str, precision: str = "bf16-mixed"):
+    for base in method_setups(method, seq, precision):
+        base = base.model_copy(update={"offload": offload})
+        if n == 1:
+            yield base
+            continue
+        for s in STRATEGIES:
+            if s == "hybrid-shard" and n <= NODE_GPUS:
+                continue  # the same as fsdp inside one node
+            if offload == "params" and s in ("ddp", "zero1", "zero2"):
+                continue  # parameter offload needs parameter sharding
+            yield base.model_copy(update={"gpus": n, "sharding": s})
 
 
 def smallest_fit(model: ModelSpec, gpu: GpuSpec, method: str, seq: int, offload: str,
                  counts=COUNTS) -> Fit | None:
     """The smallest count whose fastest fitting strategy (verdict "fits") exists, with that strategy."""
+    precision = default_precision(gpu)
     for n in counts:
         fitting = []
-        for setup in _candidates(method, seq, n, offload):
+        for setup in _candidates(method, seq, n, offload, precision):
             e = estimate(model, gpu, setup, reverse=False)
-            if e.verdict == "fits" and e.time.tokens_per_s:
-                fitting.append((e.time.tokens_per_s, setup, e))
+            if e.fits:
+                fitting.append((e.time.tokens_per_s or 0.0, setup, e))
         if fitting:
-            tps, setup, e = max(fitting, key=lambda t: t[0])
-            return Fit(n, setup.sharding.value, offload, round(tps, 1), round(e.memory.device_total / 2**30, 2),
+            _, setup, e = max(fitting, key=lambda t: t[0])
+            tps = e.time.tokens_per_s
+            return Fit(n, setup.sharding.value, offload, None if tps is None else round(tps, 1),
+                       round(e.memory.device_total / 2**30, 2),
                        round(e.memory.host_ram / 2**30, 1), setup.short())
     return None
 

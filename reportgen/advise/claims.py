@@ -17,6 +17,7 @@ dict of the figures of one estimate (without the largest-batch search, which the
 
 from __future__ import annotations
 
+from reportgen.estimate.slowdown import qlora_slowdown
 from reportgen.setup import TrainingSetup
 
 #: the fields the search and the walk may choose differently, in the order they are explained
@@ -45,7 +46,9 @@ def _pct(x: float) -> str:
 def quantization_effect(recommended: dict | None, ev) -> dict | None:
     """The walk's recommended setup with the other base-weight format: a LoRA recommendation as
     QLoRA (NF4) and a QLoRA one as 16-bit LoRA, everything else equal. None for full fine-tuning or
-    no recommendation. ``tokens_per_s_rel`` is QLoRA relative to LoRA (negative: QLoRA slower)."""
+    no recommendation. ``tokens_per_s_rel`` is QLoRA relative to LoRA (negative: QLoRA slower), from
+    ``estimate.slowdown.qlora_slowdown`` (the function the technique pages use); where measured
+    pairs exist, ``reportgen advise`` and the guides cite them beside it (``reportgen.measured``)."""
     if recommended is None or recommended["setup"]["method"] not in ("lora", "qlora"):
         return None
     setup = TrainingSetup(**recommended["setup"])
@@ -55,17 +58,21 @@ def quantization_effect(recommended: dict | None, ev) -> dict | None:
     else:
         qlora, lora = recommended, ev.numbers(_with(setup, {"method": "lora", "double_quant": False}), reverse=False)
         other = lora
-    rel = _rel(lora["tokens_per_s"], qlora["tokens_per_s"])
+    # the ratio of the one function the tables and technique pages use (estimate.slowdown)
+    sd = qlora_slowdown(ev.model, ev.gpu, setup)
+    rel = None if sd is None else 1 / sd.ratio - 1
     if other is qlora:
         speed = "" if rel is None else (f": {qlora['tokens_per_s']:,.0f} vs {lora['tokens_per_s']:,.0f} tokens/s "
                                         f"({_pct(rel)}, the dequantization of every 4-bit weight in every pass)")
         text = (f"The same setup with a 4-bit base (QLoRA) needs {_gib(qlora['device_total'])} instead of "
                 f"{_gib(lora['device_total'])}{speed} (est.).")
     else:
-        fit = "fits" if lora["fits"] else "does not fit"
+        fit = lora.get("verdict") or ("fits" if lora["fits"] else "does not fit")
+        fit = "is tight" if fit == "tight" else fit
         speed = "" if rel is None else (f"; it would run at {lora['tokens_per_s']:,.0f} tokens/s, QLoRA's "
                                         f"{qlora['tokens_per_s']:,.0f} is {_pct(rel)}")
-        text = (f"The same setup with a 16-bit base (LoRA) needs {_gib(lora['device_total'])}: it {fit}{speed} "
+        text = (f"The same setup with a 16-bit base (LoRA) needs {_gib(lora.get('demand', lora['device_total']))}: "
+                f"it {fit}{speed} "
                 f"(est.).")
     return {"lora": lora, "qlora": qlora, "tokens_per_s_rel": rel, "text": text}
 
@@ -93,8 +100,8 @@ def _effect_text(d: dict) -> str:
             "double_quant": "double quantization", "batch": "micro-batch", "accum": "accumulation steps"}[d["field"]]
     what = ("on" if d["tree"] else "off") if isinstance(d["tree"], bool) else d["tree"]  # 1 == True in a dict
     head = f"{name} {what} as in the walk"
-    if not v["fits"]:
-        return f"{head}: needs {_gib(v['device_total'])}, does not fit"
+    if not v["fits"]:  # the verdict's word: tight or does not fit (estimate/verdict.py)
+        return f"{head}: needs {_gib(v.get('demand', v['device_total']))}, {v.get('verdict') or 'does not fit'}"
     if d["tokens_per_s_rel"] is None:
         return f"{head}: fits ({_gib(v['device_total'])})"
     return f"{head}: {v['tokens_per_s']:,.0f} tokens/s ({_pct(d['tokens_per_s_rel'])})"
@@ -124,6 +131,6 @@ def search_text(recommended: dict, found: dict, differences: list[dict], target_
     if fields & {"batch", "accum"}:
         reasons.append(f"the walk accumulates to an effective batch of {target_batch} sequences, the search takes "
                        "the largest micro-batch without accumulation")
-    return (f"The search (estimate.search.cheapest_setup: the fastest single-GPU candidate that fits) picks "
-            f"{found['label']}{speed}. Its setup with one choice changed back to the walk's (est.): {effects}. "
+    return (f"A search of every single-GPU candidate at its largest micro-batch that fits (full fine-tuning, also "
+            f"with 8-bit AdamW, LoRA and QLoRA, each with and without checkpointing) picks {found['label']}{speed}. Its setup with one choice changed back to the walk's (est.): {effects}. "
             f"Why they differ: {'; '.join(reasons)}.")

@@ -16,8 +16,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
-                       description="Walk the decision tree (Step 1: weights, gradients, optimizer states; Step 2: "
-                                   "activations; then batch 1 -> n) for one model and GPU, estimating every step. "
+                       description="Walk the decision tree (Step 1: weights, gradients, optimizer states; Step 2a: "
+                                   "activations of micro-batch 1; Step 2b: micro-batch 1 -> n) for one model and GPU, estimating every step. "
                                    "With --store SWEEP.yaml: write the walks of every (model, GPU, sequence length) "
                                    "the sweep covers next to its results, for the guide pages.")
     p.add_argument("--model", help="catalog name (see `reportgen models`) or path to a config.json")
@@ -89,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
-    print_walk(doc)
+    measured_text = None
+    if doc.get("quantization"):  # the walk states QLoRA's speed against LoRA: cite the measurements too
+        from reportgen.measured import cases_from_files, qlora_pairs, ratio_text, with_estimates
+
+        measured_text = ratio_text(with_estimates(qlora_pairs(cases_from_files(DEFAULT_RESULTS))), doc["model"])
+    print_walk(doc, measured_text=measured_text)
     return 0
 
 
@@ -104,7 +109,9 @@ def _tps(n: dict | None) -> str:
     return "-" if n is None else rate(n["tokens_per_s"])
 
 
-def print_walk(doc: dict, console=None) -> None:
+def print_walk(doc: dict, console=None, measured_text: str | None = None) -> None:
+    """The walk as a table and its verdict; ``measured_text``: the measured QLoRA/LoRA ratio to cite
+    beside the walk's estimated one (``measured.ratio_text``)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -149,20 +156,21 @@ def print_walk(doc: dict, console=None) -> None:
         for node in taken:
             console.print(f"  [bold]{node.label}[/]: {node.why}. [dim]Cost: {node.tradeoff}.[/]", highlight=False)
     v = doc["verdict"]
-    colour = "green" if v["kind"] == "fits" else "red"
+    colour = "green" if v["kind"] == "fits" else "yellow" if v["kind"] == "shorter-sequence" else "red"
     console.print(f"[bold {colour}]verdict:[/] {v['summary']}", highlight=False)
     console.print(v["text"], highlight=False)
+    if doc.get("quantization") and measured_text:
+        console.print(measured_text, highlight=False)
     rec = doc["recommended"]
     if rec:
         mb = "-" if rec["max_batch"] is None else rec["max_batch"]
-        console.print(f"recommended: [bold]{rec['label']}[/]: {_gib(rec['device_total'])} of {_gib(cap)} GiB, "
-                      f"{_tps(rec)} tokens/s, largest micro-batch {mb}, peak at {rec['peak_phase']} (est.)",
-                      highlight=False)
+        console.print(f"recommended: [bold]{rec['label']}[/]: {rec['verdict_text']}; {_tps(rec)} tokens/s, "
+                      f"largest micro-batch that fits {mb}, peak at {rec['peak_phase']} (est.)", highlight=False)
     for o in doc["options"]:
         mark = "[green]fits[/]" if o["fits"] else "[red]no[/]"
         tps = "" if not o["numbers"] or not o["numbers"]["tokens_per_s"] else f", {_tps(o['numbers'])} tokens/s"
         label = o["label"].replace("n GPUs", f"{o['gpus']} GPUs")
         console.print(f"  option {label}: {mark}: {o['text']}{tps}", highlight=False)
-    console.print(f"cheapest_setup: {doc['search']['text']}", highlight=False)
+    console.print(f"[bold]compared with a search of every candidate:[/] {doc['search']['text']}", highlight=False)
     for note in dict.fromkeys((rec or {}).get("notes", [])):
         console.print(f"[yellow]note:[/] {note}", highlight=False)

@@ -70,7 +70,14 @@ def _measured_by_id(site: SiteData) -> dict[str, dict]:
 def _numbers_view(n: dict | None, measured: dict[str, dict]) -> dict | None:
     if n is None:
         return None
-    return {"label": n["label"], "short": setup_label(training_setup(n["setup"])), "technique": n["technique"], "fits": n["fits"], "device_total": n["device_total"],
+    from reportgen.estimate.verdict import margin_label, verdict_text
+
+    kind = n.get("verdict") or ("fits" if n["fits"] else "does not fit")
+    demand = n.get("demand", n["capacity"] - n["free"])
+    verdict = {"verdict": kind, "verdict_label": margin_label(kind, n["capacity"] - demand),
+               "verdict_text": n.get("verdict_text") or verdict_text(kind, demand, n["capacity"], n.get("range"))}
+    return {**verdict, "label": n["label"], "short": setup_label(training_setup({**n["setup"], "accum": 1})),
+            "technique": n["technique"], "fits": n["fits"], "device_total": n["device_total"],
             "param_side": n["param_side"], "capacity": n["capacity"], "free": n["free"],
             "tokens_per_s": n["tokens_per_s"], "mfu": n["mfu"], "max_batch": n["max_batch"],
             "max_seq": n["max_seq"], "host_ram": n["host_ram"], "peak_phase": n["peak_phase"],
@@ -96,7 +103,11 @@ def _step_view(i: int, s: dict, page: str, measured: dict[str, dict]) -> dict:
 ADMONITION = {"fits": "success", "shorter-sequence": "warning", "beyond-one-card": "failure"}
 
 
-def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
+def walk_view(doc: dict, page: str, measured: dict[str, dict], quant_pairs: list[dict] | None = None) -> dict:
+    """One stored walk as the guide shows it; ``quant_pairs``: measured QLoRA/LoRA pairs
+    (``reportgen.measured.qlora_pairs``) the walk's speed claim cites beside its estimate."""
+    from reportgen.measured import ratio_text
+
     steps = [_step_view(i, s, page, measured) for i, s in enumerate(doc["steps"], 1)]
     rec = _numbers_view(doc["recommended"], measured)
     taken = [T.BY_ID[s["node"]] for s in doc["steps"] if s["kind"] == "action" and not s["skipped"]
@@ -122,6 +133,7 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict]) -> dict:
         "title": verdict["title"],
         "summary": verdict["summary"],
         "text": verdict["text"],
+        "measured_quant": ratio_text(quant_pairs or [], doc["model"]) if doc.get("quantization") else None,
         "path": " → ".join(n.label for n in taken) or "nothing beyond the defaults",
         "beyond_defaults": bool(taken),
         "steps": steps,
@@ -196,7 +208,7 @@ def tree_view(page: str) -> dict:
             "max_micro_batch": T.MAX_MICRO_BATCH, "gpu_counts": ", ".join(map(str, T.FSDP_GPU_COUNTS))}
 
 
-def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
+def _gpu_page(key: str, walks: dict, measured: dict[str, dict], quant_pairs: list[dict]) -> Page:
     path = guide_path(key)
     mine = {(m, s): w for (g, m, s), w in walks.items() if g == key}
     models = sorted({m for m, _ in mine}, key=model_order)
@@ -204,7 +216,7 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict]) -> Page:
     model_views = []
     summary = []
     for name in models:
-        views = {s: walk_view(mine[(name, s)], path, measured) for s in seqs if (name, s) in mine}
+        views = {s: walk_view(mine[(name, s)], path, measured, quant_pairs) for s in seqs if (name, s) in mine}
         model_views.append({"name": name, "anchor": anchor(name), "walks": list(views.values())})
         summary.append({"name": name, "anchor": anchor(name),
                         "cells": [_cell(views[s]) if s in views else None for s in seqs]})
@@ -235,7 +247,10 @@ def guide_pages(site: SiteData) -> list[Page]:
     walks = stored_walks(site)
     measured = _measured_by_id(site)
     guided = guided_gpus(site)
-    pages = [_gpu_page(key, walks, measured) for key in guided]
+    from reportgen.measured import cases_from_results, qlora_pairs
+
+    quant_pairs = qlora_pairs(cases_from_results(site.all_results()))
+    pages = [_gpu_page(key, walks, measured, quant_pairs) for key in guided]
     gpus = []
     for key in catalog.gpu_names():
         mine = [w for (g, _, _), w in walks.items() if g == key]

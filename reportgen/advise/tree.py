@@ -54,8 +54,8 @@ SYMBOLS = {
 STAGES = {
     "defaults": "Defaults: always on",
     "step1": "Step 1: weights, gradients, optimizer states fit at batch 1? (0 to 1)",
-    "step2": "Step 2: activations of micro-batch 1 fit? (0 to 1)",
-    "batch": "Step 2: from micro-batch 1 to n",
+    "step2": "Step 2a: activations of micro-batch 1 fit? (0 to 1)",
+    "batch": "Step 2b: from micro-batch 1 to n",
     "result": "Result",
 }
 

@@ -53,10 +53,8 @@ class _Estimates:
 
 
 def free_bytes(est: Estimate, gpu: GpuSpec) -> int:
-    """GPU memory left over (negative: missing), counted like ``search.fits_memory``: paged optimizer
-    states may spill to host RAM, so they do not count against the card; cached blocks the allocator
-    would have to release to stay within the card do."""
-    return gpu.memory_bytes - est.memory.card_demand
+    """GPU memory left over (negative: missing): the verdict's margin (``estimate.verdict``)."""
+    return est.judgement.margin
 
 
 def numbers(est: Estimate, gpu: GpuSpec) -> dict:
@@ -71,7 +69,10 @@ def numbers(est: Estimate, gpu: GpuSpec) -> dict:
         "technique": setup.technique(),
         "fits": est.fits,
         "verdict": est.verdict,
-        "range": None if est.band is None else [int(x) for x in est.band.range(mem.device_total)],
+        "demand": est.judgement.demand,
+        "margin": est.judgement.margin,
+        "range": None if est.judgement.range is None else list(est.judgement.range),
+        "verdict_text": est.judgement.text(),
         "device_total": mem.device_total,
         "peak_allocated": mem.peak_allocated,
         "peak_reserved": mem.peak_reserved,
@@ -104,13 +105,8 @@ def _gib(n: int | float) -> str:
 
 
 def _fit_text(n: dict) -> str:
-    need = n["capacity"] - n["free"]
-    if n["fits"] and n.get("verdict") == "tight" and n.get("range"):
-        return (f"needs {_gib(need)} of {_gib(n['capacity'])}: fits by the estimate, but tight: the error band "
-                f"puts it at {_gib(n['range'][0])} to {_gib(n['range'][1])} (est.)")
-    if n["fits"]:
-        return f"needs {_gib(need)} of {_gib(n['capacity'])}: fits, {_gib(n['free'])} free (est.)"
-    return f"needs {_gib(need)} of {_gib(n['capacity'])}: short by {_gib(-n['free'])} (est.)"
+    """The verdict's own words (``estimate.verdict.Verdict.text``): fits, tight or does not fit."""
+    return n["verdict_text"] + " (est.)"
 
 
 # ----- resolving symbolic changes --------------------------------------------------------------
@@ -235,9 +231,9 @@ def _compare(recommended: dict | None, model: ModelSpec, gpu: GpuSpec, seq: int,
         out.update(same=True, text="The search finds no single-GPU recipe that fits either.")
         return out
     if found is None:
-        out["text"] = ("The search (full, full with 8-bit AdamW, LoRA, QLoRA; each with and without checkpointing) "
-                       "finds nothing that fits: the tree also used techniques outside its candidates "
-                       f"({recommended['label']}).")
+        out["text"] = ("A search of every single-GPU candidate (full fine-tuning, also with 8-bit AdamW, LoRA and QLoRA, "
+                       "each with and without checkpointing) finds nothing that fits: the walk's setup uses techniques "
+                       f"outside those candidates ({recommended['label']}).")
         return out
     if recommended is None:
         out["text"] = (f"The search finds {found['label']} fitting where the tree stops: the tree checks Step 1 at "
@@ -293,7 +289,7 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
             outcome, explain = PREDICATES[node.test](nums, setup, ev)
             if node.variant != "as-is":
                 explain = (f"weights + gradients + optimizer states {_gib(nums['param_side'])}; at micro-batch 1 "
-                           f"with checkpointing and the fused loss the step {explain}")
+                           f"with checkpointing and the fused loss: {explain}")
             steps.append({"kind": "check", "node": node.id, "stage": node.stage, "question": node.question,
                           "how": node.how, "variant": node.variant, "outcome": outcome, "explain": explain,
                           "numbers": nums, "next": node.edges[outcome],
@@ -360,8 +356,10 @@ def _summary(end: T.End, recommended: dict | None, options: list[dict], gpu: Gpu
         if not search["same"] and found and tps and found["tokens_per_s"] and found["tokens_per_s"] > 1.005 * tps:
             faster = (f"; the fastest setup that fits is {found['label']} at {found['tokens_per_s']:,.0f} tokens/s "
                       f"({100 * (found['tokens_per_s'] / tps - 1):+.0f} %): see the comparison with the search")
-        return (f"fits with {recommended['label']}: {_gib(recommended['device_total'])} of "
-                f"{_gib(recommended['capacity'])}{speed}, effective batch {effective}{short} (est.){faster}")
+        rng = recommended.get("range")
+        expected = f", expected up to {_gib(rng[1])} with the error band" if rng else ""
+        return (f"fits with {recommended['label']}: needs {_gib(recommended['demand'])} of "
+                f"{_gib(recommended['capacity'])}{expected}{speed}, effective batch {effective}{short} (est.){faster}")
     fitting = [o for o in options if o["fits"]]
     if not fitting:
         return f"does not fit on one {gpu.name}, and none of the options fits either (est.)"

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reportgen.estimate import params as P
-from reportgen.estimate.band import Band, band_for, verdict
+from reportgen.estimate.band import Band
 from reportgen.fingerprint import estimator_hash
 from reportgen.estimate.memory import MemoryEstimate, estimate_memory
-from reportgen.estimate.search import fits_memory, max_batch, max_seq
+from reportgen.estimate.search import max_batch, max_seq
+from reportgen.estimate.verdict import Verdict, judge
 from reportgen.estimate.time import TimeEstimate, estimate_time
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
@@ -28,14 +29,29 @@ class Estimate:
     params_trainable: int
     memory: MemoryEstimate
     time: TimeEstimate
-    fits: bool
-    max_batch: int | None
-    max_seq: int | None
+    judgement: Verdict  # fits / tight / does not fit, with its margin and band (verdict.py)
+    max_batch: int | None  # largest micro-batch whose verdict is "fits" (None: not even 1)
+    max_seq: int | None  # longest sequence whose verdict is "fits" (None: not even 128 tokens)
     context_limit: int | None = None  # the model's max_position_embeddings: max_seq never passes it
-    verdict: str = "fits"  # fits | tight | does not fit, with the error band (band.py)
-    band: Band | None = None  # expected error of device_total, from the validation data
-    capacity: int = 0  # bytes of the card the verdict compares with
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """``fits`` | ``tight`` | ``does not fit`` (``verdict.py``)."""
+        return self.judgement.kind
+
+    @property
+    def fits(self) -> bool:
+        """True only for the verdict "fits": the whole error band within the card."""
+        return self.judgement.fits
+
+    @property
+    def band(self) -> Band | None:
+        return self.judgement.band
+
+    @property
+    def capacity(self) -> int:
+        return self.judgement.capacity
 
     def as_dict(self) -> dict:
         return {
@@ -48,9 +64,11 @@ class Estimate:
             "time": self.time.as_dict(),
             "fits": self.fits,
             "verdict": self.verdict,
+            "demand": self.judgement.demand,
+            "margin": self.judgement.margin,
+            "verdict_text": self.judgement.text(),
             "band": None if self.band is None else {
-                **self.band.as_dict(), "quantity": "device_total",
-                "device_total_range": [int(x) for x in self.band.range(self.memory.device_total)]},
+                **self.band.as_dict(), "quantity": "device_total", "demand_range": list(self.judgement.range)},
             "capacity": self.capacity,
             "max_batch": self.max_batch,
             "max_seq": self.max_seq,
@@ -68,10 +86,6 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
                       logits_bytes=mem.terms["logits"], train_tokens=train_tokens,
                       offloaded_bytes=mem.offloaded_activations)
     notes = list(dict.fromkeys(mem.notes + t.notes))
-    band = band_for("device_total", setup.method.value)
-    judged = verdict(mem.card_demand, gpu.memory_bytes, band)
-    if mem.cache_released and judged == "does not fit":
-        judged = "tight"  # the allocated peak fits: it runs if releasing the cache leaves room
     if model.max_position_embeddings and setup.seq > model.max_position_embeddings:
         notes.append(context_note(model, setup.seq))
     if t.peak_dtype in gpu.derived:
@@ -80,8 +94,7 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         model=model.name, gpu=gpu.key, setup=setup,
         params_total=model.total_params,
         params_trainable=P.trainable_params(model, setup),
-        memory=mem, time=t, fits=fits_memory(mem, gpu), verdict=judged, band=band,
-        capacity=gpu.memory_bytes,
+        memory=mem, time=t, judgement=judge(mem, gpu.memory_bytes, setup.method.value),
         max_batch=max_batch(model, setup, gpu) if reverse else None,
         max_seq=max_seq(model, setup, gpu) if reverse else None,
         context_limit=model.max_position_embeddings or None,
@@ -99,4 +112,4 @@ def context_note(model: ModelSpec, seq: int) -> str:
             "as linear, dynamic NTK or YaRN would be needed)")
 
 
-__all__ = ["Estimate", "estimate", "estimator_hash"]
+__all__ = ["Estimate", "Verdict", "estimate", "estimator_hash"]

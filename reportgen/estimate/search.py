@@ -1,7 +1,10 @@
 """Reverse questions: the largest micro-batch and the longest sequence that fit a GPU.
 
-Memory grows monotonically with batch and sequence length, so a doubling search followed by a
-bisection finds the largest value whose ``device_total`` fits, in O(log n) estimates.
+"Fit" is the verdict's (``verdict.py``): the whole error band of the demand within the card, so
+the largest batch and the longest sequence agree with the verdict of the same setup at that batch
+or length (a setup the verdict calls tight is past them). Memory grows monotonically with batch
+and sequence length, so a doubling search followed by a bisection finds the largest fitting
+value in O(log n) estimates.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reportgen.estimate.memory import estimate_memory
+from reportgen.estimate.verdict import judge
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import TrainingSetup
@@ -18,13 +22,14 @@ MAX_SEQ = 1_048_576
 
 
 def fits(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> bool:
-    return fits_memory(estimate_memory(model, setup, gpu), gpu)
+    """The verdict of the setup is "fits" (``verdict.judge``)."""
+    return fits_memory(estimate_memory(model, setup, gpu), gpu, setup.method.value)
 
 
-def fits_memory(mem, gpu: GpuSpec) -> bool:
-    """``device_total`` (what nvidia-smi shows) within the card's memory; paged optimizer states
-    may spill to host RAM, so they do not count against it."""
-    return mem.card_demand <= gpu.memory_bytes
+def fits_memory(mem, gpu: GpuSpec, method: str) -> bool:
+    """The verdict of a memory estimate is "fits": what the step asks of the card (paged optimizer
+    states may spill to host RAM, so they do not count) within the card, with its whole error band."""
+    return judge(mem, gpu.memory_bytes, method).fits
 
 
 def _largest(ok: Callable[[int], bool], start: int, limit: int, step: int = 1) -> int | None:

@@ -132,7 +132,8 @@ def technique_legend(techniques: list[str], markers: bool = False) -> list:
 @job
 def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title: str) -> str:
     """Rows = models, columns = GPUs ``(key, label)``. ``cells[(model, gpu)]`` is None (nothing
-    fits), absent (not in any sweep) or ``{"technique", "tokens_per_s", "batch", "gpus", "measured"}``."""
+    fits), absent (not in any sweep) or ``{"technique", "tokens_per_s", "batch", "gpus", "measured"}``;
+    with ``"unswept": True`` no swept setup fits but the guide's walk found ``technique`` fitting."""
     _style()
     ncol, nrow = len(gpus), len(models)
     fig, ax = plt.subplots(figsize=(1.9 + 1.25 * ncol, 0.9 + 0.5 * nrow))
@@ -154,6 +155,15 @@ def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title:
                         bbox=dict(facecolor="#eeeeee", edgecolor="none", pad=0.6))
                 continue
             color = TECHNIQUE_COLORS[cell["technique"]]
+            if cell.get("unswept"):  # no swept setup fits; the decision-tree walk's setup does (not swept)
+                ax.add_patch(Rectangle((j + 0.05, i + 0.07), 0.9, 0.86, facecolor="#ffffff", edgecolor=color,
+                                       linewidth=2.0))
+                name = cell["technique"].replace(" + ckpt", "+ckpt")
+                ax.text(j + 0.5, i + 0.32, name, ha="center", va="center", fontsize=9, color="#222222",
+                        fontweight="bold")
+                ax.text(j + 0.5, i + 0.71, "guide · not swept", ha="center", va="center", fontsize=MIN_FONT,
+                        color="#444444")
+                continue
             fg = _text_color(color)
             ax.add_patch(Rectangle((j + 0.03, i + 0.05), 0.94, 0.9, facecolor=color, edgecolor="none",
                                    hatch=_hatch(cell["technique"])))
@@ -180,6 +190,9 @@ def fit_grid(models: list[str], gpus: list[tuple[str, str]], cells: dict, title:
         side.set_visible(False)
     handles = technique_legend(list(TECHNIQUE_COLORS))
     handles.append(Patch(facecolor="#eeeeee", edgecolor="#bbbbbb", hatch="////", label="nothing fits"))
+    if any(c and c.get("unswept") for c in cells.values()):
+        handles.append(Patch(facecolor="#ffffff", edgecolor="#555555", linewidth=1.5,
+                             label="fits only with the guide's setup (not swept)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=4, fontsize=9,
               handlelength=1.6, handleheight=1.1, columnspacing=1.2)
     ax.set_title(title, loc="left", pad=44 if ncol > 4 else 26, fontsize=10.5)
@@ -350,7 +363,7 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
         if batches:
             ax.set_xlim(batches[0] / 1.3, batches[-1] * 1.3)
         if not any_fit:
-            ax.text(0.5, 0.5, "nothing fits", transform=ax.transAxes, ha="center", va="center", color="#777777")
+            ax.text(0.5, 0.5, "no swept setup fits", transform=ax.transAxes, ha="center", va="center", color="#777777")
             ax.set_yticks([])
         if k % ncols == 0:
             ax.set_ylabel("tokens/s (est.)", fontsize=9)
@@ -374,6 +387,36 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
 
 
 # ----- model page: memory against sequence length ------------------------------------------------
+def spread_labels(ys: list[float], heights: list[float], top: float = 1.0, bottom: float = 0.0) -> list[float]:
+    """Label centres (axes fractions) as close as possible to ``ys`` (sorted ascending) without two
+    overlapping: each at least half its height plus half its neighbour's from the next, pushed up
+    first, then back down where the top one would leave the axes."""
+    out = list(ys)
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1] + (heights[i - 1] + heights[i]) / 2)
+    if out and out[-1] + heights[-1] / 2 > top:
+        out[-1] = top - heights[-1] / 2
+        for i in range(len(out) - 2, -1, -1):
+            out[i] = min(out[i], out[i + 1] - (heights[i] + heights[i + 1]) / 2)
+    return [max(y, bottom + h / 2) for y, h in zip(out, heights)]
+
+
+def _capacity_labels(ax, labels: list[tuple[float, str]], ylim: tuple[float, float], axes_height_pt: float) -> None:
+    """The GPU capacities' labels right of a log-scale axes, spread so that close capacities (80 and
+    94 GiB, 45 and 48, 22.5 and 24) do not print over each other; a moved label gets a thin leader
+    to its line."""
+    import math
+
+    span = math.log(ylim[1]) - math.log(ylim[0])
+    labels = sorted(labels)
+    ys = [(math.log(y) - math.log(ylim[0])) / span for y, _ in labels]
+    line_pt = MIN_FONT * 1.25
+    heights = [(text.count("\n") + 1) * line_pt / axes_height_pt for _, text in labels]
+    for (y, text), true_y, at in zip(labels, ys, spread_labels(ys, heights)):
+        ax.text(1.03, at, text, transform=ax.transAxes, fontsize=MIN_FONT, va="center", ha="left", color="#555555")
+        ax.plot([1.0, 1.03], [true_y, at], transform=ax.transAxes, color="#aaaaaa", linewidth=0.6, clip_on=False)
+
+
 @job
 def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title: str) -> str:
     """Lines of device total (GiB, log axis) against sequence length, one per setup
@@ -384,12 +427,13 @@ def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title
     seqs = sorted({s for se in series for s, _ in se["points"]})
     values = [v / GIB for se in series for _, v in se["points"]] + [c / GIB for c, _ in capacities]
     lo, hi = min(values, default=1.0), max(values, default=10.0)
+    ylim = (lo / 1.3, hi * 1.3)
+    labels = []
     for cap, names in capacities:
         y = cap / GIB
         ax.axhline(y, color="#888888", linestyle=":", linewidth=0.9)
-        label = textwrap.fill(f"{y:.0f} GiB: {names}", 26, subsequent_indent="  ")  # stays inside MAX_WIDTH_IN
-        ax.text(1.005, y, label, transform=ax.get_yaxis_transform(), fontsize=MIN_FONT, va="center",
-                ha="left", color="#555555")
+        labels.append((y, textwrap.fill(f"{y:.0f} GiB: {names}", 26, subsequent_indent="  ")))  # inside MAX_WIDTH_IN
+    _capacity_labels(ax, labels, ylim, fig.get_size_inches()[1] * ax.get_position().height * 72)
     for se in series:
         pts = sorted(se["points"])
         ax.plot([p[0] for p in pts], [p[1] / GIB for p in pts], "--" if se["multi_gpu"] else "-",
@@ -399,7 +443,7 @@ def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title
             ms = sorted(se["measured"])
             ax.plot([p[0] for p in ms], [p[1] / GIB for p in ms], **MEASURED)
     ax.set_yscale("log")
-    ax.set_ylim(lo / 1.3, hi * 1.3)
+    ax.set_ylim(*ylim)
     ax.set_xscale("log", base=2)
     if seqs:
         ax.xaxis.set_major_locator(FixedLocator(seqs))

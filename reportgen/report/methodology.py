@@ -196,5 +196,13 @@ def methodology_pages(site: SiteData) -> list[Page]:
         "guides": "guides/index.md",
         "techniques": "techniques/index.md",
         "validation": "validation.md",
+        "measured_quant": _measured_quant(results),
     }
     return [Page(path=PATH, template="methodology.md.j2", context=context)]
+
+
+def _measured_quant(results: list[dict]) -> str | None:
+    """The measured QLoRA/LoRA ratio the time model's limitations cite (``reportgen.measured``)."""
+    from reportgen.measured import cases_from_results, qlora_pairs, ratio_text
+
+    return ratio_text(qlora_pairs(cases_from_results(results)))

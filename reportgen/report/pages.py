@@ -20,7 +20,7 @@ from reportgen.provenance import MEMORY_QUANTITIES
 from reportgen.report.views import (PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
                                     TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
                                     error_stats, gib_value, gpu_label, gpu_order, group, model_order,
-                                    rel, reproduce, row, site_rows, sort_key)
+                                    rel, reproduce, row, setup_label, site_rows, sort_key, training_setup)
 from reportgen.views.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
@@ -106,27 +106,58 @@ def _cell(r: dict | None) -> dict | None:
             "measured": (r["measured"] or {}).get("tokens_per_s"), "env_id": r["env_id"]}
 
 
+def _walks(site: SiteData) -> dict:
+    from reportgen.advise.pages import stored_walks
+
+    return stored_walks(site)
+
+
+def unswept_fit(walks: dict, model: str, gpu: str, page: str) -> dict | None:
+    """Where no swept setup of ``model`` fits ``gpu``: the setup the stored decision-tree walk
+    recommends at the overviews' sequence length (it uses techniques the sweep may not cover, such
+    as the fused loss or double quantization), so the page says that the guide's setup fits but was
+    not swept instead of contradicting the guide. None when the walk finds nothing that fits either."""
+    from reportgen.advise.pages import guide_path
+
+    seqs = sorted(s for g, m, s in walks if (g, m) == (gpu, model))
+    if not seqs:
+        return None
+    seq = PRIMARY_SEQ if PRIMARY_SEQ in seqs else seqs[0]
+    rec = walks[(gpu, model, seq)].get("recommended")
+    if not rec:
+        return None
+    setup = training_setup(rec["setup"])
+    return {"label": setup_label(setup.model_copy(update={"accum": 1}), any_mixed=True), "technique": setup.technique(),
+            "color": TECHNIQUE_COLORS[setup.technique()], "batch": setup.batch, "accum": setup.accum, "seq": seq,
+            "tokens_per_s": rec["tokens_per_s"], "device_total": rec["device_total"],
+            "verdict_text": rec.get("verdict_text"), "link": rel(page, guide_path(gpu)) + f"#{anchor(model)}"}
+
+
 def home_pages(site: SiteData) -> list[Page]:
     path = "index.md"
     rows = site_rows(site)
     models, gpus = _models(rows), _gpus(rows)
     by_pair = group(rows, "model", "gpu")
     best = {k: best_fit(v) for k, v in by_pair.items()}
+    walks = _walks(site)
+    guide = {k: unswept_fit(walks, *k, path) for k, v in best.items() if v is None}
     seqs_used = sorted({b["seq"] for b in best.values() if b})
     files: dict[str, str] = {}
     chart = None
     if models and gpus:
         chart = "charts/home-fit-grid.svg"
         seq_note = f"seq {PRIMARY_SEQ}" if seqs_used == [PRIMARY_SEQ] else "seq " + ", ".join(map(str, seqs_used))
+        grid = {k: _cell(v) or (guide[k] and {**guide[k], "unswept": True}) for k, v in best.items()}
+        measured = any(c and c.get("measured") for c in grid.values())
         files[chart] = charts.fit_grid(
-            models, [(g, gpu_label(g)) for g in gpus], {k: _cell(v) for k, v in best.items()},
-            title=f"Fastest setup that fits, estimated tokens/s ({seq_note}; ◆ = measured too)")
+            models, [(g, gpu_label(g)) for g in gpus], grid,
+            title=f"Fastest setup that fits, estimated tokens/s ({seq_note}{'; ◆ = measured too' if measured else ''})")
     table = []
     for m in models:
         cells = []
         for g in gpus:
             key = (m, g)
-            cells.append({"gpu": g, "swept": key in by_pair, "best": _cell(best.get(key)),
+            cells.append({"gpu": g, "swept": key in by_pair, "best": _cell(best.get(key)), "guide": guide.get(key),
                           "link": rel(path, f"gpus/{g}.md") + f"#{anchor(m)}"})
         table.append({"model": m, "link": rel(path, f"models/{anchor_file(m)}.md"), "cells": cells})
     chosen = [b for b in best.values() if b]
@@ -195,13 +226,23 @@ def _chart_rows(rows: list[dict]) -> list[dict]:
 DEFAULT_CARDS = Path("data/cards_needed.json")
 
 
-def _fit_cell(fit: dict | None) -> str:
+def _fit_cell(fit: dict | None, consumer: bool = False) -> str:
+    """One answer of the cards table in words; a count past one machine says how many machines, and
+    on a consumer card that it is no realistic setup (``advise.cards.NODE_GPUS``)."""
+    from reportgen.advise.cards import NODE_GPUS
+
     if fit is None:
         return ""
-    how = "one card" if fit["gpus"] == 1 else f"{fit['gpus']} cards, {fit['sharding']}"
+    n = fit["gpus"]
+    how = "one card" if n == 1 else f"{n} cards, {fit['sharding']}"
     if fit["offload"] != "none":
         how += f" + parameter offload ({fit['host_ram_gib']:,.0f} GiB host RAM)"
-    return f"{how} · {fit['tokens_per_s']:,.0f} tokens/s"
+    text = how + ("" if fit["tokens_per_s"] is None else f" · {fit['tokens_per_s']:,.0f} tokens/s")
+    if n > NODE_GPUS:
+        machines = -(-n // NODE_GPUS)
+        text += (f" <span class=\"rg-dim\">({machines} machines of {NODE_GPUS} over a network"
+                 + (": impractical for consumer cards" if consumer else "") + ")</span>")
+    return text
 
 
 def cards_view(data: dict | None, key: str) -> dict | None:
@@ -210,13 +251,14 @@ def cards_view(data: dict | None, key: str) -> dict | None:
     if not data or key not in data.get("gpus", {}):
         return None
     rows = []
+    consumer = catalog.load_gpu(key).is_consumer if key in catalog.gpu_names() else False
     for model in sorted(data["gpus"][key], key=model_order):
         cells = []
         for method in ("full", "lora", "qlora"):
             c = data["gpus"][key][model].get(method) or {}
-            text = _fit_cell(c.get("fit")) or f"not within {data['counts'][-1]} cards"
+            text = _fit_cell(c.get("fit"), consumer) or f"not within {data['counts'][-1]} cards"
             if c.get("offload_fit"):
-                text += "<br>or " + _fit_cell(c["offload_fit"])
+                text += "<br>or " + _fit_cell(c["offload_fit"], consumer)
             cells.append(text)
         rows.append({"model": model, "cells": cells})
     return {"seq": data["seq"], "max": data["counts"][-1], "rows": rows}
@@ -233,6 +275,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
     all_rows = site_rows(site)
     by_gpu = group(all_rows, "gpu")
     guided = set(guided_gpus(site))
+    walks = _walks(site)
     pages = []
     for key in catalog.gpu_names():
         path = f"gpus/{key}.md"
@@ -267,7 +310,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             best = best_fit(rs)
             models.append({
                 "name": m, "anchor": anchor(m), "link": rel(path, f"models/{anchor_file(m)}.md"),
-                "best": _cell(best),
+                "best": _cell(best), "guide": None if best else unswept_fit(walks, m, key, path),
                 "seqs": [{"seq": s, "rows": [r for r in rs if r["seq"] == s],
                           "traced": any(r["traced"] for r in rs if r["seq"] == s)} for s in sorted({r["seq"] for r in rs})],
             })
@@ -325,6 +368,7 @@ def _capacities() -> list[tuple[int, str]]:
 
 
 def model_pages(site: SiteData) -> list[Page]:
+    walks = _walks(site)
     all_rows = site_rows(site)
     by_model = group(all_rows, "model")
     pages = []
@@ -381,8 +425,10 @@ def model_pages(site: SiteData) -> list[Page]:
             chart = rel(path, chart_path)
         fits = []
         for g, rs in sorted(group(rows, "gpu").items(), key=lambda kv: gpu_order(kv[0])):
+            best = best_fit(rs)
             fits.append({"gpu": g, "label": gpu_label(g), "link": rel(path, f"gpus/{g}.md") + f"#{anchor(name)}",
-                         "best": _cell(best_fit(rs)), "cases": len(rs),
+                         "best": _cell(best), "guide": None if best else unswept_fit(walks, name, g, path),
+                         "cases": len(rs),
                          "fitting": sum(1 for r in rs if r["fits"])})
         csv_path = f"data/models/{name}.csv"
         if rows:
@@ -550,8 +596,8 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
         files["data/validation.csv"] = write_csv(rows)
     every = site_rows(site)
     # runs that did not finish ok on the case's card (an OOM is a verdict on the estimate's "fits")
-    verdicts = [{**{k: r[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "fits",
-                                      "device_total", "measured_label")},
+    verdicts = [{**{k: r[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "fits", "verdict",
+                                      "verdict_label", "verdict_text", "device_total", "measured_label")},
                  "status": r["measured_status"], "agrees": (r["measured_status"] == "oom") == (not r["fits"])}
                 for r in every if r["measured_status"] and r["measured_status"] != "ok"]
     # runs that count for no GPU comparison: shown as what they are, never as GPU measurements

@@ -15,24 +15,47 @@ from reportgen.measure.view import profile_lines
 from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult
 from reportgen.setup import TrainingSetup
-from reportgen.traced_results import find_traced
+from reportgen.report.views import verdict_fields
+from reportgen.traced_results import TRACED_DIR, find_traced
 
 
 #: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
 BYTE_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "device_total", "memory_after_load")
 
 
-def find_case(results_dir: Path, case_id: str) -> list[tuple[str, dict]]:
-    """``[(sweep, result)]`` of every sweep under ``results_dir`` that has the case."""
+def _is_traced(path: Path) -> bool:
+    """A traced document (``results/<sweep>/traced/<id>.json``), not a case's result file: with
+    ``--results results/<sweep>`` its ``traced`` folder sits where a sweep would."""
+    try:
+        return json.loads(path.read_text()).get("kind") == "traced"
+    except (OSError, ValueError):
+        return False
+
+
+def traced_anywhere(results_dir: Path, case_id: str) -> list[dict]:
+    """Traced documents of the case in every sweep under ``results_dir``, or in ``results_dir``
+    itself when it is one sweep's folder (``--results results/traced``)."""
+    found = find_traced(results_dir, case_id)
+    if not found and (results_dir / TRACED_DIR / f"{case_id}.json").is_file():
+        found = find_traced(results_dir.parent, case_id)
+        found = [t for t in found if Path(t["path"]).parent.parent == results_dir]
+    return found
+
+
+def find_case(results_dir: Path, case_id: str, missing_ok: bool = False) -> list[tuple[str, dict]]:
+    """``[(sweep, result)]`` of every sweep under ``results_dir`` that has the case (``missing_ok``:
+    an empty list instead of the unknown-case error)."""
     found = []
     for path in sorted(results_dir.glob(f"*/{case_id}.json")):
+        if _is_traced(path):
+            continue
         try:
             found.append((path.parent.name, store.load_case(path.parent, case_id)))
         except UnreadableResult as exc:
             raise UserError(str(exc), hint=f"`reportgen sweep sweeps/{path.parent.name}.yaml` sets unusable files "
                             "aside and recomputes the estimate") from None
-    if not found:
-        known = sorted({p.stem for p in results_dir.glob("*/*.json")})
+    if not found and not missing_ok:
+        known = sorted({p.stem for p in results_dir.glob("*/*.json") if not _is_traced(p)})
         close = difflib.get_close_matches(case_id, known, n=5, cutoff=0.6)
         if not close:  # same model and GPU, any setup
             prefix = ".".join(case_id.split(".")[:2])
@@ -85,10 +108,34 @@ def commands(result: dict) -> dict[str, str]:
             "trace": shlex.join(["reportgen", "trace"] + base)}
 
 
+def show_traced_only(results_dir: Path, traced: list[dict], out=print) -> None:
+    """A case that only a trace stored (its sweep was traced but not estimated here)."""
+    t = traced[0]
+    case, sweep = t["case"], t.get("sweep") or Path(t["path"]).parent.parent.name
+    setup = TrainingSetup.model_validate(case["setup"])
+    out(f"case {t['id']}  (traced in sweep {sweep}; no estimate or measurement stored under {results_dir})")
+    out(f"  model {case['model']}   GPU {case['gpu']}")
+    out(f"  setup {setup.short()}")
+    for doc in traced:
+        _print_traced(doc, None, out=out)
+    cmds = commands({"case": case})
+    out("estimate it:")
+    out(f"  {cmds['estimate']}")
+    out(f"or estimate the whole sweep (then this command shows the estimate beside the trace):\n"
+        f"  reportgen sweep sweeps/{sweep}.yaml")
+
+
 def show(results_dir: Path, case_id: str, out=print) -> None:
     from reportgen.views.format import TERM_LABELS, gib, money, pct, rate, seconds
 
-    for sweep, r in find_case(results_dir, case_id):
+    found = find_case(results_dir, case_id, missing_ok=True)
+    if not found:
+        traced = traced_anywhere(results_dir, case_id)
+        if traced:
+            show_traced_only(results_dir, traced, out=out)
+            return
+        find_case(results_dir, case_id)  # raises the unknown-case error with close ids
+    for sweep, r in found:
         case = r["case"]
         setup = TrainingSetup.model_validate(case["setup"])
         out(f"case {r['id']}  (sweep {sweep}, sweep hash {r.get('sweep_hash')}, "
@@ -112,11 +159,12 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
                     out(f"  {label:<42} {gib(mem[key]):>10}")
             out(f"  {'peak allocated':<42} {gib(mem['peak_allocated']):>10}   at {est.get('peak_phase')}")
             out(f"  {'peak reserved':<42} {gib(mem['peak_reserved']):>10}")
-            out(f"  {'device total (nvidia-smi)':<42} {gib(mem['device_total']):>10}   "
-                f"{'fits' if est['fits'] else 'does NOT fit'}")
+            out(f"  {'device total (nvidia-smi)':<42} {gib(mem['device_total']):>10}")
+            out(f"  {verdict_fields(est, case['gpu'])['verdict_text']}")
             if mem.get("host_ram"):
                 out(f"  {'host RAM (offload)':<42} {gib(mem['host_ram']):>10}")
-            out(f"  largest micro-batch {est.get('max_batch') or '-'}   longest sequence {est.get('max_seq') or '-'}")
+            out(f"  largest micro-batch that fits {est.get('max_batch') or '-'}   "
+                f"longest sequence that fits {est.get('max_seq') or '-'}")
             out(f"  step {seconds(t.get('step_s'))}   tokens/s {rate(t.get('tokens_per_s'))}   MFU {pct(t.get('mfu'))}"
                 f"   bound by {t.get('bound')}")
             if t.get("train_tokens"):

@@ -344,6 +344,9 @@ def technique_pages(site: SiteData) -> list[Page]:
     any_measured = any(c["measured"] for c in cases)
     examples = {t.slug: [pair_examples(spec, cases) for spec in t.pairs] for t in TECHNIQUES}
     speed = {t.slug: speed_claim(t, examples[t.slug]) for t in TECHNIQUES}
+    from reportgen.measured import cases_from_results, qlora_pairs, ratio_text
+
+    measured_quant = ratio_text(qlora_pairs(cases_from_results(site.all_results())))
     pages = []
     for t in TECHNIQUES:
         path = f"techniques/{t.slug}.md"
@@ -351,6 +354,7 @@ def technique_pages(site: SiteData) -> list[Page]:
             "root": "../",
             "t": _row(t, path, speed[t.slug]),
             "speed": speed[t.slug],
+            "measured_quant": measured_quant,
             "examples": examples[t.slug],
             "functions": [function_doc(f) for f in t.functions],
             "tree": tree_uses(t.slug),

@@ -244,9 +244,7 @@ def row(result: dict) -> dict:
         "gpus": setup.gpus,
         "batch": setup.batch,
         "seq": setup.seq,
-        "fits": est.get("fits"),
-        "verdict": est.get("verdict") or (None if est.get("fits") is None else "fits" if est["fits"] else "does not fit"),
-        "band": est.get("band"),
+        **verdict_fields(est, case["gpu"]),
         "peak_allocated": mem.get("peak_allocated"),
         "peak_reserved": mem.get("peak_reserved"),
         "device_total": mem.get("device_total"),
@@ -270,6 +268,37 @@ def row(result: dict) -> dict:
         "measured_capped": bool(prov and prov.emulated_gpu == case["gpu"] and prov.device_gpu != case["gpu"]),
         "other_run": other_run(result),
         "env_id": environment_id(env) if env else None,
+    }
+
+
+def verdict_fields(est: dict, gpu: str) -> dict:
+    """The verdict of a stored estimate as the pages show it (``estimate/verdict.py``): ``fits`` is
+    True only for the verdict "fits"; ``verdict_label`` is the table cell (``fits``, ``tight (+0.8
+    GiB)``, ``no (-9.3 GiB)``) and ``verdict_text`` its sentence. None everywhere without an estimate."""
+    from reportgen.estimate.verdict import margin_label, verdict_text
+
+    kind = est.get("verdict")
+    if kind is None and est.get("fits") is not None:  # a result file older than the three-way verdict
+        kind = "fits" if est["fits"] else "does not fit"
+    mem = est.get("memory") or {}
+    demand = est.get("demand", mem.get("device_total"))
+    capacity = est.get("capacity")
+    if not capacity:
+        try:
+            capacity = catalog.load_gpu(gpu).memory_bytes
+        except Exception:  # a card this machine's catalog does not have
+            capacity = None
+    band = est.get("band")
+    rng = (band or {}).get("demand_range") or (band or {}).get("device_total_range")
+    known = kind is not None and demand is not None and capacity
+    return {
+        "fits": None if kind is None else kind == "fits",
+        "verdict": kind,
+        "band": band,
+        "demand": demand,
+        "margin": capacity - demand if known else None,
+        "verdict_label": margin_label(kind, capacity - demand) if known else (kind or ""),
+        "verdict_text": verdict_text(kind, demand, capacity, rng) if known else (kind or ""),
     }
 
 

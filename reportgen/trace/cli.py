@@ -29,8 +29,39 @@ def register(sub) -> None:
                                    "PyTorch's CUDA caching allocator. Numbers are labelled traced.")
     add_setup_flags(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps traced before the measured one")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps traced before the recorded one (the step the harness would time)")
     p.set_defaults(func=cmd_trace)
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' import-time chatter out of the answer: torchao's optional kernels that
+    do not load on this machine, torch's pytree deprecation notices, transformers' FutureWarnings.
+    They say nothing about the traced step; real errors still raise."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        import torch  # noqa: F401  (torch sets up its loggers on import: quiet them after)
+    except ImportError:
+        return  # cmd_trace says which extra to install
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def with_verdict_fields(d: dict) -> dict:
+    """The traced JSON with the verdict fields ``reportgen estimate --format json`` has (``demand``,
+    ``margin``, ``verdict_text``; ``estimate/verdict.py``), for the traced total, which has no error
+    band: the replay itself says whether the step runs within the card (releasing cached blocks if it
+    must), and what nvidia-smi would then show is what it asks of the card."""
+    from reportgen.estimate.verdict import verdict_text
+
+    demand = d["memory"]["device_total"]
+    return {**d, "demand": demand, "margin": d["capacity"] - demand,
+            "verdict_text": verdict_text(d["verdict"], demand, d["capacity"], None)}
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -46,6 +77,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_traceable(setup)
     if args.warmup < 1:
         raise UserError("--warmup: must be 1 or more (the optimizer states appear in the first step)")
+    quiet_libraries()
     spec = load_any(args.model)  # imports transformers only for a config.json of another family
     try:
         import peft  # noqa: F401
@@ -63,7 +95,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     result = trace_case(spec, gpu, setup, warmup=args.warmup)
     if args.format == "json":
-        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(with_verdict_fields(result.as_dict()), indent=2, sort_keys=True))
         return 0
     from reportgen.trace.view import print_trace
 

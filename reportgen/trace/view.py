@@ -44,7 +44,7 @@ def print_trace(tr, gpu, console: Console | None = None) -> None:
                       f"{t['bound']}): the time model on the traced step's inventory, {k:,.0f} kernels launched",
                       highlight=False)
 
-    timeline = Table(title="largest allocated bytes per phase of the traced step", title_justify="left")
+    timeline = Table(title="largest allocated bytes per phase of the traced step (after warm-up)", title_justify="left")
     timeline.add_column("phase")
     timeline.add_column("GiB", justify="right")
     for phase, value in d["timeline"].items():

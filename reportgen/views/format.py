@@ -43,3 +43,15 @@ def seconds(x: float | None) -> str:
 
 def money(x: float | None) -> str:
     return "-" if x is None else f"${x:,.2f}"
+
+
+def demand_note(memory: dict) -> str:
+    """Why what the step asks of the card (``MemoryEstimate.card_demand``, what the verdict
+    compares) differs from the device total: the cached blocks the allocator would have to
+    release, the paged optimizer states that may spill to host RAM."""
+    parts = []
+    if memory.get("cache_released"):
+        parts.append("with the cached blocks it would release")
+    if memory.get("optimizer_paged"):
+        parts.append("without the paged optimizer states (they may spill to host RAM)")
+    return ", ".join(parts)

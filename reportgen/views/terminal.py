@@ -6,10 +6,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reportgen.views.format import GIB, TERM_LABELS, gib, money, pct, rate, seconds
+from reportgen.views.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 
-def print_estimate(est, model, gpu, console: Console | None = None) -> None:
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def print_estimate(est, model, gpu, console: Console | None = None, footer: str = "estimate only") -> None:
+    """The estimate as tables; ``footer`` says whether this setup was measured (``measured.footer``)."""
     console = console or Console()
     mem, t = est.memory, est.time
     console.print(f"[bold]{escape(model.name)}[/] on [bold]{gpu.name}[/] ({gpu.memory_bytes / GIB:.1f} GiB): "
@@ -31,16 +35,19 @@ def print_estimate(est, model, gpu, console: Console | None = None) -> None:
     table.add_row("[bold]peak allocated[/] (torch.cuda.max_memory_allocated)", gib(mem.peak_allocated),
                   f"at {mem.peak_phase}")
     table.add_row("[bold]peak reserved[/] (torch.cuda.max_memory_reserved)", gib(mem.peak_reserved), "")
-    style = {"fits": "green", "tight": "yellow", "does not fit": "red"}[est.verdict]
-    table.add_row("[bold]device total[/] (nvidia-smi)", gib(mem.device_total),
-                  f"[{style}]{est.verdict}[/] in {gpu.memory_bytes / GIB:.1f}")
-    if est.band is not None:
-        lo, hi = est.band.range(mem.device_total)
-        table.add_row("  expected range (error band)", f"{gib(lo)}-{gib(hi)}",
-                      f"{100 * est.band.lo:+.0f}% to {100 * est.band.hi:+.0f}%, from {est.band.n} comparisons")
+    v = est.judgement
+    style = VERDICT_STYLE[v.kind]
+    table.add_row("[bold]device total[/] (nvidia-smi)", gib(mem.device_total), "")
     if mem.cache_released:
         table.add_row("  cached blocks released to fit", gib(mem.cache_released),
                       "reserved would pass the card without it")
+    if v.demand != mem.device_total:
+        table.add_row("  asked of the card", gib(v.demand), demand_note(mem.as_dict()))
+    if v.range is not None:
+        table.add_row("  expected range (error band)", f"{gib(v.range[0])}-{gib(v.range[1])}",
+                      f"{100 * v.band.lo:+.0f}% to {100 * v.band.hi:+.0f}%, from {v.band.n} comparisons")
+    table.add_row(f"[bold {style}]verdict[/]", f"[{style}]{v.kind}[/]",
+                  f"margin {v.margin / GIB:+.2f} GiB of {gpu.memory_bytes / GIB:.1f}")
     if mem.host_ram:
         table.add_row("host RAM (offload)", gib(mem.host_ram), "")
     console.print(table)
@@ -71,8 +78,9 @@ def print_estimate(est, model, gpu, console: Console | None = None) -> None:
     console.print(tt)
     mb = "-" if est.max_batch is None else str(est.max_batch)
     ms = "-" if est.max_seq is None else f"{est.max_seq:,}"
-    console.print(f"largest micro-batch at seq {est.setup.seq}: [bold]{mb}[/]   "
-                  f"longest sequence at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
+    console.print(f"[{style}]{escape(v.text())}[/]", highlight=False)
+    console.print(f"largest micro-batch that fits at seq {est.setup.seq:,}: [bold]{mb}[/]   "
+                  f"longest sequence that fits at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
     for note in est.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
-    console.print("[dim]estimate only; compare with measured cases on the validation page[/]")
+    console.print(f"[dim]{escape(footer)}[/]", highlight=False)
