@@ -33,6 +33,7 @@ def check_ok_on_cpu(d: dict) -> dict:
         assert isinstance(m[key], float) and m[key] > 0, key
     assert m["step_s_min"] <= m["step_s"] <= m["step_s_max"]
     assert len(m["step_times_s"]) == 2 and all(t > 0 for t in m["step_times_s"])
+    assert len(m["gc_collections"]) == len(m["gc_pause_s"]) == 2  # per timed step (timing.GcPauses)
     # the CPU cannot say how much GPU memory a run needs: null, never a guess; no catalog CPU peak: no MFU
     for key in ("peak_allocated", "peak_reserved", "device_used", "memory_after_load", "mfu"):
         assert m[key] is None, key

@@ -259,3 +259,21 @@ measure: {{warmup: 1, steps: 2, max_steps: 3, max_timed_s: 30, timeout_s: 120, p
     assert "  timing: " in text and "timed steps, stopped: " in text and "of the median" in text
     assert f"trace {out / 'shown' / 'profiles'}" in text and "open at https://ui.perfetto.dev" in text
     assert "--warmup 1 --steps 2 --max-steps 3 --max-timed-s 30 --target-rel-ci 0.02 --profile --profile-steps 1" in text
+
+
+def test_gc_pauses_are_counted_per_step_and_only_inside_the_block():
+    """The harness records Python's garbage collections inside each timed step (gc.callbacks)."""
+    import gc
+
+    from reportgen.measure.timing import GcPauses
+
+    pauses = GcPauses()
+    gc.collect()  # outside the block: not counted
+    with pauses:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    n, seconds = pauses.take()
+    assert n == 2 and seconds >= 0.0
+    assert pauses.take() == (0, 0.0)  # take() starts a new count
+    assert pauses._callback not in gc.callbacks  # the callback is removed when the block ends

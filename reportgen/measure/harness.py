@@ -40,7 +40,9 @@ timed steps reach ``max_timed_s`` seconds (``time_cap``); ``steps_run``, ``stop_
 median (``step_s_iqr_rel``) and the median's interval (``step_s_ci``, ``step_s_ci_rel``: known to
 +- that fraction) are recorded. ``tokens_per_s`` = data tokens per optimizer step (padding left
 out; the mean over the timed steps) / ``step_s``. Measurements made before the rule ran exactly
-``steps`` timed steps and lack these fields.
+``steps`` timed steps and lack these fields. Per timed step, Python's garbage collections inside it
+and their pause (``gc_collections``, ``gc_pause_s``; ``timing.GcPauses``): a host-bound step that a
+collection interrupts is longer by the pause, which tells a slow step's cause from noise.
 Profile (``profile``: ``reportgen measure --profile``, sweep ``measure.profile``): after the timed
 steps and after every figure above is read, ``profile_steps`` more steps run under
 ``torch.profiler`` (``profiling.py``), and the measurement's ``profile`` block holds, per profiled
@@ -350,18 +352,26 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         start_ev = torch.cuda.Event(enable_timing=True) if cuda else None
         end_ev = torch.cuda.Event(enable_timing=True) if cuda else None
         reason = None
+        gc_pauses = timing.GcPauses()
+        gc_counts: list[int] = []
+        gc_seconds: list[float] = []
         while reason is None:
             batches[:] = data.next_step(longest=not times)  # outside the timed window
             if cuda:
                 torch.cuda.synchronize()
+            gc_pauses.take()
             t = time.perf_counter()
             if cuda:
                 start_ev.record()
-            step()
+            with gc_pauses:
+                step()
             if cuda:
                 end_ev.record()
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
+            n_gc, s_gc = gc_pauses.take()
+            gc_counts.append(n_gc)
+            gc_seconds.append(s_gc)
             if cuda:
                 cuda_times.append(start_ev.elapsed_time(end_ev) / 1000.0)  # milliseconds -> seconds
             if nvml is not None:
@@ -378,7 +388,8 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         measurement["real_tokens_per_step"] = real_per_step
         measurement.update(stats, step_times_s=times, tokens_per_s=tokens_per_s, stop_reason=reason,
                            timed_s=sum(times), step_times_cuda_s=cuda_times if cuda else None,
-                           step_s_cuda=statistics.median(cuda_times) if cuda else None)
+                           step_s_cuda=statistics.median(cuda_times) if cuda else None,
+                           gc_collections=gc_counts, gc_pause_s=gc_seconds)
         if last_loss:
             value = float(last_loss[0].float().item()) * setup.accum
             measurement["final_loss"] = value if value == value and abs(value) != float("inf") else None

@@ -25,9 +25,11 @@ how well the median itself is known. The relative IQR is recorded beside it
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 #: why the timed steps stopped
 STOP_REASONS = ("stable", "max_steps", "time_cap")
@@ -175,3 +177,33 @@ def timing_note(m: dict) -> str:
     elif m.get("step_s") and m.get("step_s_min") is not None and m.get("step_s_max") is not None:
         parts.append(f"range {100 * (m['step_s_max'] - m['step_s_min']) / m['step_s']:.1f}% of the median")
     return "; ".join(parts)
+
+
+@dataclass
+class GcPauses:
+    """Python's garbage collector inside the timed steps: ``with GcPauses() as g:`` around a step, then
+    ``g.take()`` gives ``(collections, seconds)`` since the last ``take`` (``gc.callbacks``: a "start"
+    and a "stop" call per collection). A host-bound step that a generation-2 collection interrupts is
+    longer by the pause; recorded beside each step's time, it tells a slow step's cause from noise."""
+
+    events: list = field(default_factory=list)  # (generation, seconds)
+    _start: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.events.append((info.get("generation"), time.perf_counter() - self._start))
+            self._start = None
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def take(self) -> tuple[int, float]:
+        events, self.events = self.events, []
+        return len(events), sum(s for _, s in events)
