@@ -277,7 +277,6 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     tokens_mb = setup.batch * length
     fused_mb = fusion_saved_bytes_per_micro_batch(model, setup, dtypes_for(setup), tokens_mb) / bw
 
-    transfer = _transfer_s(model, setup, gpu, notes)
     real = real_tokens_per_step(setup)
     if setup.seq_mean is not None:
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
@@ -288,10 +287,12 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     if phases is None:
         notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
         return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=None,
-                            memory_s=0.0, transfer_s=transfer, step_s=None, tokens_per_s=None, mfu=None, hfu=None,
+                            memory_s=0.0, transfer_s=_transfer_s(model, setup, gpu, notes), step_s=None,
+                            tokens_per_s=None, mfu=None, hfu=None,
                             bound=None, peak_dtype=dtype, train_tokens=train_tokens, train_hours=None,
                             train_dollars=None, parts={}, work=work.as_dict(), notes=notes)
     micro = phases[0][1] + phases[1][1]
+    transfer = _transfer_s(model, setup, gpu, notes, backward_s=phases[1][1])
     if offloaded_bytes:
         link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
         copies = 2 * offloaded_bytes * scale / link if link else 0.0
@@ -331,11 +332,18 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
                         train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
 
 
-def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str]) -> float:
-    """Host-link traffic per optimizer step (not overlapped with compute: an upper bound).
+def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str],
+                backward_s: float = 0.0) -> float:
+    """Host-link traffic and host optimizer time per optimizer step, as far as they are not hidden.
 
-    * offload=optimizer: gradients to the host and updated parameters back, plus the CPU Adam step;
-    * offload=params: every layer's weights come in once per pass, gradients go out;
+    * offload=optimizer (torchao ``CPUOffloadOptimizer``, ``torchao/optim/cpu_offload.py``): each
+      gradient is copied to pinned host memory on a side stream as soon as the backward has made it
+      (a post-accumulate-grad hook), so the copies overlap the backward (``backward_s``: one
+      micro-batch's device time); ``step()`` then runs the host optimizer parameter by parameter and
+      copies each updated parameter back on the side stream while the host steps the next: the
+      longer of the host step (``CPU_ADAM_PARAMS_PER_S``) and the copies back;
+    * offload=params: every layer's weights come in once per pass, gradients go out (not overlapped:
+      an upper bound);
     GPU-to-GPU collectives are ``comm.py``'s (the real link, overlapped per framework).
     """
     if setup.offload == Offload.none:
@@ -351,9 +359,9 @@ def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: lis
     moved = 0.0
     extra = 0.0
     if setup.offload == Offload.optimizer:
-        moved += 2 * trainable * pbytes
-        extra += trainable / K.CPU_ADAM_PARAMS_PER_S
-    elif setup.offload == Offload.params:
+        copies = trainable * pbytes / link
+        return max(0.0, copies - backward_s) + max(trainable / K.CPU_ADAM_PARAMS_PER_S, copies)
+    if setup.offload == Offload.params:
         w = P.weights_bytes(model, setup, dt) + P.adapter_bytes(model, setup, dt)
         moved += setup.accum * passes * w / setup.gpus + trainable * pbytes
         extra += trainable / K.CPU_ADAM_PARAMS_PER_S
