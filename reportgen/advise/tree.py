@@ -248,9 +248,11 @@ NODES: tuple = (
                     "the next micro-batches' forward passes (full fine-tuning: 4 bytes per parameter more at the peak)",
            next="compute_bound"),
     Check(id="compute_bound", label="compute-bound?", stage="result",
-          question="Is the step bound by compute (rather than by moving bytes)?",
-          test="compute_bound", how="the largest of compute, memory and transfer time in the roofline (time.py)",
-          edges={"yes": "fits_compute_bound", "no": "fits_memory_bound", "unknown": "fits_unknown_bound"}),
+          question="Is the step bound by compute (rather than by moving bytes or by the host's kernel launches)?",
+          test="compute_bound", how="the host's dispatch against the GPU's work, then the largest of compute, "
+                                    "memory and transfer time (time.py)",
+          edges={"yes": "fits_compute_bound", "no": "fits_memory_bound", "host": "fits_host_bound",
+                 "unknown": "fits_unknown_bound"}),
     # ----- ends ---------------------------------------------------------------------------------
     End(id="fits_compute_bound", label="fits: compute-bound", verdict="fits",
         title="Fits on one card; the step is compute-bound",
@@ -260,6 +262,12 @@ NODES: tuple = (
         title="Fits on one card; the step is bound by moving bytes (memory or host link)",
         text="Bytes per token are the bottleneck: larger micro-batches (more tokens per weight read or "
              "transfer) raise tokens/s here, unlike on a compute-bound card."),
+    End(id="fits_host_bound", label="fits: host-bound", verdict="fits",
+        title="Fits on one card; the step waits for the host to launch its kernels",
+        text="The CPU dispatches the step's many small kernels more slowly than the GPU runs them (a LoRA step "
+             "of a small model launches thousands): a larger micro-batch adds tokens at almost no extra time "
+             "per step, pure bf16 drops autocast's casts, LoRA on fewer linears launches fewer kernels, and a "
+             "faster host CPU helps more than a faster GPU."),
     End(id="fits_unknown_bound", label="fits: speed unknown", verdict="fits",
         title="Fits on one card; no speed estimate",
         text="The GPU catalog has no datasheet peak FLOP/s for this card, so the estimator gives memory but no "

@@ -90,6 +90,7 @@ def numbers(est: Estimate, gpu: GpuSpec) -> dict:
         "compute_s": t.compute_s,
         "memory_s": t.memory_s,
         "transfer_s": t.transfer_s,
+        "host_s": (t.parts or {}).get("host"),
         "bound": t.bound,
         "train_tokens": t.train_tokens,
         "train_hours": t.train_hours,
@@ -178,6 +179,8 @@ def _p_compute_bound(n: dict, setup: TrainingSetup, ev: _Estimates) -> tuple[str
     if n["bound"] is None:
         return "unknown", "no peak FLOP/s in the GPU catalog: no time estimate"
     parts = ", ".join(f"{k} {n[k + '_s']:.2f} s" for k in ("compute", "memory", "transfer"))
+    if n["bound"] == "host":
+        return "host", f"per optimizer step (est.): {parts}; the host's dispatch {n['host_s']:.2f} s is longer"
     return ("yes" if n["bound"] == "compute" else "no"), f"per optimizer step (est.): {parts}"
 
 
