@@ -297,6 +297,37 @@ def fit_time(samples: list[dict], verbose: bool = False):
     return fit
 
 
+def traced_time_errors(cases: list[dict], dirs: list[Path]) -> None:
+    """The second step time: the same constants priced on the traced step's own inventory (stored by
+    ``reportgen sweep FILE --trace``, ``traced_results.traced_time``) against the measured step, for the
+    measured cases that have a current traced file. Nothing is fitted to it."""
+    from reportgen.traced_results import traced_time, load_traced
+
+    traced = {}
+    for d in dirs:
+        traced.update(load_traced(d.parent if d.name != "results" else d, warn=lambda m: None))
+    errors, analytic = [], []
+    for c in cases:
+        doc = traced.get(c["result"]["id"])
+        step = c["figures"].get("step_s")
+        if not doc or not c["speed"] or not step:
+            continue
+        t = traced_time(doc)
+        if t is None or not t.step_s:
+            continue
+        errors.append(t.step_s / step - 1)
+        case = c["result"]["case"]
+        e = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]),
+                     TrainingSetup.model_validate(case["setup"]), reverse=False)
+        analytic.append(e.time.step_s / step - 1)
+    if not errors:
+        print("traced step time: no measured case has a current traced file with its inventory "
+              "(reportgen sweep sweeps/validation.yaml --trace stores them)")
+        return
+    print(f"traced step time (the constants above on the traced step's inventory) against {len(errors)} measured "
+          f"steps: {summary(errors)}; the analytic inventory on the same cases: {summary(analytic)}")
+
+
 def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None:
     """The time constants from the measured step times that count for their card (one data-center
     GPU, no offload: the host-link models are not fitted here)."""
@@ -392,6 +423,8 @@ def main() -> int:
     fit_context(cases)
     fit_fragmentation(cases, ests)
     fit_efficiency(cases, ests, verbose="--verbose" in sys.argv)
+    if "--no-traced" not in sys.argv:
+        traced_time_errors(cases, dirs)
     print(f"{len(cases)} measured cases read from {', '.join(map(str, dirs))} "
           f"({sum(c['memory'] for c in cases)} with memory, {sum(c['speed'] for c in cases)} with speed that count)")
     return 0

@@ -64,4 +64,6 @@ def test_inventory_agrees_with_the_traced_step(family, setup_name):
         assert _rel(a.matmul_flops, t.matmul_flops) <= 0.01, (phase, "matmul FLOPs", a.matmul_flops, t.matmul_flops)
         assert _rel(a.attention_flops, t.attention_flops) <= 0.01, (phase, "attention FLOPs")
         assert abs(a.calls - t.calls) <= max(4, 0.03 * t.calls), (phase, "calls", a.calls, t.calls)
-    assert analytic.autocast == (setup.precision.value.endswith("mixed"))
+    assert analytic.autocast == traced.autocast == setup.precision.value.endswith("mixed")
+    # checkpointing recomputes each layer's forward (a few casts fewer on CUDA than the analytic count: 4 %)
+    assert _rel(analytic.recompute_kernels, traced.recompute_kernels) <= max(k_bound, 0.05)

@@ -320,7 +320,7 @@ def run_trace(spec: ModelSpec, setup: TrainingSetup, cublas_per_handle: int, cub
                 h.remove()
             for module, original in wrapped:
                 module._gradient_checkpointing_func = original
-    run.work = rec.counter.step_work(setup.accum)
+    run.work = rec.counter.step_work(setup.accum, setup.autocast)
     if rec.inplace_accumulations:
         applied.use("autograd_inplace_accumulation")
     run.sdpa_backends = sorted(functions.sdpa_backends)

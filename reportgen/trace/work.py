@@ -90,6 +90,7 @@ class WorkCounter:
 
     def __init__(self) -> None:
         self.counts: dict[str, dict[str, float]] = {p: defaultdict(float) for p in ("forward", "backward", "optimizer")}
+        self.recompute_kernels = 0
 
     def op(self, func, args, kwargs, out, phase: str, recomputing: bool) -> None:
         where = phase_of(phase, recomputing)
@@ -104,6 +105,8 @@ class WorkCounter:
             c["views"] += 1
             return
         c["kernels"] += 1
+        if recomputing:
+            self.recompute_kernels += 1
         if name == "dequantize_4bit":  # one call of bitsandbytes' Python MatMul4Bit forward or backward
             c["calls"] += 1
         if name in ATTENTION:
@@ -132,7 +135,10 @@ class WorkCounter:
         if where is not None:
             self.counts[where]["calls"] += 1
 
-    def step_work(self, accum: int) -> StepWork:
+    def step_work(self, accum: int, autocast: bool) -> StepWork:
+        """Per micro-batch, as ``work.step_work`` states it; ``autocast``: the step's forward runs under
+        ``torch.autocast`` (the host's extra per kernel, ``time.host_seconds``)."""
         per = {p: Work.from_dict(v) for p, v in self.counts.items()}
         return StepWork(forward=per["forward"] * (1 / accum), backward=per["backward"] * (1 / accum),
-                        optimizer=per["optimizer"], accum=accum)
+                        optimizer=per["optimizer"], accum=accum, autocast=autocast,
+                        recompute_kernels=self.recompute_kernels / accum)
