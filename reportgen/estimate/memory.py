@@ -72,9 +72,10 @@ class MemoryEstimate:
     @property
     def card_demand(self) -> int:
         """What the step asks of the card: ``device_total`` with the cached blocks the allocator would
-        keep (before it releases any to stay within the card), less paged optimizer states, which
-        may spill to host RAM. ``fits``, the verdict, the searches and the walks compare this."""
-        return self.device_total + self.cache_released - self.terms.get("optimizer_paged", 0)
+        keep (before it releases any to stay within the card). Paged optimizer states are not in it
+        (``device_total`` leaves them out, and they may spill to host RAM). ``fits``, the verdict,
+        the searches and the walks compare this."""
+        return self.device_total + self.cache_released
 
     def as_dict(self) -> dict:
         return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
@@ -188,6 +189,18 @@ def allocator_limited_reserved(peak: int, reserved: int, gpu: GpuSpec) -> tuple[
     if reserved <= usable or peak > usable:
         return reserved, 0
     return usable, reserved - usable
+
+
+def process_device_bytes(reserved: int) -> int:
+    """``device_total``: the device memory NVML reports for the process (``nvmlDeviceGetComputeRunningProcesses``
+    ``usedGpuMemory``, what ``nvidia-smi`` lists per process): the caching allocator's reserved
+    segments and the CUDA context (``constants.CUDA_CONTEXT_BYTES``). CUDA managed memory
+    (``cudaMallocManaged``: bitsandbytes' paged optimizer states) is not in that figure, even while
+    its pages are resident on the GPU (the device-wide ``used`` figure counts them): measured on an
+    H100, the paged-AdamW-8bit step's ``device_used - peak_reserved`` is 758 MiB, the same as every
+    other step's (``results/validation``, Llama-3.2-1B full bf16); reported for NVML's per-process
+    figure in nvtop issue #213 and pynvml issue #63 (cudaMallocManaged of 60 GB: ~5 GB per process)."""
+    return reserved + K.CUDA_CONTEXT_BYTES
 
 
 def padding_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
@@ -390,10 +403,11 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} has: it releases "
                      "cached blocks and retries (slower; fragmentation can still run out), so reserved stops "
                      "at the card")
-    device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // place.states)
+    device_total = process_device_bytes(reserved)
     if states_managed:
-        notes.append("paged optimizer states live in CUDA managed memory: counted in device_total, "
-                     "not in peak_allocated/peak_reserved, and paged to host RAM when the GPU runs out")
+        notes.append("paged optimizer states live in CUDA managed memory: not in peak_allocated/peak_reserved "
+                     "nor in nvidia-smi's per-process figure (device_total); they use the card while it has "
+                     "room and page to host RAM when it runs out")
     if setup.offload != Offload.none:
         notes.append(f"offload={setup.offload.value}: host RAM needed {host / 2**30:.1f} GiB")
 
