@@ -140,8 +140,13 @@ def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, a
         lora = model.lora_selection(setup.lora_targets).linears
         work += max((lin.weight_params * c for lin in model.layer_linears() if lin.count > 1 and lin.name in lora),
                     default=0)
-    if attn == Attention.sdpa:
-        work += t * (c * hd * (nq + 2 * nkv) + 4 * nq * hd)
+    if attn == Attention.sdpa and act.sdpa_kernel(model, setup, c) == "math":
+        # the math path's backward: the gradient of the probabilities and the softmax backward's
+        # output, two ``s x s`` tensors per head in the input dtype, then dq, dk, dv at all heads
+        work += setup.batch * nq * setup.seq * setup.seq * 2 * c + t * c * hd * 3 * nq
+    elif attn == Attention.sdpa:
+        kv = nq if act.sdpa_kv_repeated(model, act.sdpa_masked_layers(model, setup) > 0) else nkv
+        work += t * (c * hd * (nq + 2 * kv) + 4 * nq * hd)
     else:
         work += setup.batch * nq * setup.seq * setup.seq * (4 + c)
     if dt.master_copy:
@@ -203,17 +208,22 @@ def process_device_bytes(reserved: int) -> int:
     return reserved + K.CUDA_CONTEXT_BYTES
 
 
-def padding_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
-    """A padded batch gives SDPA an explicit mask: transformers' ``masking_utils.sdpa_mask`` skips the
-    mask only when nothing is padded (``_ignore_causal_mask_sdpa``), else it materialises a boolean
-    ``(batch, 1, seq, seq)`` tensor, one byte per element, shared by all layers; SDPA's
-    memory-efficient kernel (flash takes no mask) keeps it for the backward pass, so it lives from
-    the first layer's forward to the last layer's backward. Fixed-length or packed data pass no
-    mask. (Eager attention builds its float mask whatever the padding; its saved-tensor inventory in
-    ``activations.py`` already covers what eager keeps.)"""
-    if attn != Attention.sdpa or setup.seq_mean is None or setup.padding.value == "packed":
+def sdpa_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
+    """The boolean attention masks transformers builds for SDPA (``masking_utils.sdpa_mask``), one
+    ``(batch, 1, seq, seq)`` tensor of one byte per element per kind of layer that needs one
+    (``activations.sdpa_masked_layers``: a padded batch, a sliding window shorter than the sequence;
+    Gemma 3 with padding builds one for its full and one for its sliding layers). They are locals of
+    the model's forward, shared by its layers, and die when it returns: SDPA keeps its own additive
+    copy per layer (counted with the layer's activations), not the boolean mask. So they count only
+    while the forward runs. Eager attention builds its float mask whatever the padding; its
+    saved-tensor inventory in ``activations.py`` covers what eager keeps."""
+    masked = act.sdpa_masked_layers(model, setup)
+    if attn != Attention.sdpa or not masked:
         return 0
-    return setup.batch * setup.seq * setup.seq
+    padded = setup.seq_mean is not None and setup.padding.value != "packed"
+    sliding = bool(model.sliding_window) and setup.seq >= model.sliding_window and model.sliding_layers > 0
+    kinds = int(sliding) + int(padded and (not sliding or model.sliding_layers < model.num_layers))
+    return kinds * setup.batch * setup.seq * setup.seq
 
 
 def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
@@ -309,8 +319,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     workspace = cublas_workspace_bytes(gpu)
 
     # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
-    mask = padding_mask_bytes(model, setup, attn)
-    fixed = act.fixed_activations(model, setup, dt) + mask
+    mask = sdpa_mask_bytes(model, setup, attn)  # alive during the forward only
+    fixed = act.fixed_activations(model, setup, dt)
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
@@ -372,7 +382,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "loss-backward": base + gathered_bytes + fixed + stack + copies_held + lm.backward_live + after_fwd,
         "backward-top": base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
         + (c_layer if setup.grad_ckpt else 0) + g_top + bwd_work + after_fwd,
-        "backward-bottom": base + gathered_bytes + mask + bottom_layer + recompute + c_layer + g_bottom + bwd_work
+        "backward-bottom": base + gathered_bytes + bottom_layer + recompute + c_layer + g_bottom + bwd_work
         + after_fwd,
         "optimizer-step": base + g_opt + opt_temp + after_fwd,
     }
