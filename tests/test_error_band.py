@@ -46,7 +46,14 @@ def test_every_estimate_carries_its_band_and_verdict():
     assert d["verdict"] == verdict(est.memory.device_total, d["capacity"], b)
 
 
-def test_a_technique_with_few_comparisons_borrows_the_measure_band():
-    full = band_for("allocated", "full")
-    pooled = band_for("allocated", "all")
-    assert full == pooled  # two full fine-tuning rows are too few for their own band
+def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):
+    from reportgen.estimate import band as B
+
+    def group(n, lo):
+        return {"lo": lo, "hi": 0.1, "n": n, "basis": f"{n} rows", "coverage": None}
+
+    table = {"bands": {"allocated": {"all": group(20, -0.02), "full": group(B.MIN_ROWS - 1, -0.5),
+                                     "lora": group(B.MIN_ROWS, -0.01)}}}
+    monkeypatch.setattr(B, "_table", lambda: table)
+    assert band_for("allocated", "full") == band_for("allocated", "all")  # too few for their own band
+    assert band_for("allocated", "lora").lo == -0.01
