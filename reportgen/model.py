@@ -146,6 +146,9 @@ class ModelSpec:
     norm_topk_prob: bool = True
     #: distinct RoPE tables the layers share (Gemma 3: one per layer type, sliding and full)
     rope_tables: int = 1
+    #: decoder layers with sliding-window attention (0 without a window; Gemma 2 and 3 alternate
+    #: sliding and full layers, ``_sliding_layers``)
+    sliding_layers: int = 0
     lm_head_bias: bool = False
     config: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -425,6 +428,7 @@ def from_config(config: dict, name: str | None = None, source: str = "<config>")
             resid_dropout=float(config.get("resid_pdrop") or 0.0) if model_type == "phi" else 0.0,
             norm_topk_prob=bool(config.get("norm_topk_prob", False)) if model_type == "qwen3_moe" else True,
             rope_tables=_rope_tables(config),
+            sliding_layers=_sliding_layers(config),
             lm_head_bias=model_type == "phi",
             config=config,
         )
@@ -473,6 +477,26 @@ def _rope_tables(config: dict) -> int:
         n = int(config.get("num_hidden_layers") or 0)
         types = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n)]
     return max(1, len(set(types)))
+
+
+def _sliding_layers(config: dict) -> int:
+    """Decoder layers that attend through a sliding window: from ``layer_types`` when the config
+    lists them, else as the config classes define them: Gemma 3 every layer but each
+    ``sliding_window_pattern``-th (``Gemma3TextConfig``), Gemma 2 every other layer from the first
+    (``Gemma2Config``: sliding when ``(i + 1) % 2``), other families every layer (Phi-3, Mistral v0.1);
+    none without a window."""
+    if _sliding_window(config) is None:
+        return 0
+    n = int(config.get("num_hidden_layers") or 0)
+    types = config.get("layer_types")
+    if types:
+        return sum("sliding" in str(t) for t in types)
+    if config.get("model_type") == "gemma3_text":
+        pattern = int(config.get("sliding_window_pattern") or 6)
+        return sum(1 for i in range(n) if (i + 1) % pattern)
+    if config.get("model_type") == "gemma2":
+        return sum(1 for i in range(n) if (i + 1) % 2)
+    return n
 
 
 def _sliding_window(config: dict) -> int | None:

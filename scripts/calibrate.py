@@ -9,11 +9,13 @@ First it fits ``MATMUL_EFFICIENCY`` per GPU class to the tokens/s that other pro
 recipe's documented defaults), over the rows whose estimated step is at least ``COMPUTE_SHARE_MIN``
 compute, with the leave-one-out error of the resulting tokens/s.
 
-Then it fits the two constants of ``memory.cached_free_bytes`` (``CACHED_WORKING_SETS``,
-``CACHED_LOGITS_SHARE``: the free blocks the caching allocator keeps, reserved but not allocated) to
-the allocator simulation of every current traced case under ``results/`` (``reportgen sweep
-sweeps/traced.yaml --trace``: the harness's real step replayed through PyTorch's caching-allocator
-rules), by least squares on the relative error of reserved, with the leave-one-out error.
+Then it fits the shares of ``memory.cached_free_bytes`` (``memory.CACHE_SHARES``: ``CACHED_WORKING_SETS``,
+``CACHED_SCORES``, ``CACHED_HEAD_BLOCK``, ``CACHED_STATELESS_BLOCK``, ``CACHED_GRAD_EXCESS``: the free
+blocks the caching allocator keeps, reserved but not allocated) to the allocator simulation of every
+current traced case under ``results/`` (``reportgen sweep sweeps/traced.yaml --trace``: the harness's
+real step replayed through PyTorch's caching-allocator rules), by least squares on the relative error
+of reserved, with the leave-one-out error; and ``CACHED_AFTER_RELEASE`` to the traced cases whose
+replay had to release the cache to fit the card, once there are enough.
 
 Reads every sweep directory given (default: all under ``results/``) through ``reportgen.store``
 (measurement files joined to their estimates) and uses a measured quantity only where the
@@ -22,8 +24,8 @@ that card or on a larger card capped to it, speed only from a run on that card; 
 run. It fits, each from at least parameters + 2 cases or not at all:
 
 * ``CUDA_CONTEXT_BYTES``: median of (NVML device_used - torch peak_reserved);
-* ``CACHED_WORKING_SETS``, ``CACHED_LOGITS_SHARE``: the same least-squares fit on measured
-  allocated and reserved peaks (where a measurement exists, it is the ground truth);
+* the ``cached_free_bytes`` shares: the same least-squares fit on measured allocated and reserved
+  peaks (where a measurement exists, it is the ground truth);
 * ``MATMUL_EFFICIENCY`` per GPU class, over cases the estimator calls compute-bound: the measured
   step time less every other term of the estimated step (``TimeEstimate.parts``: memory-bound
   time, dequantization, optimizer, transfers and the fixed per-step and per-micro-batch overheads,
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reportgen import catalog, store  # noqa: E402
 from reportgen.estimate import constants as K  # noqa: E402
 from reportgen.estimate import estimate  # noqa: E402
-from reportgen.estimate.memory import cached_free_bytes  # noqa: E402
+from reportgen.estimate.memory import CACHE_SHARES  # noqa: E402
 from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
@@ -56,7 +58,7 @@ from reportgen.setup import TrainingSetup  # noqa: E402
 #: CPU offload) or dispatch, whose own models would be absorbed into the efficiency (the memory-bound
 #: kernels take most of the rest: 10-36 % of these rows' steps)
 COMPUTE_SHARE_MIN = 0.6
-#: most fits here have one parameter (the cached-free fit has two); a fit needs at least parameters + 2 cases
+#: most fits here have one parameter (the cached-free fit has one per share); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 
 
@@ -103,87 +105,135 @@ def fit_context(cases: list[dict]) -> None:
            if c["memory"] and c["figures"].get("device_used") and c["figures"].get("peak_reserved")]
     if enough("CUDA_CONTEXT_BYTES", len(ctx)):
         fit, errs = loo(ctx, lambda f, i: (f - ctx[i]) / ctx[i])
-        describe("CUDA_CONTEXT_BYTES", f"{K.CUDA_CONTEXT_BYTES / 2**20:.0f} MiB", fit / 2**20, errs, " MiB")
+        describe("CUDA_CONTEXT_BYTES", f"{K.CUDA_CONTEXT_BYTES / 2**20:.0f}", fit / 2**20, errs, " MiB")
 
 
 def cached_free_sample(allocated: int, reserved: int, m) -> dict | None:
-    """One observation of the cached free bytes: what ``reserved`` holds beyond ``allocated`` and
-    beyond the estimate's fixed parts of reserved (allocator segments, FSDP's unshard-stream pool),
-    with the estimate's working set and logits that ``memory.cached_free_bytes`` scales. None for a
-    step the estimate (``m``, its ``MemoryEstimate``) says only fits by releasing the cache (its
-    reserved figure is the card's)."""
+    """One observation of the cached free bytes: what ``reserved`` holds beyond ``allocated``, with the
+    sizes that ``memory.cached_free_bytes`` scales by a fitted share (``x``, in ``CACHE_SHARES`` order)
+    and the rest of the estimate's reserved (``other``: allocator segments, FSDP's unshard-stream pool,
+    the segments counted whole). None for a step the estimate (``m``, its ``MemoryEstimate``) says
+    only fits by releasing the cache (fitted apart, ``fit_after_release``)."""
     if m.cache_released:
         return None
-    working, logits = m.terms["transient"], m.terms["logits"]
-    other = m.peak_reserved - m.peak_allocated - cached_free_bytes(working, logits)
-    return {"allocated": allocated, "reserved": reserved, "working": working, "logits": logits, "other": other}
+    x = [m.cache_inputs.get(name, 0) for name in CACHE_SHARES]
+    shared = sum(getattr(K, const) * v for const, v in zip(CACHE_SHARES.values(), x))
+    other = m.peak_reserved - m.peak_allocated - int(shared)
+    return {"allocated": allocated, "reserved": reserved, "x": x, "other": other}
 
 
-def solve_cached_free(samples: list[dict]) -> tuple[float, float]:
-    """``(CACHED_WORKING_SETS, CACHED_LOGITS_SHARE)`` by least squares on the relative error of
-    reserved: minimise sum(((a w + b l) - (reserved - allocated - other))^2 / reserved^2)."""
-    sww = swl = sll = swy = sly = 0.0
-    for x in samples:
-        r2 = float(x["reserved"]) ** 2
-        w, lg = x["working"], x["logits"]
-        y = x["reserved"] - x["allocated"] - x["other"]
-        sww, swl, sll = sww + w * w / r2, swl + w * lg / r2, sll + lg * lg / r2
-        swy, sly = swy + w * y / r2, sly + lg * y / r2
-    det = sww * sll - swl * swl
-    if abs(det) < 1e-30:  # no logits anywhere: one parameter
-        return (swy / sww if sww else 0.0), 0.0
-    return (swy * sll - sly * swl) / det, (sly * sww - swy * swl) / det
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting; a column without information gets 0."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-30:
+            continue
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col and m[r][col]:
+                f = m[r][col] / m[col][col]
+                m[r] = [u - f * v for u, v in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) >= 1e-30 else 0.0 for i in range(n)]
 
 
-def fit_cached_free(samples: list[dict], source: str) -> tuple[float, float] | None:
-    """Fit ``memory.cached_free_bytes``'s two constants to ``samples`` and print the fit with the
-    leave-one-out error of the estimated reserved (allocated + a w + b l + other against reserved)."""
-    name = f"{source}: CACHED_WORKING_SETS, CACHED_LOGITS_SHARE"
-    if not enough(name, len(samples), parameters=2):
+def solve_cached_free(samples: list[dict]) -> list[float]:
+    """The shares of ``memory.cached_free_bytes`` (``CACHE_SHARES`` order) by least squares on the
+    relative error of reserved: minimise sum((sum_k a_k x_k - (reserved - allocated - other))^2 /
+    reserved^2). A size that is zero in every sample keeps its share at 0."""
+    n = len(CACHE_SHARES)
+    ata = [[0.0] * n for _ in range(n)]
+    aty = [0.0] * n
+    for s in samples:
+        r2 = float(s["reserved"]) ** 2
+        y = s["reserved"] - s["allocated"] - s["other"]
+        for i in range(n):
+            aty[i] += s["x"][i] * y / r2
+            for j in range(n):
+                ata[i][j] += s["x"][i] * s["x"][j] / r2
+    return _solve(ata, aty)
+
+
+def fit_cached_free(samples: list[dict], source: str) -> list[float] | None:
+    """Fit ``memory.cached_free_bytes``'s shares to ``samples`` and print the fit with the leave-one-out
+    error of the estimated reserved (allocated + sum a_k x_k + other against reserved)."""
+    names = ", ".join(CACHE_SHARES.values())
+    name = f"{source}: {names}"
+    if not enough(name, len(samples), parameters=len(CACHE_SHARES)):
         return None
 
-    def error(fit, x):
-        a, b = fit
-        pred = x["allocated"] + a * x["working"] + b * x["logits"] + x["other"]
-        return (pred - x["reserved"]) / x["reserved"]
+    def error(fit, s):
+        pred = s["allocated"] + sum(a * v for a, v in zip(fit, s["x"])) + s["other"]
+        return (pred - s["reserved"]) / s["reserved"]
 
-    held_out = [error(solve_cached_free(samples[:i] + samples[i + 1:]), x) for i, x in enumerate(samples)]
+    held_out = [error(solve_cached_free(samples[:i] + samples[i + 1:]), s) for i, s in enumerate(samples)]
     fit = solve_cached_free(samples)
-    current = [error((K.CACHED_WORKING_SETS, K.CACHED_LOGITS_SHARE), x) for x in samples]
-    print(f"{name}: current {K.CACHED_WORKING_SETS}, {K.CACHED_LOGITS_SHARE}; fit {fit[0]:.3f}, {fit[1]:.3f} "
-          f"from {len(samples)} cases; held-out |error| of reserved median "
+    current_shares = [getattr(K, c) for c in CACHE_SHARES.values()]
+    current = [error(current_shares, s) for s in samples]
+    worst = max(range(len(held_out)), key=lambda i: abs(held_out[i]))
+    print(f"{name}: current {', '.join(f'{v:g}' for v in current_shares)}; fit "
+          f"{', '.join(f'{v:.3f}' for v in fit)} from {len(samples)} cases; held-out |error| of reserved median "
           f"{100 * statistics.median(abs(e) for e in held_out):.1f}%, signed {100 * statistics.median(held_out):+.1f}%, "
-          f"worst {100 * max(abs(e) for e in held_out):.1f}% (current constants: median "
-          f"{100 * statistics.median(abs(e) for e in current):.1f}%, signed {100 * statistics.median(current):+.1f}%)")
+          f"worst {100 * held_out[worst]:+.1f}%{samples[worst].get('id') and ' (' + samples[worst]['id'] + ')' or ''} "
+          f"(current constants: median {100 * statistics.median(abs(e) for e in current):.1f}%, "
+          f"signed {100 * statistics.median(current):+.1f}%, worst {100 * max(abs(e) for e in current):.1f}%)")
+    return fit
+
+
+def fit_after_release(samples: list[dict], source: str) -> float | None:
+    """``CACHED_AFTER_RELEASE``: the working sets a step keeps cached after the allocator released its
+    cache to fit the card (``memory.allocator_limited_reserved``); the median of (reserved - allocated
+    - segments) / working over the cache-limited samples, with its leave-one-out error."""
+    name = f"{source}: CACHED_AFTER_RELEASE"
+    ratios = [(s["reserved"] - s["allocated"] - K.ALLOCATOR_SEGMENTS_BYTES) / s["working"] for s in samples
+              if s["working"]]
+    if not enough(name, len(ratios)):
+        print(f"  cache-limited cases so far keep {', '.join(f'{r:.2f}' for r in ratios)} working sets")
+        return None
+
+    def predict(f, i):
+        s = samples[i]
+        pred = s["allocated"] + K.ALLOCATOR_SEGMENTS_BYTES + f * s["working"]
+        return (pred - s["reserved"]) / s["reserved"]
+
+    fit, errs = loo(ratios, predict)
+    describe(name, K.CACHED_AFTER_RELEASE, fit, errs)
     return fit
 
 
 def fit_fragmentation(cases: list[dict], ests: list) -> None:
-    samples = [cached_free_sample(c["figures"]["peak_allocated"], c["figures"]["peak_reserved"], e.memory)
-               for c, e in zip(cases, ests)
-               if c["memory"] and c["figures"].get("peak_reserved") and c["figures"].get("peak_allocated")]
-    fit_cached_free([s for s in samples if s], "measured")
+    samples = []
+    for c, e in zip(cases, ests):
+        if c["memory"] and c["figures"].get("peak_reserved") and c["figures"].get("peak_allocated"):
+            s = cached_free_sample(c["figures"]["peak_allocated"], c["figures"]["peak_reserved"], e.memory)
+            if s:
+                samples.append({**s, "id": c["result"]["id"]})
+    fit_cached_free(samples, "measured")
 
 
-def traced_samples(results_dir: Path) -> list[dict]:
+def traced_samples(results_dir: Path) -> tuple[list[dict], list[dict]]:
     """The allocator simulation's allocated and reserved peaks (``reportgen trace``: the harness's
-    step replayed through ``trace/allocator.py``) of every current traced case under
-    ``results_dir``, each with its estimate. Cases the simulation fitted only by releasing the cache
-    (a replay limited to the card) are left out: their reserved is the card's."""
+    step replayed through ``trace/allocator.py``) of every current traced case under ``results_dir``,
+    each with its estimate: ``(unlimited, cache_limited)``. A case the simulation fitted only by
+    releasing the cache (a replay limited to the card) goes to the second list, with the estimate's
+    working set."""
     from reportgen.estimate.memory import estimate_memory
     from reportgen.traced_results import cache_limited, load_traced
 
-    out = []
+    free, limited = [], []
     for doc in load_traced(results_dir).values():
         case, mem = doc["case"], doc["memory"]
-        if cache_limited(doc):
-            continue
         setup = TrainingSetup.model_validate(case["setup"])
         est = estimate_memory(catalog.load_model(case["model"]), setup, catalog.load_gpu(case["gpu"]))
+        if cache_limited(doc):
+            limited.append({"allocated": mem["peak_allocated"], "reserved": mem["peak_reserved"],
+                            "working": est.cache_inputs.get("working", 0), "id": doc.get("id", "")})
+            continue
         sample = cached_free_sample(mem["peak_allocated"], mem["peak_reserved"], est)
         if sample:
-            out.append(sample)
-    return out
+            free.append({**sample, "id": doc.get("id", "")})
+    return free, limited
 
 
 #: the time model's fitted constants (``time.TimeConstants``), in the order ``constants.py`` lists them
@@ -408,7 +458,9 @@ def main() -> int:
         print(f"{len(rows)} published rows with tokens/s read from {published}")
         fit_efficiency_published(rows)
     if "--no-traced" not in sys.argv:
-        fit_cached_free(traced_samples(Path("results")), "traced (allocator simulation)")
+        free, limited = traced_samples(Path("results"))
+        fit_cached_free(free, "traced (allocator simulation)")
+        fit_after_release(limited, "traced (allocator simulation, limited to the card)")
     dirs = [Path(a) for a in args] or sorted(p for p in Path("results").iterdir() if p.is_dir())
     cases = measured_cases(dirs)
     if not cases:

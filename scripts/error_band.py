@@ -64,15 +64,18 @@ def published_comparisons() -> list[dict]:
 
 
 def measured_comparisons(dirs: list[Path]) -> list[dict]:
+    """Every measurement file's current attempt (``store.load_measured``: each carries its case,
+    so the band does not depend on whether the sweep's estimate files were written in this checkout),
+    estimated now."""
     out = []
     for d in dirs:
         for r in store.load_measured(d, warn=lambda m: None):
             m = r.get("measurement")
             if not m or m.get("status") != "ok" or not isinstance(m.get("measurement"), dict):
                 continue
-            if not provenance_of(m).memory_counts_for(r["case"]["gpu"]):
+            case = m["case"]
+            if not provenance_of(m).memory_counts_for(case["gpu"]):
                 continue
-            case = r["case"]
             setup = TrainingSetup.model_validate(case["setup"])
             mem = estimate_memory(catalog.load_model(case["model"]), setup, catalog.load_gpu(case["gpu"]))
             for measure, figure, est in (("allocated", "peak_allocated", mem.peak_allocated),

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from reportgen.estimate.activations import all_layers, fixed_activations  # noqa: E402
+from reportgen.estimate.activations import all_layers, fixed_activations, sdpa_kernel  # noqa: E402
 from reportgen.estimate.dtypes import dtypes_for  # noqa: E402
 from reportgen.estimate.logits import logits_memory  # noqa: E402
 from reportgen.estimate.params import (  # noqa: E402
@@ -51,9 +51,10 @@ def cpu_only_adjustment(fam: str, setup: TrainingSetup) -> int:
       is a no-op. On CUDA the same holds for FlashAttention (``mha_fwd``: ``empty_like(q)``,
       ``cuda/flash_attn/flash_api.cpp``; the meta function and ``reportgen trace`` agree), which
       takes 16-bit inputs, and the estimator counts the copy there
-      (``activations.flash_attention``); fp32 inputs take the memory-efficient kernel, which always
-      writes (b, s, heads, d) (``aten/.../transformers/cuda/attention.cu``): no copy on CUDA, a copy
-      on the CPU.
+      (``activations.sdpa_kernel``); fp32 inputs without grouped-query attention take the
+      memory-efficient kernel, which always writes (b, s, heads, d)
+      (``aten/.../transformers/cuda/attention.cu``): no copy on CUDA, a copy on the CPU. (fp32 inputs
+      with grouped-query attention take the math path on CUDA, and the CPU run is held to it.)
     * LoRA under autocast: in the first layer, whose input needs no gradient, ``lora_A`` does not
       save its weight's 16-bit copy. autocast's cache still holds it until the forward pass ends,
       so the estimator counts it as live memory, but it is not a saved tensor.
@@ -67,8 +68,10 @@ def cpu_only_adjustment(fam: str, setup: TrainingSetup) -> int:
         setup.is_peft and spec.attn_out_name in spec.lora_selection(setup.lora_targets).linears
         and not setup.lora_dropout
         and (not setup.autocast or setup.method.value == "qlora"))
-    cuda_flash = dtypes_for(setup).compute == 2  # activations.flash_attention (no padding mask here)
-    if setup.attn.value == "sdpa" and bhsd_query and o_proj_saves and not setup.grad_ckpt and not cuda_flash:
+    # activations.sdpa_kernel (no mask here): only the memory-efficient kernel writes (b, s, heads, d);
+    # where CUDA takes the math path the CPU run is held to it too (torch_saved.cuda_sdpa_is_math)
+    cuda_efficient = sdpa_kernel(spec, setup, dtypes_for(setup).compute) == "efficient"
+    if setup.attn.value == "sdpa" and bhsd_query and o_proj_saves and not setup.grad_ckpt and cuda_efficient:
         # in a first layer whose q, k and v have no adapter SDPA saves nothing: the estimator counts
         # o_proj's input there already
         sel = spec.lora_selection(setup.lora_targets) if setup.is_peft else None

@@ -21,7 +21,9 @@ from tests.test_advise import build_fixture, render
 
 #: (model, GPU) pairs whose walks end in each kind of disagreement: the search's QLoRA pick faster
 #: than the walk's LoRA + checkpointing (8B on a 4090), its LoRA faster than the walk's full
-#: fine-tuning (1B on an H100), the walk already on QLoRA (8B on a T4)
+#: fine-tuning (1B on an H100), the walk already on QLoRA where no candidate of the search fits
+#: (8B on a T4: plain QLoRA with checkpointing needs 15.2 GiB as measured on the H100, 14.4 GiB
+#: reserved + the 758 MiB context; only the walk's fused loss brings it within 15 GiB)
 PAIRS = [("llama-3.1-8b", "rtx-4090"), ("llama-3.2-1b", "h100-sxm"), ("llama-3.1-8b", "t4"),
          ("llama-3.2-3b", "rtx-3060")]
 
@@ -68,8 +70,8 @@ def test_walk_and_search_never_disagree_without_the_numbers(walks, pair):
     if search["same"]:
         return
     text = search["text"]
-    if found is None:  # the walk's setup uses techniques outside the search's candidates (fused loss)
-        assert rec is not None and "finds nothing that fits" in text and rec["label"] in text
+    if found is None:  # none of the search's candidates fits: said so, with the walk's setup named
+        assert "finds nothing that fits" in text and rec["label"] in text
         return
     assert found["label"] in text
     rel = found["tokens_per_s"] / rec["tokens_per_s"] - 1

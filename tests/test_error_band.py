@@ -52,10 +52,11 @@ def test_every_estimate_carries_its_band_and_verdict():
 def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):
     from reportgen.estimate import band as B
 
-    row = {"lo": -0.05, "hi": 0.05, "median": 0.0, "coverage": 0.8, "basis": "x"}
-    table = {"bands": {"allocated": {"all": {**row, "n": 40, "hi": 0.09},
-                                     "full": {**row, "n": B.MIN_ROWS - 1, "hi": 0.01},
-                                     "lora": {**row, "n": B.MIN_ROWS, "hi": 0.02}}}}
+    def group(n, lo):
+        return {"lo": lo, "hi": 0.1, "n": n, "basis": f"{n} rows", "coverage": None}
+
+    table = {"bands": {"allocated": {"all": group(20, -0.02), "full": group(B.MIN_ROWS - 1, -0.5),
+                                     "lora": group(B.MIN_ROWS, -0.01)}}}
     monkeypatch.setattr(B, "_table", lambda: table)
-    assert band_for("allocated", "full").hi == 0.09  # too few full fine-tuning rows: the pooled band
-    assert band_for("allocated", "lora").hi == 0.02  # enough: its own
+    assert band_for("allocated", "full") == band_for("allocated", "all")  # too few for their own band
+    assert band_for("allocated", "lora").lo == -0.01

@@ -51,7 +51,7 @@ def test_unshard_stream_pool_is_reserved_not_allocated():
     from reportgen.estimate import constants as K
     from reportgen.estimate.memory import cached_free_bytes
 
-    usual = cached_free_bytes(mem.terms["transient"], mem.terms["logits"]) + K.ALLOCATOR_SEGMENTS_BYTES
+    usual = cached_free_bytes(mem.cache_inputs) + K.ALLOCATOR_SEGMENTS_BYTES
     assert mem.peak_reserved - mem.peak_allocated == usual + 809_500_672
     one = estimate_memory(L2, setup.model_copy(update={"gpus": 1, "sharding": "none"}), GPU)
     assert one.peak_reserved - one.peak_allocated == usual

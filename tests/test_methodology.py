@@ -27,7 +27,8 @@ def test_every_calibration_constant_is_in_the_table_with_its_status():
     for name in names:
         assert f"| `{name}` |" in text, name
     rows = {c["name"]: c for c in constants("reportgen.estimate.constants")}
-    assert rows["CUDA_CONTEXT_BYTES"]["status"] == "ASSUMED" and rows["CUDA_CONTEXT_BYTES"]["value"].startswith("500 MiB")
+    assert rows["CUDA_CONTEXT_BYTES"]["status"] == "fitted" and rows["CUDA_CONTEXT_BYTES"]["value"].startswith("758 MiB")
+    assert rows["CACHED_AFTER_RELEASE"]["status"] == "ASSUMED"
     assert rows["CUBLAS_WORKSPACE_HOPPER"]["status"] == "from source"
     # consecutive assignments share the comment above them
     assert rows["CUBLAS_WORKSPACE_OTHER"]["comment"] == rows["CUBLAS_WORKSPACE_HOPPER"]["comment"]

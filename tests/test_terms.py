@@ -85,6 +85,32 @@ def test_paged_optimizer_states_leave_the_torch_allocator():
     assert managed > 13e9 and torch_bytes < 0.3e9
 
 
+def test_paged_states_are_not_in_the_process_figure():
+    """nvidia-smi's per-process figure (NVML usedGpuMemory) leaves CUDA managed memory out: device_total
+    is reserved + the CUDA context, the paged states are their own term, and the fit check (card_demand)
+    does not count them either. Measured: the paged-AdamW-8bit step of Llama-3.2-1B (2.5 GB of paged
+    states) shows the same device_used - peak_reserved as the other steps."""
+    import json
+    from pathlib import Path
+
+    from reportgen.estimate import constants as K
+    from reportgen.estimate.memory import estimate_memory
+
+    setup = s(method="full", precision="bf16", optimizer="paged-adamw-8bit", seq=2048)
+    m1 = catalog.load_model("llama-3.2-1b")
+    mem = estimate_memory(m1, setup, catalog.load_gpu("h100-sxm"))
+    assert mem.terms["optimizer_paged"] > 2e9
+    assert mem.device_total == mem.peak_reserved + K.CUDA_CONTEXT_BYTES
+    assert mem.card_demand == mem.device_total
+    root = Path(__file__).resolve().parent.parent / "results" / "validation" / "measured"
+    gaps = {}
+    for name in ("llama-3.2-1b.h100-sxm.full.ab4c58fc", "llama-3.2-1b.h100-sxm.full.54e56fe8"):  # paged, not paged
+        (path,) = root.glob(f"{name}.*.json")
+        f = json.loads(path.read_text())["measurement"]
+        gaps[name] = f["device_used"] - f["peak_reserved"]
+    assert len(set(gaps.values())) == 1
+
+
 def test_sgd_has_no_state_and_adafactor_is_factored():
     sgd = s(method="full", optimizer="sgd")
     assert P.optimizer_state_bytes(L2, sgd, dtypes_for(sgd)) == (0, 0)

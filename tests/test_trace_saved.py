@@ -37,12 +37,15 @@ LSE_ALIGN = 32
 def cuda_minus_cpu(fam: str, setup: TrainingSetup) -> int:
     """Bytes a CUDA run saves minus what the CPU run saves, for one forward of the same model.
 
-    * SDPA: CUDA takes FlashAttention-2 (16-bit) or the memory-efficient kernel (fp32), the CPU its
-      own flash kernel. Flash adds its device RNG state; the efficient kernel adds its seed and
-      offset and pads the fp32 logsumexp (b, heads, s) to 32 queries (``attention.cu``
-      ``_efficient_attention_forward``). With as many KV heads as query heads, the CPU's fp32 flash
-      output is (b, heads, s, d), so ``transpose(1, 2).contiguous()`` copies it for ``o_proj``, which
-      saves the copy when it saves its input; CUDA's output is already (b, s, heads, d).
+    * SDPA: CUDA takes FlashAttention-2 (16-bit), the memory-efficient kernel (fp32 with as many KV
+      heads as query heads) or the math path (fp32 with grouped-query attention,
+      ``activations.sdpa_kernel``), the CPU its own flash kernel, or the math path where CUDA takes it
+      (``torch_saved.cuda_sdpa_is_math``: the same composite on both, no difference). Flash adds its
+      device RNG state; the efficient kernel adds its seed and offset and pads the fp32 logsumexp
+      (b, heads, s) to 32 queries (``attention.cu`` ``_efficient_attention_forward``), and the CPU's
+      fp32 flash output is (b, heads, s, d), so ``transpose(1, 2).contiguous()`` copies it for
+      ``o_proj``, which saves the copy when it saves its input; CUDA's output is already
+      (b, s, heads, d).
     * Gemma 2 scales the embeddings by ``torch.tensor(sqrt(h), dtype)``, a 0-dim CPU tensor: the
       multiply saves it when the embedding is trainable; on CUDA it stays host memory.
     * LoRA dropout: CUDA's fused dropout keeps a bool mask, the CPU keeps the noise in the input's
@@ -51,13 +54,16 @@ def cuda_minus_cpu(fam: str, setup: TrainingSetup) -> int:
     spec = from_config(dict(TINY[fam]), name=fam)
     layers, b, s = spec.num_layers, setup.batch, setup.seq
     diff = 0
-    if setup.attn.value == "sdpa" and fam != "gemma2" and not setup.grad_ckpt:
+    from tests.torch_saved import cuda_sdpa_is_math
+
+    math_path = cuda_sdpa_is_math(TINY[fam], setup.precision.value, setup.method.value)
+    if setup.attn.value == "sdpa" and fam != "gemma2" and not setup.grad_ckpt and not math_path:
         if setup.compute_dtype == "fp32":
             diff += layers * (b * spec.num_heads * (math.ceil(s / LSE_ALIGN) * LSE_ALIGN - s) * 4 + EFFICIENT_RNG_BYTES)
             o_proj_saves = setup.method.value == "full" or (
                 setup.is_peft and spec.attn_out_name in spec.lora_selection(setup.lora_targets).linears
                 and not setup.lora_dropout)
-            if spec.num_kv_heads == spec.num_heads and o_proj_saves:
+            if o_proj_saves:
                 diff -= layers * b * s * spec.q_dim * 4
         else:
             diff += layers * FLASH_RNG_BYTES

@@ -79,18 +79,20 @@ def _qkv(dtype, d=64, kv_heads=2):
             torch.empty(1, kv_heads, 16, d, device=META, dtype=dtype))
 
 
-@pytest.mark.parametrize("dtype,mask,d,expected", [
-    (torch.bfloat16, False, 64, "flash"),  # 16-bit, no mask, head dim <= 256: FlashAttention-2
-    (torch.float16, False, 256, "flash"),
-    (torch.bfloat16, True, 64, "efficient"),  # flash takes no mask
-    (torch.float32, False, 64, "efficient"),  # flash is 16-bit only
-    (torch.bfloat16, False, 512, "efficient"),  # head dim > 256
-    (torch.float32, False, 62, "math"),  # head dim not a multiple of 4 (fp32 GEMM alignment)
+@pytest.mark.parametrize("dtype,mask,d,kv_heads,gqa,expected", [
+    (torch.bfloat16, False, 64, 2, True, "flash"),  # 16-bit, no mask, head dim <= 256: FlashAttention-2 (GQA)
+    (torch.float16, False, 256, 8, False, "flash"),
+    (torch.bfloat16, False, 64, 2, False, "math"),  # fewer k/v heads without enable_gqa: no fused kernel
+    (torch.bfloat16, True, 64, 8, False, "efficient"),  # flash takes no mask (transformers repeats k/v)
+    (torch.float32, False, 64, 8, False, "efficient"),  # flash is 16-bit only
+    (torch.float32, False, 64, 2, True, "math"),  # and the memory-efficient kernel refuses GQA (torch 2.11)
+    (torch.bfloat16, False, 512, 8, False, "efficient"),  # head dim > 256
+    (torch.float32, False, 62, 8, False, "math"),  # head dim not a multiple of 4 (fp32 GEMM alignment)
 ])
-def test_sdpa_backend_follows_select_sdp_backend(dtype, mask, d, expected):
-    q, k, v = _qkv(dtype, d)
+def test_sdpa_backend_follows_select_sdp_backend(dtype, mask, d, kv_heads, gqa, expected):
+    q, k, v = _qkv(dtype, d, kv_heads)
     attn_mask = torch.empty(1, 1, 16, 16, device=META, dtype=torch.bool) if mask else None
-    assert sdpa_backend(q, k, v, attn_mask, 0.0) == expected
+    assert sdpa_backend(q, k, v, attn_mask, 0.0, enable_gqa=gqa) == expected
 
 
 # ----- the recorder -------------------------------------------------------------------------------

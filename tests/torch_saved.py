@@ -88,7 +88,8 @@ def saved_bytes(cfg: dict, method: str, precision: str, attn: str, ckpt: bool, b
     model.train()
     param_shapes = {tuple(p.shape) for p in model.parameters()}
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
-    seen = _saved_storages(model, ids, autocast=precision == "bf16-mixed")
+    seen = _saved_storages(model, ids, autocast=precision == "bf16-mixed",
+                           sdpa_math=attn == "sdpa" and cuda_sdpa_is_math(cfg, precision, method))
     weights = sum(n for n, shape, dt in seen.values() if shape in param_shapes and dt == torch.bfloat16
                   and precision == "bf16-mixed")
     total = sum(n for n, _, _ in seen.values())
@@ -170,11 +171,27 @@ def saved_bytes_harness(cfg: dict, name: str, setup, alive_at_end: bool = False)
     torch.manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
     with cuda_autocast_view():
-        seen = _saved_storages(model, ids, autocast=setup.precision.value == "bf16-mixed", alive_at_end=alive_at_end)
+        seen = _saved_storages(model, ids, autocast=setup.precision.value == "bf16-mixed", alive_at_end=alive_at_end,
+                               sdpa_math=cuda_sdpa_is_math(cfg, setup.precision.value, setup.method.value))
     return sum(nbytes for nbytes, _, _ in seen.values())
 
 
-def _saved_storages(model, ids, autocast: bool, alive_at_end: bool = False) -> dict[int, tuple[int, tuple, object]]:
+def cuda_sdpa_is_math(cfg: dict, precision: str, method: str) -> bool:
+    """Whether CUDA's SDPA takes the math path for this tiny model (``activations.sdpa_kernel``: fp32
+    inputs of a grouped-query model, torch 2.11). The CPU's flash kernel accepts grouped-query
+    fp32 inputs (torch 2.13), so the CPU run is held to the math path there, as CUDA runs it."""
+    from reportgen.estimate.activations import sdpa_kernel
+    from reportgen.estimate.dtypes import dtypes_for
+    from reportgen.model import from_config
+    from reportgen.setup import TrainingSetup
+
+    spec = from_config(dict(cfg), name="tiny")
+    setup = TrainingSetup(method=method, precision=precision, seq=24)
+    return sdpa_kernel(spec, setup, dtypes_for(setup).compute) == "math"
+
+
+def _saved_storages(model, ids, autocast: bool, alive_at_end: bool = False,
+                    sdpa_math: bool = False) -> dict[int, tuple[int, tuple, object]]:
     """One training forward pass (loss included) under ``saved_tensors_hooks``: every storage
     autograd saves that is not a parameter, once, as ``{data_ptr: (bytes, shape, dtype)}``;
     ``alive_at_end``: only those still saved in the graph of the returned loss."""
@@ -195,7 +212,13 @@ def _saved_storages(model, ids, autocast: bool, alive_at_end: bool = False) -> d
 
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     policy = cuda_autocast_policy() if autocast else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx, policy:
+    if sdpa_math:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = sdpa_kernel(SDPBackend.MATH)
+    else:
+        backend = contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx, policy, backend:
         out = model(input_ids=ids, labels=ids)
     for ref, ptr, info in packed:  # the graph of ``out`` still holds these
         if ref() is not None:

@@ -15,7 +15,9 @@ weights are trainable, and the attention kernel:
   (not in peft's 4-bit layers under autocast), optionally dropped out (own copy and mask per
   adapter), ``lora_A`` saves that input, ``lora_B`` saves the rank-``r`` output of ``lora_A``.
 * SDPA (flash / memory-efficient kernels, ``enable_gqa`` as transformers passes it without a
-  padding mask): q, k, v at their own head counts, the output and the fp32 logsumexp.
+  padding mask): q, k, v at their own head counts, the output and the fp32 logsumexp. fp32 inputs
+  of a grouped-query model take the math path (``sdpa_kernel``): the scaled q, k and v repeated
+  to all heads and the ``s x s`` probabilities.
   Eager: q, k and v repeated to all heads, the fp32 softmax and its cast, i.e. O(s^2) per head.
 * SwiGLU: gate output (saved by SiLU), SiLU output and up output (saved by the product), and the
   product when ``down_proj`` is trainable. GeGLU (Gemma's ``gelu_pytorch_tanh``) saves the same.
@@ -135,12 +137,16 @@ def _adapter_input(width: int, in_bytes: int, dt: Dtypes, shared: bool, input_gr
 
 
 def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_layer: bool = False,
-                      attn: Attention | None = None) -> LayerActivations:
+                      attn: Attention | None = None, masked: bool | None = None) -> LayerActivations:
     """Saved bytes of one decoder layer without checkpointing.
 
     ``first_layer``: the layer reading the embedding output, which needs no gradient when the
     embedding is frozen and input gradients are not enabled (LoRA without checkpointing).
+    ``masked``: whether its SDPA call gets an attention mask (default: whether any layer's does,
+    ``sdpa_masked_layers``).
     """
+    if masked is None:
+        masked = sdpa_masked_layers(model, setup) > 0
     h, c = model.hidden_size, dt.compute
     attn = attn or setup.attn
     rank = setup.lora_rank
@@ -189,9 +195,27 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         # first layer of LoRA with no adapter on q, k or v: SDPA's inputs need no gradient, so it
         # records no backward node and saves nothing
         o_shared = False
+    elif attn == Attention.sdpa and sdpa_kernel(model, setup, c, masked) == "math":
+        # the math path (``attention.cpp`` ``_scaled_dot_product_attention_math``): ``q * scale`` (saved
+        # by matmul(q, k^T) when k needs a gradient), ``repeat_interleave(k) * scale`` and
+        # ``repeat_interleave(v)`` at all query heads (new tensors; saved when q, resp. the
+        # probabilities, need a gradient) and the softmax's output in the input dtype (saved by the
+        # softmax and by matmul(p, v)); its output is not saved, so o_proj saves its own copy
+        score_grad = q_req or k_req
+        per_token += c * hd * nq * (int(k_req) + int(q_req) + int(score_grad))
+        per_sq += c * nq
+        o_shared = False
     elif attn == Attention.sdpa:
-        # q, k, v (GQA heads kept), output, logsumexp (fp32 per query head)
-        per_token += c * hd * (nq + 2 * nkv) + c * nq * hd + 4 * nq
+        # q, k, v (GQA heads kept unless transformers repeated them, ``sdpa_kv_repeated``), output,
+        # logsumexp (fp32 per query head)
+        kv_heads = nq if sdpa_kv_repeated(model, masked) else nkv
+        per_token += c * hd * (nq + 2 * kv_heads) + c * nq * hd + 4 * nq
+        if masked:
+            # SDPA turns the boolean mask into an additive one in the query's dtype at every call
+            # (``attention.cpp`` ``scaled_dot_product_attention``: ``convert_boolean_attn_mask``), a new
+            # (batch, 1, seq, seq) tensor per layer that the memory-efficient kernel keeps as its
+            # ``attn_bias`` for the backward (``_scaled_dot_product_efficient_attention``)
+            per_sq += c
         # FlashAttention's output follows the query's memory layout (``mha_fwd``: ``empty_like(q)`` of
         # the transposed query, ``cuda/flash_attn/flash_api.cpp``; its meta function does the same).
         # An elementwise RoPE keeps the projection's (batch, seq, heads, dim) layout, so
@@ -199,7 +223,7 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         # output; Phi's and Phi-3's RoPE ends in ``torch.cat`` and hands SDPA a (batch, heads, seq,
         # dim) query, so the transpose copies and o_proj saves the copy. The memory-efficient kernel
         # (fp32 inputs, or a padding mask) always writes (batch, seq, heads, dim): no copy.
-        o_shared = not (fam in ROPE_BY_CAT and flash_attention(model, setup, c))
+        o_shared = not (fam in ROPE_BY_CAT and sdpa_kernel(model, setup, c, masked) == "flash")
         if fam == "phi3" and not (dt.quantized and dt.stream != c):
             # value_states is a slice of qkv_proj's fused output and is not rotated: the view SDPA
             # saves keeps the whole (q, k, v) output alive (modeling_phi3 ``Phi3Attention``, with
@@ -286,12 +310,60 @@ def _phi_mlp(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[st
 ROPE_BY_CAT = ("phi", "phi3")
 
 
+def sdpa_masked_layers(model: ModelSpec, setup: TrainingSetup) -> int:
+    """Decoder layers whose SDPA call gets an explicit attention mask. transformers passes none, and
+    lets SDPA apply ``is_causal``, only when nothing is padded and no sliding window cuts the
+    sequence (``masking_utils._ignore_causal_mask_sdpa``: not when ``kv_length >= local_attention_size``);
+    otherwise ``sdpa_mask`` materialises a boolean (batch, 1, seq, seq) mask. So a padded batch
+    masks every layer, and a sequence at least as long as the sliding window masks the
+    sliding-window layers (Phi-3 mini: window 2,047, every layer; Gemma 3: five layers in six).
+    Packed data (no padding, ``position_ids`` restart) passes no mask here."""
+    if setup.seq_mean is not None and setup.padding.value != "packed":
+        return model.num_layers
+    if model.sliding_window and setup.seq >= model.sliding_window:
+        return model.sliding_layers
+    return 0
+
+
+def sdpa_kv_repeated(model: ModelSpec, masked: bool) -> bool:
+    """transformers hands SDPA k and v repeated to all query heads (``repeat_kv``, new tensors) instead
+    of passing ``enable_gqa`` when there is a mask or a head dimension above 256
+    (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``)."""
+    return model.num_kv_heads != model.num_heads and (masked or model.head_dim > 256)
+
+
+def sdpa_kernel(model: ModelSpec, setup: TrainingSetup, c: int, masked: bool | None = None) -> str:
+    """The kernel CUDA's SDPA takes on sm80+ for the inputs transformers passes, as ``trace/kernels.py``
+    ``sdpa_backend`` (``sdp_utils.cpp`` ``select_sdp_backend``, torch 2.11, the harness's):
+
+    * ``flash``: 16-bit inputs, no attention mask (``sdpa_masked_layers``), head dimension at most
+      256; grouped-query attention through
+      ``enable_gqa``, which transformers passes when there is no mask
+      (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``; with a mask it repeats k and v to
+      all heads first, ``repeat_kv``);
+    * ``math``: fp32 inputs of a grouped-query model without a mask: flash takes 16-bit only and the
+      memory-efficient kernel refuses k/v with fewer heads than q
+      (``check_batch_size_and_num_heads_dense<false>``), so the composite
+      ``_scaled_dot_product_attention_math`` runs and autograd keeps its ``s x s`` probabilities
+      (``attention.cpp``). Measured: Llama-3.2-1B LoRA fp32 at 2,048 tokens allocates 21.74 GiB,
+      8.4 GiB more than the memory-efficient kernel would (``results/validation``);
+    * ``efficient``: everything else (fp32 without grouped-query attention, or a layer with a mask:
+      a padded batch or a sliding window shorter than the sequence, ``sdpa_masked_layers``).
+
+    ``masked``: whether this layer's call has a mask (default: whether any layer's has).
+    """
+    if masked is None:
+        masked = sdpa_masked_layers(model, setup) > 0
+    if c == 2 and not masked and model.head_dim <= 256:
+        return "flash"
+    if c == 4 and not masked and model.num_kv_heads != model.num_heads and model.head_dim <= 256:
+        return "math"
+    return "efficient"
+
+
 def flash_attention(model: ModelSpec, setup: TrainingSetup, c: int) -> bool:
-    """CUDA's SDPA takes the FlashAttention kernel (sm80+, ``sdp_utils.cpp`` ``select_sdp_backend``,
-    as ``trace/kernels.py`` ``sdpa_backend``): 16-bit inputs, no attention mask (a padded batch
-    passes one, ``memory.padding_mask_bytes``), head dimension at most 256. Else memory-efficient."""
-    masked = setup.seq_mean is not None and setup.padding.value != "packed"
-    return c == 2 and not masked and model.head_dim <= 256
+    """CUDA's SDPA takes the FlashAttention kernel (``sdpa_kernel``)."""
+    return sdpa_kernel(model, setup, c) == "flash"
 
 
 def _qkv_requires_grad(model: ModelSpec, lora: set[str]) -> tuple[bool, bool, bool]:
@@ -431,6 +503,15 @@ def all_layers(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
             model, setup, dt, first_layer=False)
     # LoRA on the embeddings makes the first layer's input require a gradient like every other's
     embed = setup.is_peft and model.lora_selection(setup.lora_targets).embed
-    first = layer_activations(model, setup, dt, first_layer=not embed, attn=attn).bytes
-    rest = layer_activations(model, setup, dt, attn=attn).bytes
-    return first + (model.num_layers - 1) * rest
+    # layers with an attention mask (sdpa_masked_layers) save more; the first layer is one of them
+    # whenever any is (Gemma 3's full-attention layers are every sixth from the sixth)
+    masked = sdpa_masked_layers(model, setup)
+    first = layer_activations(model, setup, dt, first_layer=not embed, attn=attn, masked=masked > 0).bytes
+    rest_masked = max(masked - 1, 0)
+    rest_plain = model.num_layers - 1 - rest_masked
+    total = first
+    if rest_masked:
+        total += rest_masked * layer_activations(model, setup, dt, attn=attn, masked=True).bytes
+    if rest_plain:
+        total += rest_plain * layer_activations(model, setup, dt, attn=attn, masked=False).bytes
+    return total

@@ -36,6 +36,7 @@ Recipe choices that move tensors between these moments:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from reportgen.estimate import activations as act
@@ -68,13 +69,19 @@ class MemoryEstimate:
     notes: list[str] = field(default_factory=list)
     offloaded_activations: int = 0  # bytes act_offload moves to the host each micro-batch
     cache_released: int = 0  # cached free bytes the allocator must release to stay within the card
+    #: what the cached-free model (``cached_free_bytes``) read, by name (``scripts/calibrate.py`` fits it)
+    cache_inputs: dict = field(default_factory=dict)
+    #: ``max_memory_reserved`` counted from the first step instead of after warm-up steps
+    #: (``allocator_limited_reserved``): differs only for a step that releases its cache
+    reserved_from_first_step: int = 0
 
     @property
     def card_demand(self) -> int:
         """What the step asks of the card: ``device_total`` with the cached blocks the allocator would
-        keep (before it releases any to stay within the card), less paged optimizer states, which
-        may spill to host RAM. ``fits``, the verdict, the searches and the walks compare this."""
-        return self.device_total + self.cache_released - self.terms.get("optimizer_paged", 0)
+        keep (before it releases any to stay within the card). Paged optimizer states are not in it
+        (``device_total`` leaves them out, and they may spill to host RAM). ``fits``, the verdict,
+        the searches and the walks compare this."""
+        return self.device_total + self.cache_released
 
     def as_dict(self) -> dict:
         return {**self.terms, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
@@ -126,9 +133,10 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, 
 def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention) -> int:
     """Tensors alive only inside one layer's backward: the incoming and outgoing gradient of the
     residual stream, the MLP's intermediate gradients (gate, up, product: three ``T x I``), and the
-    attention kernel's gradients: SDPA's dq, dk, dv plus FlashAttention-2's fp32 dq accumulator;
-    eager's fp32 and 16-bit gradients of the ``s x s`` probabilities. Under autocast, the 16-bit
-    gradient of the largest weight before it is added to the fp32 ``.grad``."""
+    attention kernel's gradients: SDPA's dq, dk, dv plus FlashAttention-2's fp32 dq accumulator (k and
+    v at all heads where transformers repeated them); eager's fp32 and 16-bit gradients of the
+    ``s x s`` probabilities; the math path's two ``s x s`` gradients in the input dtype. Under
+    autocast, the 16-bit gradient of the largest weight before it is added to the fp32 ``.grad``."""
     t = setup.batch * setup.seq
     h, i, c = model.hidden_size, model.intermediate_size * max(1, model.experts_per_token), dt.compute
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
@@ -139,8 +147,13 @@ def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, a
         lora = model.lora_selection(setup.lora_targets).linears
         work += max((lin.weight_params * c for lin in model.layer_linears() if lin.count > 1 and lin.name in lora),
                     default=0)
-    if attn == Attention.sdpa:
-        work += t * (c * hd * (nq + 2 * nkv) + 4 * nq * hd)
+    if attn == Attention.sdpa and act.sdpa_kernel(model, setup, c) == "math":
+        # the math path's backward: the gradient of the probabilities and the softmax backward's
+        # output, two ``s x s`` tensors per head in the input dtype, then dq, dk, dv at all heads
+        work += setup.batch * nq * setup.seq * setup.seq * 2 * c + t * c * hd * 3 * nq
+    elif attn == Attention.sdpa:
+        kv = nq if act.sdpa_kv_repeated(model, act.sdpa_masked_layers(model, setup) > 0) else nkv
+        work += t * (c * hd * (nq + 2 * kv) + 4 * nq * hd)
     else:
         work += setup.batch * nq * setup.seq * setup.seq * (4 + c)
     if dt.master_copy:
@@ -164,56 +177,156 @@ def fsdp_stream_pool_bytes(layer_bytes: int) -> int:
     return 2 * layer_bytes
 
 
-def cached_free_bytes(working: int, logits: int) -> int:
-    """Reserved, not allocated, at the step's peak: free blocks the caching allocator keeps in its
-    segments (``constants.CACHED_WORKING_SETS``): about two of the step's largest working sets
-    (``working``: a layer's forward or backward temporaries, the dequantized 4-bit weight; the
-    forward's and the backward's are of different sizes, and the checkpoints and gradients
-    allocated between them split the segments they were cut from, so neither is fully reused)
-    and a share of the loss's fp32 logits (``logits``: freed before the layers' backward, their
-    segments partly reused by it). Fitted to the allocator simulation (``trace/allocator.py``,
-    PyTorch's ``CUDACachingAllocator.cpp`` rules replayed on the traced step) by
+#: the inputs of ``cached_free_bytes`` scaled by a fitted share, with the constant that scales each
+CACHE_SHARES = {"working": "CACHED_WORKING_SETS", "scores": "CACHED_SCORES", "head_block": "CACHED_HEAD_BLOCK",
+                "stateless": "CACHED_STATELESS", "grad_excess": "CACHED_GRAD_EXCESS"}
+#: inputs counted whole: segments the allocator must add after the allocated peak
+CACHE_EXACT = ("embed_grad_segment", "optimizer_segments")
+
+
+def cached_free_bytes(inputs: dict[str, int]) -> int:
+    """Reserved, not allocated: the free blocks the caching allocator keeps at the step's peak and the
+    segments it must add after it. Found in the allocator simulation of the traced steps
+    (``trace/allocator.py``, PyTorch's ``CUDACachingAllocator.cpp`` rules), by listing the free blocks
+    at the simulated peak and the ``cudaMalloc`` calls after it. ``inputs`` (``cache_inputs``):
+
+    * ``working``: the largest per-layer set of temporaries (forward, backward, or under checkpointing
+      the forward of a layer whose activations are then dropped): its blocks are freed before the
+      loss, whose tensors are larger, and stay cached;
+    * ``scores``: eager attention's or the math path's ``s x s`` block per layer (the probabilities'
+      blocks are freed and refilled layer by layer, and a set stays free);
+    * ``head_block``: the 16-bit ``lm_head`` output, freed once the loss has its fp32 copy and too
+      small for the loss's fp32 ``tokens x vocab`` tensors, so cached at the loss-backward peak;
+    * ``stateless``: full fine-tuning whose optimizer keeps no state in the allocator (SGD, paged or
+      factored states, torchao's CPU offload): the blocks that ``zero_grad`` frees, the gradients too
+      large for any activation block (or, when every gradient fits one, one of the loss's fp32
+      blocks), which an optimizer's first ``zeros_like`` states would have taken, stay free while the
+      next step's activations, smaller, go elsewhere (the simulation lists them free at the peak);
+    * ``grad_excess``: full fine-tuning's weight gradients larger than any activation block, beyond
+      what the loss's three fp32 blocks can hold (they go to new segments or to blocks the next
+      forward splits);
+    * ``embed_grad_segment`` (whole): full fine-tuning's ``vocab x hidden`` embedding gradient
+      (``embedding_dense_backward``, tied or not) at the end of the backward, a new segment unless the
+      freed 16-bit head block holds it;
+    * ``optimizer_segments`` (whole): transformers' Adafactor upcasts a 16-bit parameter and its
+      gradient and builds full-size fp32 updates (``optimization.py`` ``Adafactor.step``:
+      ``grad.float()``, ``p.float()``, ``grad**2 + eps``, ``r_factor * c_factor``, ``-update``: four fp32
+      copies of the largest tensor at once, two for fp32 parameters); only the loss's fp32 blocks can
+      hold them (one of the three is split by the first gradients of the backward), the rest are new
+      segments.
+
+    The shares (``constants.CACHED_*``) are fitted to the allocator simulation of every traced case by
     ``scripts/calibrate.py``; ``tests/test_reserved.py`` pins a worked example."""
-    return int(K.CACHED_WORKING_SETS * working + K.CACHED_LOGITS_SHARE * logits)
+    shares = sum(getattr(K, const) * inputs.get(name, 0) for name, const in CACHE_SHARES.items())
+    return int(shares) + sum(inputs.get(name, 0) for name in CACHE_EXACT)
 
 
-def allocator_limited_reserved(peak: int, reserved: int, gpu: GpuSpec) -> tuple[int, int]:
+def cache_inputs(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, full_on_device: bool,
+                 working: int, logits_standard: bool) -> dict[str, int]:
+    """The sizes ``cached_free_bytes`` reads (see there). ``working``: the largest per-layer
+    temporaries; ``full_on_device``: full fine-tuning with whole parameters and gradients on this GPU
+    (no sharding); ``logits_standard``: the loss materialises ``tokens x vocab`` logits (not fused or
+    chunked)."""
+    t, v = setup.batch * setup.seq, model.vocab_size
+    kernel = act.sdpa_kernel(model, setup, dt.compute) if attn == Attention.sdpa else "eager"
+    sq = setup.batch * model.num_heads * setup.seq * setup.seq
+    scores = sq * 4 if kernel == "eager" else sq * dt.compute if kernel == "math" else 0
+    head_block = t * v * dt.compute if logits_standard and dt.compute == 2 else 0
+    loss_block = t * v * 4 if logits_standard else 0
+    stateless = full_on_device and (setup.offload == Offload.optimizer or setup.optimizer in (
+        Optimizer.sgd, Optimizer.paged_adamw_8bit, Optimizer.paged_adamw, Optimizer.adafactor))
+    g = P.trainable_dtype_bytes(setup, dt) if full_on_device else 0
+    embed_grad = v * model.hidden_size * g
+    act_block = t * model.intermediate_size * dt.compute  # the largest activation tensor of a layer
+    oversized = sum(lin.weight_params * g for lin in model.layer_linears() if lin.weight_params * g > act_block)
+    opt_segments = 0
+    if setup.optimizer == Optimizer.adafactor and not setup.optimizer_in_backward:
+        largest = 4 * max(math.prod(shape) for shape, _ in P.trainable_shapes(model, setup))
+        copies = adafactor_copies(setup, dt)
+        free_blocks = (2 if full_on_device else 3) if loss_block >= largest else 0
+        if largest > act_block:
+            opt_segments = max(0, copies - free_blocks) * largest
+    return {"working": working, "scores": scores, "head_block": head_block,
+            "stateless": max(loss_block, oversized * model.num_layers) if stateless else 0,
+            "grad_excess": max(0, oversized * model.num_layers - 3 * loss_block),
+            "embed_grad_segment": embed_grad if embed_grad > head_block else 0,
+            "optimizer_segments": opt_segments}
+
+
+def allocator_limited_reserved(peak: int, reserved: int, gpu: GpuSpec, working: int = 0) -> tuple[int, int]:
     """``(reserved, released)``: the caching allocator never reserves more than the card gives it.
-    When ``cudaMalloc`` fails it frees its cached, unused segments and retries
+    When ``cudaMalloc`` fails it frees every cached segment that holds no live tensor and retries
     (``CUDACachingAllocator.cpp`` ``malloc``: ``release_cached_blocks`` then ``alloc_block``; the
-    trace's limited replay does the same, ``trace/result.py``), so a step whose cached free blocks
-    would pass the card's memory less the CUDA context reserves at most that much; ``released`` is
-    what it gives back. A step whose allocated peak alone passes it does not fit and is left as is."""
+    trace's limited replay does the same, ``trace/result.py``). That happens in the first steps, and
+    the steps after it run in the segments that are left and the few they add: the free blocks the
+    unlimited steady state would keep (the head block, the loss's blocks) are gone, and what stays
+    cached is parts of segments that also hold live tensors, ``constants.CACHED_AFTER_RELEASE``
+    working sets. So such a step reserves the allocated peak and those fragments (at most the card
+    less the CUDA context); ``released`` is what it gives back against the unlimited figure. A step
+    whose allocated peak alone passes the card does not fit and is left as is.
+
+    That is ``max_memory_reserved`` after warm-up steps (``reset_peak_memory_stats`` once the first
+    steps ran, as the measuring harness does: measured 73.36 GiB for Llama-3.1-8B LoRA at 4 x 8,192
+    tokens on an H100 whose unlimited cache would pass 80 GB). A loop that resets the peak before its
+    first step (fsdp_qlora's ``train.py``) also sees the level the first steps reached before the
+    release, the card less the context (``MemoryEstimate.reserved_from_first_step``)."""
     usable = gpu.memory_bytes - K.CUDA_CONTEXT_BYTES
     if reserved <= usable or peak > usable:
         return reserved, 0
-    return usable, reserved - usable
+    limited = min(usable, peak + int(K.CACHED_AFTER_RELEASE * working) + K.ALLOCATOR_SEGMENTS_BYTES)
+    return limited, reserved - limited
 
 
-def padding_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
-    """A padded batch gives SDPA an explicit mask: transformers' ``masking_utils.sdpa_mask`` skips the
-    mask only when nothing is padded (``_ignore_causal_mask_sdpa``), else it materialises a boolean
-    ``(batch, 1, seq, seq)`` tensor, one byte per element, shared by all layers; SDPA's
-    memory-efficient kernel (flash takes no mask) keeps it for the backward pass, so it lives from
-    the first layer's forward to the last layer's backward. Fixed-length or packed data pass no
-    mask. (Eager attention builds its float mask whatever the padding; its saved-tensor inventory in
-    ``activations.py`` already covers what eager keeps.)"""
-    if attn != Attention.sdpa or setup.seq_mean is None or setup.padding.value == "packed":
+def process_device_bytes(reserved: int) -> int:
+    """``device_total``: the device memory NVML reports for the process (``nvmlDeviceGetComputeRunningProcesses``
+    ``usedGpuMemory``, what ``nvidia-smi`` lists per process): the caching allocator's reserved
+    segments and the CUDA context (``constants.CUDA_CONTEXT_BYTES``). CUDA managed memory
+    (``cudaMallocManaged``: bitsandbytes' paged optimizer states) is not in that figure, even while
+    its pages are resident on the GPU (the device-wide ``used`` figure counts them): measured on an
+    H100, the paged-AdamW-8bit step's ``device_used - peak_reserved`` is 758 MiB, the same as every
+    other step's (``results/validation``, Llama-3.2-1B full bf16); reported for NVML's per-process
+    figure in nvtop issue #213 and pynvml issue #63 (cudaMallocManaged of 60 GB: ~5 GB per process)."""
+    return reserved + K.CUDA_CONTEXT_BYTES
+
+
+def sdpa_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
+    """The boolean attention masks transformers builds for SDPA (``masking_utils.sdpa_mask``), one
+    ``(batch, 1, seq, seq)`` tensor of one byte per element per kind of layer that needs one
+    (``activations.sdpa_masked_layers``: a padded batch, a sliding window shorter than the sequence;
+    Gemma 3 with padding builds one for its full and one for its sliding layers). They are locals of
+    the model's forward, shared by its layers, and die when it returns: SDPA keeps its own additive
+    copy per layer (counted with the layer's activations), not the boolean mask. So they count only
+    while the forward runs. Eager attention builds its float mask whatever the padding; its
+    saved-tensor inventory in ``activations.py`` covers what eager keeps."""
+    masked = act.sdpa_masked_layers(model, setup)
+    if attn != Attention.sdpa or not masked:
         return 0
-    return setup.batch * setup.seq * setup.seq
+    padded = setup.seq_mean is not None and setup.padding.value != "packed"
+    sliding = bool(model.sliding_window) and setup.seq >= model.sliding_window and model.sliding_layers > 0
+    kinds = int(sliding) + int(padded and (not sliding or model.sliding_layers < model.num_layers))
+    return kinds * setup.batch * setup.seq * setup.seq
+
+
+def adafactor_copies(setup: TrainingSetup, dt: Dtypes) -> int:
+    """fp32 tensors of a parameter's size that transformers' ``Adafactor.step`` holds at once
+    (``optimization.py``): for a 16-bit parameter ``grad.float()`` and ``p.float()`` (new tensors) and,
+    at each of its steps, two full-size updates (``grad**2`` and ``+ eps``; the old and the new
+    ``update`` around ``_approx_sq_grad``; ``update`` and ``-update``): four; for an fp32 parameter the
+    two casts return the tensors themselves: two."""
+    return 4 if P.trainable_dtype_bytes(setup, dt) == 2 else 2
 
 
 def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
     """Temporaries of ``optimizer.step()``: none for fused AdamW (one kernel updates in place,
     ``torch/optim/adamw.py`` ``_fused_adamw``), bitsandbytes 8-bit (in-place blockwise kernel) and
-    foreach SGD (in-place ``_foreach_add_``). transformers' Adafactor upcasts a 16-bit parameter
-    and its gradient to fp32 and builds the full-size ``grad**2`` update: about three fp32 copies
-    of the largest trainable tensor."""
+    foreach SGD (in-place ``_foreach_add_``). transformers' Adafactor: ``adafactor_copies`` fp32
+    copies of the largest trainable tensor (the step goes parameter by parameter). The reportgen
+    trace of Llama-3.2-3B full bf16 with Adafactor peaks there: 17.91 GiB, four copies of the
+    1.47 GiB tied embedding over the bf16 weights and gradients."""
     if setup.optimizer != Optimizer.adafactor:
         return 0
-    largest = max((shape[0] * (shape[1] if len(shape) > 1 else 1) * (shape[2] if len(shape) > 2 else 1))
-                  for shape, _ in P.trainable_shapes(model, setup))
-    return 3 * 4 * largest
+    largest = max(math.prod(shape) for shape, _ in P.trainable_shapes(model, setup))
+    return adafactor_copies(setup, dt) * 4 * largest
 
 
 def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
@@ -296,8 +409,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     workspace = cublas_workspace_bytes(gpu)
 
     # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
-    mask = padding_mask_bytes(model, setup, attn)
-    fixed = act.fixed_activations(model, setup, dt) + mask
+    mask = sdpa_mask_bytes(model, setup, attn)  # alive during the forward only
+    fixed = act.fixed_activations(model, setup, dt)
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
@@ -359,7 +472,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "loss-backward": base + gathered_bytes + fixed + stack + copies_held + lm.backward_live + after_fwd,
         "backward-top": base + gathered_bytes + fixed + stack + copies_held - h_cast + recompute
         + (c_layer if setup.grad_ckpt else 0) + g_top + bwd_work + after_fwd,
-        "backward-bottom": base + gathered_bytes + mask + bottom_layer + recompute + c_layer + g_bottom + bwd_work
+        "backward-bottom": base + gathered_bytes + bottom_layer + recompute + c_layer + g_bottom + bwd_work
         + after_fwd,
         "optimizer-step": base + g_opt + opt_temp + after_fwd,
     }
@@ -380,20 +493,33 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     phase = max(phases, key=lambda k: phases[k])
     peak = phases[phase]
 
-    working = max(bwd_work, fwd_work + dora_fwd, opt_temp)
+    # the largest per-layer temporaries (the optimizer's are in ``optimizer_segments``; attention's
+    # s x s blocks in ``scores``); a checkpointed layer's forward drops all its activations
+    attn_sq = setup.batch * model.num_heads * setup.seq * setup.seq
+    kernel = act.sdpa_kernel(model, setup, dt.compute) if attn == Attention.sdpa else "eager"
+    bwd_scores = (attn_sq * (4 + dt.compute) if kernel == "eager" else 2 * attn_sq * dt.compute if kernel == "math"
+                  else 0)
+    working = max(bwd_work - bwd_scores, fwd_work + dora_fwd + (recompute if setup.grad_ckpt else 0))
     logits = max(lm.forward_live, lm.backward_live)
-    reserved = peak + cached_free_bytes(working, logits) + K.ALLOCATOR_SEGMENTS_BYTES
+    cache = cache_inputs(model, setup, dt, attn, setup.method == Method.full and not place.sharded_params
+                         and place.grads == 1, working, setup.loss.value == "standard")
+    # the segments added after the loss (the embedding's gradient, Adafactor's copies) are counted in
+    # cached_free_bytes whole, on top of the step before them; where they make the allocated peak
+    # themselves (phases 'embedding-backward', 'optimizer-step'), that peak already holds them
+    before = max(v for k, v in phases.items() if k not in ("embedding-backward", "optimizer-step"))
+    reserved = max(peak, before + cached_free_bytes(cache)) + K.ALLOCATOR_SEGMENTS_BYTES
     if gathered and setup.sharding != Sharding.zero3:
         reserved += fsdp_stream_pool_bytes(layer_weight_bytes)
-    reserved, released = allocator_limited_reserved(peak, reserved, gpu)
+    reserved, released = allocator_limited_reserved(peak, reserved, gpu, working)
     if released:
-        notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} has: it releases "
-                     "cached blocks and retries (slower; fragmentation can still run out), so reserved stops "
-                     "at the card")
-    device_total = reserved + K.CUDA_CONTEXT_BYTES + (states_managed // place.states)
+        notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} can hold: it "
+                     "releases its cached blocks and retries (slower; fragmentation can still run out), and "
+                     "reserves little more than the allocated peak afterwards")
+    device_total = process_device_bytes(reserved)
     if states_managed:
-        notes.append("paged optimizer states live in CUDA managed memory: counted in device_total, "
-                     "not in peak_allocated/peak_reserved, and paged to host RAM when the GPU runs out")
+        notes.append("paged optimizer states live in CUDA managed memory: not in peak_allocated/peak_reserved "
+                     "nor in nvidia-smi's per-process figure (device_total); they use the card while it has "
+                     "room and page to host RAM when it runs out")
     if setup.offload != Offload.none:
         notes.append(f"offload={setup.offload.value}: host RAM needed {host / 2**30:.1f} GiB")
 
@@ -416,4 +542,5 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     }
     return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
                           peak_phase=phase, phases=phases, host_ram=host, notes=notes,
-                          offloaded_activations=offloaded, cache_released=released)
+                          offloaded_activations=offloaded, cache_released=released, cache_inputs=cache,
+                          reserved_from_first_step=reserved if not released else gpu.memory_bytes - K.CUDA_CONTEXT_BYTES)

@@ -41,12 +41,15 @@ EMULATIONS = {e.name: e for e in [
               "output and fp32 logsumexp instead of the math path's s x s scores",
               "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend; attention.cpp"),
     Emulation("sdpa_efficient", "F.scaled_dot_product_attention runs the memory-efficient kernel as on CUDA "
-              "(fp32 inputs or a mask): saves q, k, v, output and the padded fp32 logsumexp",
+              "(fp32 inputs with as many k/v heads as query heads, or a mask): saves q, k, v, the additive "
+              "mask, output and the padded fp32 logsumexp",
               "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp can_use_mem_efficient_attention"),
     Emulation("efficient_backward_shapes", "the memory-efficient kernel's backward allocates gradients shaped "
               "like q, k and v (its meta kernel shapes k's and v's like q, wrong for grouped-query attention)",
               "aten/src/ATen/native/transformers/cuda/attention_backward.cu _efficient_attention_backward"),
-    Emulation("sdpa_math", "F.scaled_dot_product_attention takes the math path, as CUDA does for these inputs",
+    Emulation("sdpa_math", "F.scaled_dot_product_attention takes the math path, as CUDA does for these inputs "
+              "(fp32 with grouped-query attention: the memory-efficient kernel of torch 2.11 refuses fewer "
+              "k/v heads): saves the s x s probabilities",
               "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend"),
     Emulation("flash_backward_scratch", "FlashAttention-2 backward's softmax_d, fp32 dq accumulator and, for "
               "GQA, the expanded dk/dv buffers, allocated and freed inside the op",

@@ -29,28 +29,40 @@ def _round_up(x: int, m: int) -> int:
 
 
 # ----- function level (above autograd) -------------------------------------------------------
-def sdpa_backend(query, key, value, attn_mask, dropout_p: float) -> str:
+def sdpa_backend(query, key, value, attn_mask, dropout_p: float, enable_gqa: bool = False) -> str:
     """The backend CUDA's ``select_sdp_backend`` takes for these inputs on sm80+ (H100, A100, L4,
-    RTX 30xx/40xx), ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, priority flash >
-    efficient > math:
+    RTX 30xx/40xx), ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` as of torch 2.11 (the
+    harness's), priority flash > efficient > math:
 
     * flash (``can_use_flash_attention``): fp16/bf16, no ``attn_mask``, q/k/v head dims equal and
-      <= 256, grouped-query attention supported (k/v may have fewer heads);
+      <= 256; k/v may have fewer heads only with ``enable_gqa`` (``check_batch_size_and_num_heads_dense
+      <true>``: grouped-query attention);
     * memory-efficient (``can_use_mem_efficient_attention``): fp16/bf16/fp32, masks allowed, head dim
-      a multiple of the GEMM alignment (8 for 16-bit, 4 for fp32 on sm80+), GQA supported;
-    * else math.
+      a multiple of the GEMM alignment (8 for 16-bit, 4 for fp32 on sm80+), and the same number of
+      heads in q, k and v (``check_batch_size_and_num_heads_dense<false>``: no grouped-query
+      attention, whatever ``enable_gqa`` says);
+    * else math. So fp32 inputs of a grouped-query model, which transformers passes with
+      ``enable_gqa=True`` when there is no mask (``integrations/sdpa_attention.py``
+      ``use_gqa_in_sdpa``), take the math path and keep the ``s x s`` probabilities. (PyTorch PR
+      #191085, July 2026, adds grouped-query attention to the memory-efficient kernel for a later
+      release; torch 2.11 falls back to math, as measured: ``results/validation``, Llama-3.2-1B
+      LoRA fp32.)
 
     cuDNN attention is tried first on sm90/sm100 when the runtime cuDNN is newer than 9.15
-    (``check_prefer_cudnn_attention``); it saves the same tensors as flash (q, k, v, output and the
-    fp32 softmax statistics), so the forward is the same; its backward scratch is not modelled.
+    (``check_prefer_cudnn_attention``); it takes 16-bit inputs only and saves the same tensors as
+    flash (q, k, v, output and the fp32 softmax statistics), so the forward is the same; its
+    backward scratch is not modelled.
     """
     d_q, d_k, d_v = query.shape[-1], key.shape[-1], value.shape[-1]
+    h_q, h_k, h_v = query.shape[-3], key.shape[-3], value.shape[-3]
+    same_heads = h_q == h_k == h_v
+    grouped = enable_gqa and h_k == h_v and h_q % h_k == 0
     half = query.dtype in (torch.float16, torch.bfloat16)
-    if half and attn_mask is None and d_q == d_k == d_v and d_q <= 256:
+    if half and attn_mask is None and d_q == d_k == d_v and d_q <= 256 and (same_heads or grouped):
         return "flash"
     align = 8 if half else 4
     if query.dtype in (torch.float16, torch.bfloat16, torch.float32) and d_q == d_k and d_q % align == 0 \
-            and d_v % align == 0:
+            and d_v % align == 0 and same_heads:
         return "efficient"
     return "math"
 
@@ -65,7 +77,7 @@ def cuda_sdpa(original, query, key, value, attn_mask=None, dropout_p=0.0, is_cau
     (flash: ``_scaled_dot_product_flash_attention``; efficient: ``_scaled_dot_product_efficient_attention``
     with ``compute_log_sumexp`` when an input requires grad; a boolean mask is first turned into an
     additive one in the query dtype, ``convert_boolean_attn_mask``)."""
-    backend = sdpa_backend(query, key, value, attn_mask, dropout_p)
+    backend = sdpa_backend(query, key, value, attn_mask, dropout_p, enable_gqa)
     if backend == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0], backend
