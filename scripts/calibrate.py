@@ -53,11 +53,10 @@ from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
 
-#: published rows fit the matmul efficiency only where the estimated GEMM and attention time is at least
-#: this share of the estimated step: elsewhere the step is mostly host-link transfers (FSDP over PCIe,
-#: CPU offload) or dispatch, whose own models would be absorbed into the efficiency (the memory-bound
-#: kernels take most of the rest: 10-36 % of these rows' steps)
-COMPUTE_SHARE_MIN = 0.6
+#: published rows fit the matmul efficiency only where the GPU's own work is at least this share of the
+#: estimated step: elsewhere the step is mostly exposed host-link transfers (FSDP over PCIe, CPU
+#: offload) or host dispatch, whose own models would be absorbed into the efficiency
+COMPUTE_SHARE_MIN = 0.9
 #: most fits here have one parameter (the cached-free fit has one per share); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 
@@ -418,9 +417,10 @@ def published_speed_cases(csv_path: Path) -> list[dict]:
 
 
 def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
-    """``MATMUL_EFFICIENCY`` per GPU class from published tokens/s, over rows whose estimated GEMM and
-    attention time is at least ``COMPUTE_SHARE_MIN`` of the estimated step (elsewhere the step is
-    transfers or host dispatch, whose own models would be absorbed): each row's efficiency is the one
+    """``MATMUL_EFFICIENCY`` per GPU class from published tokens/s, over rows whose estimated step is at
+    least ``COMPUTE_SHARE_MIN`` work on the GPU (exposed transfers and host dispatch at most the rest:
+    their own models would be absorbed, and the choice must not depend on the efficiency being
+    fitted, or the fit would not be a fixed point): each row's efficiency is the one
     at which the estimator reproduces its tokens/s, the fit is their median (robust to the rows whose
     wall time is mostly loading), its error the leave-one-out error of the estimator's tokens/s.
     Returns the fits made."""
@@ -429,7 +429,8 @@ def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
     fits = {}
     for cls in ("datacenter", "consumer"):
         idx = [i for i, r in enumerate(rows) if (cls == "consumer") == r["gpu"].is_consumer and r["time"].step_s
-               and r["time"].parts["compute"] >= COMPUTE_SHARE_MIN * r["time"].step_s]
+               and r["time"].parts["transfer"] + r["time"].parts["host_exposed"]
+               <= (1 - COMPUTE_SHARE_MIN) * r["time"].step_s]
         name = f"published tokens/s: MATMUL_EFFICIENCY[{cls}]"
         if not enough(name, len(idx)):
             continue

@@ -54,6 +54,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from reportgen.estimate import params as P
+from reportgen.estimate.activations import sdpa_kernel
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.model import Linear, ModelSpec
 from reportgen.setup import Attention, Method, Optimizer, TrainingSetup
@@ -295,9 +296,13 @@ def attention_core(model: ModelSpec, setup: TrainingSetup, attn: Attention, batc
     """SDPA's fused kernel (one launch each way; FLOPs ``2 * 2 * s * s * d`` per head forward, halved
     by the causal mask, 2.5 times that backward, as ``torch.utils.flop_counter`` counts them), with
     autocast's casts of q and k when RoPE left them in fp32 (``qk`` bytes); eager attention's
-    ``bmm``s and its ``s x s`` elementwise traffic otherwise."""
+    ``bmm``s and its ``s x s`` elementwise traffic otherwise, and for SDPA's math path (fp32
+    grouped-query attention, ``activations.sdpa_kernel``), which runs the same ops."""
     nq, d, t = model.num_heads, model.head_dim, batch * seq
     square = batch * nq * seq * seq
+    if attn == Attention.sdpa and sdpa_kernel(model, setup, c) == "math":
+        # fp32 grouped-query attention: SDPA's composite math path, the same bmm, mask and softmax as eager
+        attn = Attention.eager
     if attn == Attention.sdpa:
         f = 4.0 * square * d * 0.5
         cast = 2 if qk != c else 0  # autocast casts an fp32 q and k (RoPE in the fp32 stream's dtype)
