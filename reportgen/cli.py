@@ -34,19 +34,36 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
     default = TrainingSetup()
+    p.set_defaults(given_setup_flags=frozenset())
     for name, spec in TrainingSetup.model_fields.items():
         flag = "--" + name.replace("_", "-")
         value = getattr(default, name)
         t = spec.annotation
         if isinstance(t, type) and issubclass(t, Enum):
             p.add_argument(flag, choices=[m.value for m in t], default=value.value if value is not None else None,
-                           help=spec.description)
+                           help=spec.description, action=_RECORDING["store"])
         elif t is bool:
-            p.add_argument(flag, action="store_true" if not value else argparse.BooleanOptionalAction, default=value,
+            p.add_argument(flag, action=_RECORDING["store_true" if not value else "boolean"], default=value,
                            help=spec.description)
         else:
-            p.add_argument(flag, type=t, default=value, help=spec.description + (
+            p.add_argument(flag, type=t, default=value, action=_RECORDING["store"], help=spec.description + (
                 f" (default {value})" if value is not None else ""))
+
+
+def _recording(base: type) -> type:
+    """``base`` (an argparse action) that also notes its field in ``given_setup_flags``: which setup
+    flags the user typed, defaults or not (``setup_from_args`` refuses those the method ignores)."""
+
+    class Recording(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            namespace.given_setup_flags = frozenset(getattr(namespace, "given_setup_flags", ())) | {self.dest}
+
+    return Recording
+
+
+_RECORDING = {"store": _recording(argparse._StoreAction), "store_true": _recording(argparse._StoreTrueAction),
+              "boolean": _recording(argparse.BooleanOptionalAction)}
 
 
 #: the setup's fields in the CLI's order (method first)
@@ -54,8 +71,16 @@ SETUP_FIELDS = tuple(__import__("reportgen.setup", fromlist=["TrainingSetup"]).T
 
 
 def setup_from_args(args: argparse.Namespace):
-    from reportgen.setup import SetupError, TrainingSetup
+    from reportgen.setup import METHOD_FIELDS, SetupError, TrainingSetup
 
+    method = str(getattr(args, "method", "full"))
+    for name in SETUP_FIELDS:
+        methods = METHOD_FIELDS.get(name, ())
+        if name in getattr(args, "given_setup_flags", ()) and methods and method not in methods:
+            flag = "--" + name.replace("_", "-")
+            only = " or ".join(f"--method {m}" for m in methods)
+            raise UserError(f"{flag}: applies only to {only}; with --method {method} it changes nothing",
+                            hint=f"drop {flag}, or pass {only}")
     try:
         return TrainingSetup(**{f: getattr(args, f) for f in SETUP_FIELDS})
     except SetupError as exc:
@@ -113,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also trace every case (reportgen trace, 1-60 s a case, no GPU) into RESULTS/<sweep>/traced/; "
                         "cases traced by the current trace code are skipped unless --force")
     p.add_argument("--shard", default=None, help="I/N: measure only every N-th case starting at I (0-based)")
+    p.add_argument("--max-cases", type=positive_int, default=None, metavar="N",
+                   help="allow a sweep of up to N cases (default: refuse more than 10,000; see the README's Limits)")
     p.add_argument("--executor", choices=["local", "slurm"], default="local",
                    help="where --measure runs: local (this machine, one case after another; the default) or slurm "
                         "(a Slurm job array through submitit, a shard per task; see the README)")
@@ -143,9 +170,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that a measuring sweep stops its worker and removes its scratch
+    folder (``measure/isolate.py``) instead of dying where it stands."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        handler = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(args)
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return run_command(args)
     except UserError as exc:
@@ -165,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         Console(stderr=True).print(f"[bold red]error:[/] cannot use{escape(where)}: {escape(exc.strerror or str(exc))}",
                                    highlight=False, soft_wrap=True)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted: finished results are saved; rerun to continue", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -204,14 +254,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from reportgen.sweep import load_sweep
     from reportgen.views.progress import Stages
 
+    from reportgen.sweep import DEFAULT_MAX_CASES
+
     console = Console(stderr=True)
-    sweep = load_sweep(args.file)
-    slurm = _slurm_options(args, measuring=args.measure or sweep.spec.measure.enabled)
+    sweep = load_sweep(args.file, max_cases=args.max_cases or DEFAULT_MAX_CASES)
+    measuring = args.measure or sweep.spec.measure.enabled
+    slurm = _slurm_options(args, measuring=measuring)
+    _check_outputs(args, measuring)  # before anything is written
 
     def warn(message: str) -> None:
         from rich.markup import escape
 
         console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    for message in sweep.warnings:
+        warn(message)
 
     from reportgen.advise.store import write_advice
 
@@ -249,6 +306,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"rendered {len(pages)} pages into {args.docs}")
     console.print(f"time: {stages.summary()}", highlight=False)
     return 1 if stats.failed or submitted or traced_failed else 0
+
+
+def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
+    """``reportgen sweep``'s paths and ``--shard``, checked before any estimate or walk is written."""
+    if args.shard is not None:
+        if not measuring:
+            raise UserError(f"--shard {args.shard}: only applies when measuring",
+                            hint="add --measure (or measure: {enabled: true} in the sweep file), or drop --shard")
+        from reportgen.measure.runner import parse_shard
+
+        parse_shard(args.shard)
+    folders = [("--results", args.results)] + ([] if args.no_render else [("--docs", args.docs)])
+    for flag, folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"{flag} {folder}: is a file, not a directory",
+                            hint=f"pass a directory for {flag} (it is created if missing)")
+        parent = next((p for p in folder.absolute().parents if p.exists()), None)
+        if not folder.exists() and parent is not None and not parent.is_dir():
+            raise UserError(f"{flag} {folder}: {parent} is a file, not a directory")
 
 
 def _trace(sweep, args: argparse.Namespace, console, warn, stages) -> int:

@@ -54,6 +54,10 @@ TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text")
 #: (``GemmaConfig``/``Gemma3TextConfig``: 256, ``Qwen3Config``: 128)
 HEAD_DIM_DEFAULT = {"gemma": 256, "gemma2": 256, "gemma3_text": 256, "qwen3": 128}
 
+#: MoE defaults of the config classes: ``MixtralConfig(num_local_experts=8, num_experts_per_tok=2)``;
+#: a Mixtral config without them is a Mixtral of 8 experts, not a dense model
+MOE_DEFAULTS = {"mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2}}
+
 #: families whose RMSNorm computes ``(x * w)`` in fp32 and casts after (``GemmaRMSNorm``:
 #: ``x * (1 + w)``; ``Olmo2RMSNorm``: ``(w * x).to(dtype)``) instead of Llama's ``w * x.to(dtype)``
 FP32_WEIGHTED_NORM = ("gemma", "gemma2", "gemma3", "olmo2")
@@ -393,6 +397,9 @@ def from_config(config: dict, name: str | None = None, source: str = "<config>")
             "model); only its language model is supported",
             hint="pass the text part: a config.json with model_type 'gemma3_text' (e.g. google/gemma-3-1b-pt)",
         )
+    raw = config
+    if isinstance(config, dict) and model_type in MOE_DEFAULTS:  # a key left out (or null) takes its default
+        config = {**config, **{k: v for k, v in MOE_DEFAULTS[model_type].items() if config.get(k) is None}}
     check_config(config, source, list(FAMILIES), default_head_dim=HEAD_DIM_DEFAULT.get(model_type))
     _check_structure(config, model_type, source)
     try:
@@ -430,7 +437,7 @@ def from_config(config: dict, name: str | None = None, source: str = "<config>")
             rope_tables=_rope_tables(config),
             sliding_layers=_sliding_layers(config),
             lm_head_bias=model_type == "phi",
-            config=config,
+            config=raw,
         )
     except KeyError as exc:
         raise UserError(f"{source}: config.json lacks the key {exc.args[0]!r}") from None
@@ -506,14 +513,32 @@ def _sliding_window(config: dict) -> int | None:
     return int(sw) if sw else None
 
 
+#: the largest config.json read (real ones are a few KB)
+MAX_CONFIG_BYTES = 4_000_000
+
+
 def load_config_file(path: Path) -> dict:
+    """A ``config.json`` as a dict; a ``UserError`` naming the file for anything that is not one
+    (missing, unreadable, not UTF-8 JSON, too large or deep, not an object)."""
     try:
-        return json.loads(path.read_text())
+        if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size:,} bytes; a config.json is a few KB (at most "
+                            f"{MAX_CONFIG_BYTES:,} bytes read)", hint="pass a model's Hugging Face config.json")
+        config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text file (a config.json is UTF-8 JSON)") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read; a config.json is a flat object",
+                        hint="pass a model's Hugging Face config.json") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise UserError(f"{path}: a value cannot be read ({exc})") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: a config.json holds a JSON object ({{...}}), this one holds a "
+                        f"{type(config).__name__}", hint="pass a model's Hugging Face config.json")
+    return config

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,11 +59,72 @@ ADDED_SETUP_FIELDS = {"lora_dropout": 0.0, "padding": "longest", "seq_mean": Non
                       "compile": False, "dora": False}
 
 
-def case_id(model: str, gpu: str, setup: dict) -> str:
-    """Stable, readable id: ``<model>.<gpu>.<method>.<hash of the whole setup>``."""
-    model_part = Path(model).stem if model.endswith(".json") else model
+#: hex digits of the setup hash in a case id: 12 (48 bits) keeps a sweep of a million cases free of
+#: collisions with probability 0.998 (birthday bound n^2 / 2^49), and ``sweep.py`` refuses a collision
+#: within a sweep. Ids written before had 8 (a 100,000-case grid collided): ``legacy_id`` gives that
+#: form, a prefix of the current one, so files named or keyed by it stay joinable (``current_id``)
+ID_HASH_DIGITS = 12
+LEGACY_ID_HASH_DIGITS = 8
+#: a model named like this is a catalog name (or a bare folder name): it is its own id part
+_PLAIN_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _is_path_model(model: str) -> bool:
+    return model.endswith(".json") or not _PLAIN_MODEL.fullmatch(model)
+
+
+def model_slug(model: str) -> str:
+    """The model's part of a case id and of file names: a catalog name as it is; for a path, the
+    folder of its ``config.json`` (or the file's stem, or the folder's name) with every character
+    outside ``A-Za-z0-9._-`` replaced, so an id never holds a path separator or markup."""
+    if not _is_path_model(model):
+        return model
+    parts = [p for p in re.split(r"[\\/]+", model) if p not in ("", ".", "..")]
+    name = parts[-1] if parts else "model"
+    if name == "config.json" and len(parts) > 1:
+        name = parts[-2]
+    elif name.endswith(".json"):
+        name = name[: -len(".json")]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:48].strip(".-")
+    return slug or "model"
+
+
+def model_file_part(model: str) -> str:
+    """The model's part of a file name that has no hash of its own (``_advice/<model>.<gpu>...``):
+    ``model_slug``, plus a hash of the path for a model given by path (two folders, two names)."""
+    return model_slug(model) + (f"-{short_hash(model, 8)}" if _is_path_model(model) else "")
+
+
+def _case_hash(model: str, setup: dict, digits: int) -> str:
     hashed = {k: v for k, v in setup.items() if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
-    return f"{model_part}.{gpu}.{setup['method']}.{short_hash(hashed, 8)}"
+    if _is_path_model(model):  # two config.json files of one name are two models
+        hashed = {**hashed, "model_path": model}
+    return short_hash(hashed, digits)
+
+
+def case_id(model: str, gpu: str, setup: dict, digits: int = ID_HASH_DIGITS) -> str:
+    """Stable, readable id: ``<model>.<gpu>.<method>.<hash of the whole setup>`` (a model given by
+    path: its slug, ``model_slug``, with the path in the hash)."""
+    return f"{model_slug(model)}.{gpu}.{setup['method']}.{_case_hash(model, setup, digits)}"
+
+
+def legacy_id(cid: str) -> str:
+    """The 8-digit form of a current id (what files written before the longer hash hold)."""
+    head, _, digest = cid.rpartition(".")
+    return f"{head}.{digest[:LEGACY_ID_HASH_DIGITS]}" if len(digest) > LEGACY_ID_HASH_DIGITS else cid
+
+
+def current_id(doc: dict) -> str:
+    """The current id of a stored document's case (``doc["case"]``: model, gpu, setup), so a file
+    written under an older id joins its case; the stored ``id`` when the case cannot be read."""
+    from reportgen.setup import TrainingSetup
+
+    case = doc.get("case")
+    try:
+        setup = TrainingSetup.model_validate(case["setup"]).model_dump(mode="json")
+        return case_id(str(case["model"]), str(case["gpu"]), setup)
+    except Exception:  # noqa: BLE001 - a case of another version: keep the id it was stored under
+        return str(doc.get("id"))
 
 
 def _dump(data: dict) -> str:

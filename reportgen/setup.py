@@ -160,12 +160,25 @@ class FieldSpec:
                 raise SetupError(name, f"must be a number (got {value!r})")
             value = float(value)
         if self.ge is not None and not value >= self.ge:
-            raise SetupError(name, f"must be >= {self.ge:g} (got {value!r})")
+            raise SetupError(name, f"must be >= {_bound(self.ge)} (got {value!r})")
         if self.le is not None and not value <= self.le:
-            raise SetupError(name, f"must be <= {self.le:g} (got {value!r})")
+            raise SetupError(name, f"must be <= {_bound(self.le)} (got {value!r})")
         if self.lt is not None and not value < self.lt:
-            raise SetupError(name, f"must be < {self.lt:g} (got {value!r})")
+            raise SetupError(name, f"must be < {_bound(self.lt)} (got {value!r})")
         return value
+
+
+def _bound(x: float) -> str:
+    """A bound as a person writes it: ``1048576``, not ``1.04858e+06``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+#: fields that mean something only for some methods: ``reportgen estimate/measure/trace`` refuse one
+#: given for another method (it would change nothing), and the calculator greys it out
+METHOD_FIELDS = {"lora_rank": ("lora", "qlora"), "lora_alpha": ("lora", "qlora"), "lora_targets": ("lora", "qlora"),
+                 "lora_dropout": ("lora", "qlora"), "dora": ("lora", "qlora"), "quant": ("qlora",),
+                 "double_quant": ("qlora",), "quant_head": ("qlora",), "kbit_prep": ("qlora",),
+                 "frozen_dtype": ("lora", "qlora")}
 
 
 @dataclass(frozen=True)
@@ -210,7 +223,7 @@ class TrainingSetup:
         "optimizer": FieldSpec(Optimizer, description="torch AdamW, bitsandbytes 8-bit, paged 8-bit or paged "
                                "32-bit AdamW, SGD without momentum, transformers' Adafactor"),
         "lora_rank": FieldSpec(int, ge=1, le=4096, description="LoRA rank r"),
-        "lora_alpha": FieldSpec(int, ge=1, description="LoRA alpha (scaling alpha/r; no effect on memory)"),
+        "lora_alpha": FieldSpec(int, ge=1, le=65536, description="LoRA alpha (scaling alpha/r; no effect on memory)"),
         "lora_targets": FieldSpec(str, pattern=r"[A-Za-z0-9_.-]+( *, *[A-Za-z0-9_.-]+)*",
                                   description="which modules get adapters: a preset (qv, attn, all-linear: every "
                                   "linear of the decoder layers) or a comma list of module names (q,k,v,o,gate,up,"

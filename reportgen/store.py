@@ -29,8 +29,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reportgen.results import (UnreadableResult, canonical, measurement_document, migrate, read_json,
-                               read_measurement, write_json_atomic, write_json_new)
+from reportgen.results import (UnreadableResult, canonical, current_id, legacy_id, measurement_document, migrate,
+                               read_json, read_measurement, write_json_atomic, write_json_new)
 
 MEASURED_DIR = "measured"
 ASIDE_DIR = "set-aside"
@@ -44,6 +44,19 @@ Warn = Callable[[str], None]
 
 def stderr_warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
+
+
+#: measurement files of a newer schema already warned about in this process: such a file stays where
+#: it is and every reader skips it, so one run (estimates, walks, render) says so once, not per reader
+_NEWER_WARNED: set[str] = set()
+
+
+def _newer(exc: UnreadableResult, warn: Warn) -> None:
+    """Warn once per process about a measurement file of a newer schema (left in place, ignored)."""
+    key = str(Path(exc.path).resolve())
+    if key not in _NEWER_WARNED:
+        _NEWER_WARNED.add(key)
+        warn(f"{exc.path}: {exc.reason}; ignored by this version (left in place). Upgrade reportgen to use it.")
 
 
 def _stamp(when: str | None = None) -> str:
@@ -134,7 +147,7 @@ def prepare(sweep_dir: Path, warn: Warn = stderr_warn) -> None:
             read_measurement(path)
         except UnreadableResult as exc:
             if exc.newer:  # nothing here will overwrite it: leave it where the newer version finds it
-                warn(f"{path}: {exc.reason}; ignored by this version (left in place). Upgrade reportgen to use it.")
+                _newer(exc, warn)
             else:
                 set_aside(path, exc.reason, "Repair it (resolve the merge conflict) and move it back to "
                           f"{path.parent}/: it is a measurement and nothing recomputes it.", warn)
@@ -149,17 +162,29 @@ def _order(block: dict) -> tuple:
     return str(block.get("measured_at") or ""), int(m.group(1)) if m else 1, path
 
 
+def _as_current(doc: dict, path: Path) -> dict:
+    """A measurement document keyed by its case's current id (``results.current_id``: a file written
+    under an older, shorter id joins its case), with ``path`` added; in memory only, the file keeps
+    its ``id`` (``stored_id`` when it differs)."""
+    cid = current_id(doc)
+    extra = {"stored_id": doc["id"]} if cid != doc["id"] else {}
+    return {**doc, **extra, "id": cid, "path": path.as_posix()}
+
+
 def load_measurements(sweep_dir: Path, warn: Warn = stderr_warn) -> dict[str, list[dict]]:
     """``{case id: [attempts, oldest first]}`` of a sweep directory; each attempt is its document
     with ``path`` added (in memory only). Unreadable files are skipped with a warning."""
     out: dict[str, list[dict]] = {}
     for path in measurement_files(sweep_dir):
         try:
-            doc = read_measurement(path)
+            doc = _as_current(read_measurement(path), path)
         except UnreadableResult as exc:
-            warn(f"{exc}; skipped")
+            if exc.newer:
+                _newer(exc, warn)
+            else:
+                warn(f"{exc}; skipped")
             continue
-        out.setdefault(doc["id"], []).append({**doc, "path": path.as_posix()})
+        out.setdefault(doc["id"], []).append(doc)
     for attempts in out.values():
         attempts.sort(key=_order)
     return out
@@ -174,6 +199,7 @@ def current_measurement(attempts: list[dict]) -> dict | None:
 
 
 def _join(doc: dict, legacy: list[dict], measured: list[dict], path: Path) -> dict:
+    doc = {**doc, "id": current_id(doc)}  # an estimate file written under an older id (``_as_current``)
     legacy = [{**b, "id": doc["id"], "case": doc["case"], "path": path.as_posix()} for b in legacy]
     attempts = sorted(legacy + measured, key=_order)
     return {**doc, "measurement": current_measurement(attempts), "measurements": attempts}
@@ -192,7 +218,7 @@ def load_sweep(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
         except UnreadableResult as exc:
             warn(f"{exc}; skipped (a sweep of this directory sets it aside)")
             continue
-        results.append(_join(doc, blocks, measured.pop(doc["id"], []), path))
+        results.append(_join(doc, blocks, measured.pop(current_id(doc), []), path))
     if measured:
         warn(f"{sweep_dir}: {len(measured)} measured case(s) have no estimate file "
              f"({', '.join(sorted(measured)[:3])}{', ...' if len(measured) > 3 else ''}): run its sweep to estimate them")
@@ -216,11 +242,14 @@ def load_case(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> dict:
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / f"{cid}.json"
     doc, blocks = migrate(read_json(path), path)
-    mine = [p for p in measurement_files(sweep_dir) if p.name.startswith(cid + ".")]
+    mine = [p for p in measurement_files(sweep_dir) if p.name.startswith((cid + ".", legacy_id(cid) + "."))]
     measured = []
     for p in mine:
         try:
-            measured.append({**read_measurement(p), "path": p.as_posix()})
+            measured.append(_as_current(read_measurement(p), p))
         except UnreadableResult as exc:
-            warn(f"{exc}; skipped")
+            if exc.newer:
+                _newer(exc, warn)
+            else:
+                warn(f"{exc}; skipped")
     return _join(doc, blocks, [m for m in measured if m["id"] == cid], path)

@@ -6,12 +6,18 @@ rules drop every cell that matches all keys of a rule (a rule value may be a lis
 ``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
 
 Errors name the file, the line, the key and the allowed values; the CLI exits with status 2
-and writes nothing.
+and writes nothing. Limits that protect the machine (README, "Limits"): a sweep file of at most
+``MAX_FILE_BYTES``, ``MAX_YAML_NODES`` values once its aliases are expanded (a "billion laughs"
+file is refused before it is expanded) and ``MAX_DEPTH`` levels of nesting; at most
+``DEFAULT_MAX_CASES`` cases unless the caller (``reportgen sweep --max-cases N``) allows more.
+Duplicate keys in a mapping are an error (YAML would keep the last one without a word).
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,16 @@ from reportgen import catalog
 from reportgen.errors import UserError
 from reportgen.results import case_id, short_hash
 from reportgen.setup import SetupError, TrainingSetup
+
+#: the largest sweep file read (bytes)
+MAX_FILE_BYTES = 1_000_000
+#: the most values (scalars, lists, mappings) a sweep file may hold with its aliases expanded
+MAX_YAML_NODES = 100_000
+#: the deepest nesting of lists and mappings
+MAX_DEPTH = 32
+#: the most cases a sweep may expand to unless the caller allows more (``--max-cases``): 10,000
+#: cases estimate in about 15 s, take 40 MB of result files and render in about 15 s
+DEFAULT_MAX_CASES = 10_000
 
 #: besides the setup's fields: the model, the card, and the card's memory when it differs from the
 #: catalog's (``gpu_memory: 48GiB`` -> the case's gpu is ``rtx-4090@48GiB``)
@@ -83,7 +99,7 @@ class SweepFile(BaseModel):
     exclude: list[dict[str, Any]] = []
     override: list[Rule] = []
     measure: MeasureConfig = MeasureConfig()
-    train_tokens: int = Field(100_000_000, ge=1)
+    train_tokens: int = Field(100_000_000, ge=1, le=10**15)
 
 
 @dataclass(frozen=True)
@@ -106,10 +122,94 @@ class Sweep:
     spec: SweepFile
     cases: list[Case]
     content_hash: str
+    #: legal input that is almost surely a mistake (a rule that matches no cell), for the caller to print
+    warnings: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+# ----- reading the file --------------------------------------------------------------------------
+def _read_text(path: Path) -> str:
+    try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes",
+                            hint="a sweep lists models, GPUs and setup values; a grid expands them")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such sweep file", hint="see sweeps/*.yaml for examples") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, not a sweep file", hint="see sweeps/*.yaml for examples") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
+                        hint="save the sweep file as UTF-8") from None
+
+
+def _check_nodes(path: Path, root: yaml.Node) -> None:
+    """Refuse duplicate keys, recursive aliases, too deep nesting and too many values once aliases
+    are expanded, walking each node once (sizes of shared nodes are memoized)."""
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        line = node.start_mark.line + 1
+        if key in busy:
+            raise UserError(f"{path}:{line}: an alias refers to the node that contains it (a recursive value)",
+                            hint="a sweep file is a tree: write the value out instead of *alias")
+        if depth > MAX_DEPTH:
+            raise UserError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
+        busy.add(key)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    if k.value in seen:
+                        raise UserError(f"{path}:{k.start_mark.line + 1}: duplicate key {k.value!r} (first at line "
+                                        f"{seen[k.value]}); YAML would keep only the last one",
+                                        hint="write each key once; a list gives several values: key: [a, b]")
+                    seen[k.value] = k.start_mark.line + 1
+                n += size(k, depth + 1) + size(v, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(size(item, depth + 1) for item in node.value)
+        busy.discard(key)
+        sizes[key] = n
+        if n > MAX_YAML_NODES:
+            raise UserError(f"{path}:{line}: more than {MAX_YAML_NODES:,} values once its aliases are expanded",
+                            hint="a sweep file lists models, GPUs and setup values; a grid expands them")
+        return n
+
+    size(root, 0)
+
+
+def _parse(path: Path, text: str) -> tuple[yaml.Node | None, object]:
+    """The composed node tree (for line numbers) and the constructed data, checked by ``_check_nodes``
+    before anything is constructed."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_nodes(path, node)
+        return node, (loader.construct_document(node) if node is not None else None)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise UserError(f"{path}:{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read (at most {MAX_DEPTH} levels)") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
+        raise UserError(f"{path}: a value cannot be read ({exc})") from None
+    finally:
+        loader.dispose()
 
 
 # ----- YAML with line numbers -------------------------------------------------------------------
@@ -144,22 +244,42 @@ def _allowed(field: str) -> str:
     return f"expected {getattr(ann, '__name__', ann)}"
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def _did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
+    return ("did you mean " + " or ".join(repr(c) for c in close) + "? ") if close else ""
+
+
+def _unknown_keys(path: Path, lines: dict, raw: dict, known, where: tuple, what: str) -> None:
+    for key in raw:
+        if key not in known:
+            raise UserError(f"{path}:{_line_of(lines, where + (key,))}: {what}: unknown key {key!r}",
+                            hint=_did_you_mean(key, known) + f"{what} keys: " + ", ".join(known))
+
+
+def _content_hash(raw) -> str:
+    try:
+        return short_hash(raw, 12)
+    except (TypeError, ValueError):  # a date or another non-JSON value YAML constructed: hash its text
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> Sweep:
+    """Read, check and expand a sweep file. ``max_cases``: refuse a sweep of more cases (None: no limit)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such sweep file", hint="see sweeps/*.yaml for examples") from None
-    try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise UserError(f"{path}:{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    node, raw = _parse(path, _read_text(path))
     if not isinstance(raw, dict):
         raise UserError(f"{path}:1: a sweep file is a mapping with keys name, grids, exclude, override, measure")
     lines = _line_map(node) if node is not None else {}
+    # unknown keys first, so a misspelled ``grid:`` is named as such (not as a missing ``grids``)
+    _unknown_keys(path, lines, raw, SweepFile.model_fields, (), "top-level")
+    if isinstance(raw.get("measure"), dict):
+        _unknown_keys(path, lines, raw["measure"], MeasureConfig.model_fields, ("measure",), "measure")
+    for i, rule in enumerate(raw.get("override") or []) if isinstance(raw.get("override"), list) else ():
+        if isinstance(rule, dict):
+            _unknown_keys(path, lines, rule, Rule.model_fields, ("override", i), f"override[{i}]")
     try:
         spec = SweepFile.model_validate(raw)
     except ValidationError as exc:
@@ -169,35 +289,120 @@ def load_sweep(path: str | Path) -> Sweep:
         hint = ("measure keys: " + ", ".join(MeasureConfig.model_fields) if loc and loc[0] == "measure"
                 else "top-level keys: " + ", ".join(SweepFile.model_fields))
         raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
-    cases = _expand(path, spec, lines)
-    return Sweep(path=path, spec=spec, cases=cases, content_hash=short_hash(raw, 12))
+    cases, warnings = _expand(path, spec, lines, max_cases)
+    return Sweep(path=path, spec=spec, cases=cases, content_hash=_content_hash(raw), warnings=tuple(warnings))
 
 
 def _values(v: Any) -> list:
     return v if isinstance(v, list) else [v]
 
 
+# ----- rules -------------------------------------------------------------------------------------
+def _normal(key: str, value: Any) -> Any:
+    """A value as a rule compares it: setup fields through their check (``lora`` and ``Method.lora``,
+    ``2048`` and ``2048.0`` are one value), everything else as text."""
+    spec = TrainingSetup.model_fields.get(key)
+    if spec is not None:
+        try:
+            return spec.check(key, value)
+        except SetupError:
+            return ("invalid", str(value))
+    return str(value)
+
+
 def _matches(rule: dict[str, Any], cell: dict[str, Any]) -> bool:
-    return all(str(cell.get(k)) in {str(x) for x in _values(v)} for k, v in rule.items())
+    return all(k in cell and _normal(k, cell[k]) in [_normal(k, x) for x in _values(v)] for k, v in rule.items())
 
 
-def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
-    for section, rules in (("exclude", spec.exclude), ("override", [r.when for r in spec.override])):
-        for i, rule in enumerate(rules):
-            for key in rule:
-                if key not in CASE_KEYS:
-                    loc = (section, i, key) if section == "exclude" else (section, i, "when", key)
-                    raise UserError(f"{path}:{_line_of(lines, loc)}: {section}: unknown key {key!r}",
-                                    hint="keys: " + ", ".join(sorted(CASE_KEYS)))
-    seen: dict[str, Case] = {}
+def _check_value(path: Path, line: int, where: str, key: str, value: Any, known_models: set[str],
+                 known_gpus: set[str], load: bool) -> None:
+    """A rule's value (``exclude``, ``override.when``; ``load``: an ``override.set`` value, which must
+    also load) names a model, a card or a choice that exists; else a ``UserError`` at ``line``."""
+    prefix = f"{path}:{line}: {where}.{key}"
+    if key == "model":
+        if str(value) in known_models and not load:
+            return
+        try:
+            catalog.load_model(str(value))
+        except UserError as exc:
+            if not load and str(value) not in catalog.model_names():
+                close = difflib.get_close_matches(str(value), sorted(known_models) + catalog.model_names(), n=3,
+                                                  cutoff=0.5)
+                raise UserError(f"{prefix}: {value!r} names no model of the grids or the catalog",
+                                hint=("did you mean " + " or ".join(repr(c) for c in close) + "?") if close
+                                else "models of the grids: " + ", ".join(sorted(known_models))) from None
+            raise UserError(f"{prefix}: {exc.message}", exc.hint) from None
+    elif key == "gpu":
+        if str(value) in known_gpus and not load:
+            return
+        try:
+            catalog.load_gpu(str(value))
+        except UserError as exc:
+            raise UserError(f"{prefix}: {exc.message}", exc.hint) from None
+    elif key == "gpu_memory":
+        if value is None:
+            return
+        try:
+            catalog.parse_memory(str(value))
+        except UserError as exc:
+            raise UserError(f"{prefix}: {exc.message}", exc.hint) from None
+    else:
+        try:
+            TrainingSetup.model_fields[key].check(key, value)
+        except SetupError as exc:
+            raise UserError(f"{prefix}: {exc.message}", hint=_allowed(key) or None) from None
+
+
+def _check_rules(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> None:
+    """Every key and value of ``exclude``, ``override.when`` and ``override.set`` names something."""
+    known_models = {str(m) for g in spec.grids if "model" in g for m in _values(g["model"])}
+    known_gpus = {str(m) for g in spec.grids if "gpu" in g for m in _values(g["gpu"])}
+    sections = [("exclude", i, ("exclude", i), f"exclude[{i}]", rule, False) for i, rule in enumerate(spec.exclude)]
+    for i, rule in enumerate(spec.override):
+        sections.append(("override", i, ("override", i, "when"), f"override[{i}].when", rule.when, False))
+        sections.append(("override", i, ("override", i, "set"), f"override[{i}].set", rule.set, True))
+    for _section, _i, loc, where, rule, load in sections:
+        for key, value in rule.items():
+            line = _line_of(lines, loc + (key,))
+            if key not in CASE_KEYS:
+                raise UserError(f"{path}:{line}: {where}: unknown key {key!r}",
+                                hint=_did_you_mean(key, sorted(CASE_KEYS)) + "keys: " + ", ".join(sorted(CASE_KEYS)))
+            if load and isinstance(value, list):
+                raise UserError(f"{path}:{line}: {where}.{key}: sets one value, not a list ({value!r})",
+                                hint="an override sets each key to one value; a grid takes lists")
+            for v in _values(value):
+                _check_value(path, line, where, key, v, known_models, known_gpus, load)
+
+
+def _grid_size(grid: dict[str, Any]) -> int:
+    return math.prod(len(_values(v)) for v in grid.values())
+
+
+# ----- expansion ---------------------------------------------------------------------------------
+def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
+            max_cases: int | None = DEFAULT_MAX_CASES) -> tuple[list[Case], list[str]]:
+    _check_rules(path, spec, lines)
     for gi, grid in enumerate(spec.grids):
         for key in grid:
             if key not in CASE_KEYS:
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}]: unknown key {key!r}",
-                                hint="keys: model, gpu, " + ", ".join(TrainingSetup.model_fields))
+                                hint=_did_you_mean(key, sorted(CASE_KEYS))
+                                + "keys: model, gpu, " + ", ".join(TrainingSetup.model_fields))
         for key in ("model", "gpu"):
             if key not in grid:
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi))}: grids[{gi}]: missing key {key!r}")
+        for key, value in grid.items():
+            if isinstance(value, list) and not value:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}].{key}: an empty list "
+                                "expands to no case", hint=f"give {key} one value or a list of values")
+    total = sum(_grid_size(g) for g in spec.grids)
+    if max_cases is not None and total > max_cases:
+        sizes = " + ".join(f"{_grid_size(g):,}" for g in spec.grids)
+        raise UserError(f"{path}:{_line_of(lines, ('grids',))}: the grids expand to {total:,} cells ({sizes}), more "
+                        f"than the {max_cases:,} a sweep runs without asking",
+                        hint=f"split the sweep, or allow it: reportgen sweep {path} --max-cases {total} (each case "
+                             "is a result file of about 4 KB; 10,000 cases render in about 15 s)")
+    for gi, grid in enumerate(spec.grids):
         for name in _values(grid["model"]):
             try:
                 catalog.load_model(str(name))
@@ -208,32 +413,70 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
                 catalog.load_gpu(str(name))
             except UserError as exc:
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'gpu'))}: {exc.message}", exc.hint) from None
+    seen: dict[str, Case] = {}
+    used = {("exclude", i): False for i in range(len(spec.exclude))}
+    used.update({("override", i): False for i in range(len(spec.override))})
+    for gi, grid in enumerate(spec.grids):
         keys = list(grid)
         for combo in itertools.product(*(_values(grid[k]) for k in keys)):
             cell = dict(zip(keys, combo))
-            if any(_matches(rule, cell) for rule in spec.exclude):
+            origin = {k: ("grids", gi, k) for k in keys}  # where each value of the cell was written
+            hit = [i for i, rule in enumerate(spec.exclude) if _matches(rule, cell)]
+            if hit:
+                used.update({("exclude", i): True for i in hit})
                 continue
-            for rule in spec.override:
+            for ri, rule in enumerate(spec.override):
                 if _matches(rule.when, cell):
+                    used[("override", ri)] = True
                     cell.update(rule.set)
-            fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory")}
-            gpu = str(cell["gpu"])
-            if cell.get("gpu_memory") is not None:
-                try:
-                    gpu = catalog.gpu_key(gpu, str(cell["gpu_memory"]))
-                except UserError as exc:
-                    line = _line_of(lines, ("grids", gi, "gpu_memory"))
-                    raise UserError(f"{path}:{line}: grids[{gi}].gpu_memory: {exc.message}", exc.hint) from None
-            try:
-                setup = TrainingSetup(**fields)
-            except SetupError as exc:
-                key = exc.field or ""
-                line = _line_of(lines, ("grids", gi, key) if key in grid else ("grids", gi))
-                hint = _allowed(str(key)) if key else None
-                raise UserError(f"{path}:{line}: grids[{gi}].{key}: {exc.message} (in cell {cell})",
-                                hint=hint) from None
-            case = Case(model=str(cell["model"]), gpu=gpu, setup=setup)
-            seen.setdefault(case.id, case)
+                    origin.update({k: ("override", ri, "set", k) for k in rule.set})
+            case = _case(path, lines, gi, cell, origin)
+            cid = case.id
+            other = seen.get(cid)
+            if other is None:
+                seen[cid] = case
+            elif other != case:
+                raise UserError(f"{path}: two different setups have the case id {cid}: {_describe(other)} and "
+                                f"{_describe(case)}",
+                                hint="a hash collision of the case ids (reportgen/results.py case_id); please report "
+                                     "it, and split the two setups into separate sweeps meanwhile")
     if not seen:
         raise UserError(f"{path}: the grids expand to no case (everything excluded?)")
-    return [seen[k] for k in sorted(seen)]
+    warnings = [f"{path}:{_line_of(lines, (kind, i))}: {kind}[{i}] matches no cell of the grids: it does nothing"
+                for (kind, i), hit in sorted(used.items()) if not hit]
+    return [seen[k] for k in sorted(seen)], warnings
+
+
+def _describe(case: Case) -> str:
+    setup = case.setup.model_dump(mode="json")
+    default = TrainingSetup().model_dump(mode="json")
+    changed = ", ".join(f"{k}={v}" for k, v in setup.items() if v != default[k])
+    return f"({case.model} on {case.gpu}: {changed or 'the default setup'})"
+
+
+def _where(loc: tuple) -> str:
+    return f"grids[{loc[1]}]" if loc[0] == "grids" else f"override[{loc[1]}].set"
+
+
+def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], origin: dict[str, tuple]) -> Case:
+    """One cell as a case; a bad value is reported where it was written (the grid or the override)."""
+    fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory")}
+    gpu = str(cell["gpu"])
+    if cell.get("gpu_memory") is not None:
+        loc = origin.get("gpu_memory", ("grids", gi, "gpu_memory"))
+        try:
+            gpu = catalog.gpu_key(gpu, str(cell["gpu_memory"]))
+        except UserError as exc:
+            raise UserError(f"{path}:{_line_of(lines, loc)}: {_where(loc)}.gpu_memory: {exc.message}",
+                            exc.hint) from None
+    try:
+        setup = TrainingSetup.model_validate(fields)
+    except SetupError as exc:
+        key = exc.field or ""
+        # a rule across fields (gpus needs sharding) broken by an override's value: the override's line
+        set_by = [loc[:3] for loc in origin.values() if loc[0] == "override"]
+        loc = origin.get(key) or (max(set_by) if set_by else ("grids", gi))
+        hint = _allowed(str(key)) if key else None
+        raise UserError(f"{path}:{_line_of(lines, loc)}: {_where(loc)}.{key}: {exc.message} (in cell {cell})",
+                        hint=hint) from None
+    return Case(model=str(cell["model"]), gpu=gpu, setup=setup)

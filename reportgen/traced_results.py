@@ -20,7 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from reportgen import catalog
-from reportgen.results import ADDED_SETUP_FIELDS, UnreadableResult, read_versioned, short_hash, write_json_atomic
+from reportgen.results import (ADDED_SETUP_FIELDS, UnreadableResult, current_id, legacy_id, read_versioned, short_hash,
+                               write_json_atomic)
 from reportgen.store import Warn, stderr_warn
 
 TRACED_DIR = "traced"
@@ -63,6 +64,35 @@ def traced_path(sweep_dir: Path, cid: str) -> Path:
 
 def traced_files(sweep_dir: Path) -> list[Path]:
     return sorted((Path(sweep_dir) / TRACED_DIR).glob("*.json"))
+
+
+def existing_path(sweep_dir: Path, cid: str) -> Path | None:
+    """The traced file of case ``cid``: named by its current id, or by the 8-digit id it was written
+    under before ids grew (``results.legacy_id``); None when there is neither."""
+    for path in (traced_path(sweep_dir, cid), traced_path(sweep_dir, legacy_id(cid))):
+        if path.is_file():
+            return path
+    return None
+
+
+def migrate_ids(sweep_dir: Path) -> int:
+    """Rename the traced files written under an older id to their case's current id (``id`` field
+    rewritten; the figures and ``inputs_hash`` are untouched, so a current file stays current).
+    ``reportgen sweep --trace`` runs it first. Returns how many were renamed."""
+    renamed = 0
+    for path in traced_files(sweep_dir):
+        try:
+            doc = read_traced(path)
+        except UnreadableResult:
+            continue
+        cid = current_id(doc)
+        target = traced_path(sweep_dir, cid)
+        if target == path or target.exists():
+            continue
+        write_json_atomic(target, {**doc, "id": cid})
+        path.unlink()
+        renamed += 1
+    return renamed
 
 
 def traced_document(cid: str, sweep: str, case: dict, trace: dict, ihash: str | None = None) -> dict:
@@ -130,6 +160,7 @@ def load_traced(results_dir: Path, warn: Warn = stderr_warn) -> dict[str, dict]:
             except UnreadableResult as exc:
                 warn(f"{exc}; skipped")
                 continue
+            doc["id"] = current_id(doc)  # a file written under an older id joins its case (results.current_id)
             if staleness(doc):
                 stale.append(doc["id"])
             elif doc["id"] not in out:
@@ -145,11 +176,15 @@ def find_traced(results_dir: Path, cid: str) -> list[dict]:
     """Every traced document of case ``cid`` under ``results_dir`` (stale ones too, for ``show``),
     each with ``path`` and ``stale`` (the reason, or None)."""
     out = []
-    for path in sorted(Path(results_dir).glob(f"*/{TRACED_DIR}/{cid}.json")):
+    for sweep_dir in sorted(p.parent for p in Path(results_dir).glob(f"*/{TRACED_DIR}")):
+        path = existing_path(sweep_dir, cid)
+        if path is None:
+            continue
         try:
             doc = read_traced(path)
         except UnreadableResult as exc:
             out.append({"id": cid, "path": path.as_posix(), "stale": str(exc), "unreadable": True})
             continue
-        out.append({**doc, "path": path.as_posix(), "stale": staleness(doc)})
+        if current_id(doc) == cid:
+            out.append({**doc, "id": cid, "path": path.as_posix(), "stale": staleness(doc)})
     return out

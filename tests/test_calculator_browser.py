@@ -326,6 +326,20 @@ def test_the_link_restores_the_setup(served_site, browser):
         assert after["json"] == before["json"] and after["shown"] == before["shown"]
 
 
+def test_a_link_with_values_the_page_lacks_names_them(served_site, browser):
+    """Issue 20: a link with a model or method the page does not offer showed empty fields (and the
+    estimate an empty model name). The fields keep their defaults and a note names the link's values."""
+    first_answer(browser, served_site + "calculator/#model=llama-9b&method=ful&batch=4")
+    page = browser.execute_script(READ_PAGE)
+    assert page["form"]["model"] == "llama-3.2-1b" and page["form"]["setup.method"] == "full"
+    assert page["form"]["setup.batch"] == "4"  # what the page offers is restored
+    note = browser.execute_script("return document.getElementById('rg-link-note').textContent")
+    assert 'model "llama-9b"' in note and 'method "ful"' in note and "defaults are shown" in note
+    assert page["command"].startswith("reportgen estimate --model llama-3.2-1b --gpu rtx-4090") and page["error"] is None
+    first_answer(browser, served_site + "calculator/#method=lora")  # a good link: no note
+    assert browser.execute_script("return document.getElementById('rg-link-note').hidden")
+
+
 def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, shots):
     first_answer(browser, served_site + "calculator/")
     browser.execute_async_script(SET_FORM, {"paste": True, "config": BAD_CONFIG, "gpu": "t4"}, False)

@@ -104,7 +104,7 @@ def test_the_table_ends_with_what_was_measured_of_this_setup(capsys, monkeypatch
     assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--method", "lora"]) == 0
     out = capsys.readouterr().out
     assert "validation page" not in out
-    assert "measured too: device total" in out and "reportgen show llama-3.1-8b.h100-sxm.lora.453de8e9" in out
+    assert "measured too: device total" in out and "reportgen show llama-3.1-8b.h100-sxm.lora.453de8e998c3" in out
     assert "\nfits: needs " in out and "GiB free, expected" in out
     assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--method", "lora"]) == 0
     out = capsys.readouterr().out  # measured on the H100 capped to 24 GiB: out of memory

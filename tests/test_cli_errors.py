@@ -35,6 +35,21 @@ BAD_CONFIGS = [
     ("negative-window", {**GOOD, "sliding_window": -1}, "sliding_window is -1"),
     ("experts-per-token", {**GOOD, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 5},
      "num_experts_per_tok is 5; it must be between 1 and the number of experts (4)"),
+    # issue 20: values no model has, and names transformers does not know
+    ("huge-vocab", {**GOOD, "vocab_size": 10**12}, "vocab_size is 1000000000000; it must be at most 4,194,304"),
+    ("huge-depth", {**GOOD, "num_hidden_layers": 10**9}, "num_hidden_layers is 1000000000; it must be at most"),
+    ("infinite-softcap", {**GOOD, "final_logit_softcapping": float("inf")},
+     "final_logit_softcapping is Infinity; it must be null or a positive, finite number"),
+    ("nan-theta", {**GOOD, "rope_theta": float("nan")}, "rope_theta is NaN"),
+    ("zero-context", {**GOOD, "max_position_embeddings": 0}, "max_position_embeddings is 0; it must be a positive"),
+    ("unknown-activation", {**GOOD, "hidden_act": "banana"}, "hidden_act is \"banana\"; it must be an activation"),
+    ("unknown-rope", {**GOOD, "rope_scaling": {"rope_type": "weird", "factor": 2.0}},
+     "rope_scaling.rope_type is \"weird\"; it must be a RoPE type"),
+    ("rope-not-object", {**GOOD, "rope_scaling": "linear"}, "rope_scaling is \"linear\""),
+    ("rotary-factor", {**GOOD, "partial_rotary_factor": 0}, "partial_rotary_factor is 0"),
+    ("mixtral-no-experts", {**GOOD, "model_type": "mixtral", "num_local_experts": 0}, "a mixture of experts"),
+    ("deep", {**GOOD, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+     "nested more than 32 levels deep"),
 ]
 
 
@@ -54,12 +69,33 @@ def test_malformed_config_is_a_message(tmp_path, capsys, name, content, words):
         assert "Traceback" not in out and f"{path}" in out and words in out
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", b"{\"model_type\": \"llama\",", b""])
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", b"{\"model_type\": \"llama\",", b"",
+                                     b"[" * 100_000 + b"]" * 100_000, b"[1" + b"0" * 5000 + b"]"])
 def test_unreadable_config_file_is_a_message(tmp_path, capsys, content):
     path = tmp_path / "config.json"
     path.write_bytes(content)
-    code, out = run(capsys, "estimate", "--model", str(path), "--gpu", "t4")
-    assert code == 2 and "error:" in out and "Traceback" not in out
+    for command in ("estimate", "advise", "measure"):  # measure checks the config before it starts a worker
+        code, out = run(capsys, command, "--model", str(path), "--gpu", "t4")
+        assert code == 2 and "error:" in out and "Traceback" not in out, (command, out)
+
+
+def test_trace_refuses_a_config_that_is_a_list(tmp_path, capsys):
+    """Was an AttributeError: ``reportgen trace`` reads configs of any family itself."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps([GOOD]))
+    code, out = run(capsys, "trace", "--model", str(path), "--gpu", "t4")
+    assert code == 2 and "this one holds a list" in out and "Traceback" not in out
+
+
+def test_a_mixtral_config_without_expert_counts_takes_mixtrals_defaults(tmp_path):
+    """MixtralConfig has 8 experts, 2 per token, by default: a config that leaves them out is no dense model."""
+    from reportgen import catalog
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**GOOD, "model_type": "mixtral"}))
+    spec = catalog.load_model(str(path))
+    assert (spec.num_experts, spec.experts_per_token) == (8, 2)
+    assert spec.active_params < spec.total_params
 
 
 def test_config_directory_without_config_json(tmp_path, capsys):
@@ -85,6 +121,31 @@ def test_out_of_range_flags_exit_2(capsys, flag, value):
         code, out = exc.code, capsys.readouterr().err
     assert code == 2 and "Traceback" not in out
     assert flag in out or value in out
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--method", "full", "--lora-rank", "64"], "--lora-rank: applies only to --method lora or --method qlora"),
+    (["--method", "full", "--lora-targets", "qv"], "--lora-targets: applies only to"),
+    (["--method", "full", "--lora-dropout", "0.1"], "--lora-dropout: applies only to"),
+    (["--method", "lora", "--quant", "fp4", "--double-quant"], "--quant: applies only to --method qlora"),
+    (["--method", "lora", "--double-quant"], "--double-quant: applies only to --method qlora"),
+    (["--method", "full", "--quant", "nf4"], "with --method full it changes nothing"),
+    (["--method", "lora", "--lora-alpha", "100000000000000000000"], "--lora-alpha: must be <= 65536"),
+    (["--seq", "100000000"], "--seq: must be <= 1048576 (got 100000000)"),
+    (["--gpu-memory", "0GiB"], "GPU memory '0GiB': must be more than zero"),
+    (["--gpu-memory", "5TiB"], "more than 4 TiB"),
+])
+def test_flags_that_do_nothing_or_no_card_has_are_refused(capsys, flags, words):
+    """Issue 20: accepted without a word before (or refused with a misleading message)."""
+    for command in ("estimate", "measure", "trace"):
+        code, out = run(capsys, command, "--model", "llama-3.2-1b", "--gpu", "rtx-4090", *flags)
+        assert code == 2 and words in out and "Traceback" not in out, (command, out)
+
+
+def test_flags_of_the_chosen_method_are_accepted(capsys):
+    code, out = run(capsys, "estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "qlora",
+                    "--quant", "fp4", "--double-quant", "--lora-rank", "8", "--lora-targets", "qv")
+    assert code == 0, out
 
 
 def test_inconsistent_setup_names_the_flags(capsys):

@@ -17,9 +17,17 @@ def test_sizes_with_units(text, bytes_):
     assert catalog.parse_memory(text) == bytes_
 
 
-@pytest.mark.parametrize("text", ["48G", "48", "-1GiB", "lots", "0GiB"])
+@pytest.mark.parametrize("text", ["48G", "48", "-1GiB", "lots"])
 def test_sizes_without_a_clear_unit_are_refused(text):
     with pytest.raises(UserError, match="expected a size with its unit"):
+        catalog.parse_memory(text)
+
+
+@pytest.mark.parametrize("text, words", [("0GiB", "must be more than zero"), ("0.5MiB", "less than 64 MiB"),
+                                         ("5TiB", "more than 4 TiB")])
+def test_sizes_no_card_has_are_refused_as_such(text, words):
+    """Issue 20: ``0GiB`` was "expected a size with its unit", which it has."""
+    with pytest.raises(UserError, match=words):
         catalog.parse_memory(text)
 
 

@@ -105,14 +105,15 @@ def test_qlora(capsys, tiny):
 
 
 def test_unbuildable_config_is_an_error_with_the_traceback(capsys, tmp_path):
-    cfg = dict(TINY["llama"], hidden_act="no-such-activation")  # fine for the estimator, not for transformers
+    # a padding index past the vocabulary: nothing to the estimator, a failed build to torch.nn.Embedding
+    cfg = dict(TINY["llama"], pad_token_id=TINY["llama"]["vocab_size"])
     path = tmp_path / "bad-llama.json"
     path.write_text(json.dumps(cfg))
     rc, d = measure_json(capsys, "--model", str(path), *FAST)
     assert rc == 1
     assert d["status"] == "error"
     assert d["measurement"]["failed_in"] == "build"
-    assert "Traceback" in d["error"] and "no-such-activation" in d["error"]
+    assert "Traceback" in d["error"] and "Padding_idx must be within num_embeddings" in d["error"]
     assert ENV_KEYS <= set(d["environment"])
 
 

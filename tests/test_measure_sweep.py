@@ -177,7 +177,8 @@ def test_validate_on_gpu_script(tmp_path):
     good = tmp_path / "tiny-llama.json"
     good.write_text(json.dumps(TINY["llama"]))
     bad = tmp_path / "bad-llama.json"
-    bad.write_text(json.dumps(dict(TINY["llama"], hidden_act="no-such-activation")))
+    # a padding index past the vocabulary: nothing to the estimator, a failed build to torch.nn.Embedding
+    bad.write_text(json.dumps(dict(TINY["llama"], pad_token_id=TINY["llama"]["vocab_size"])))
     spec = tmp_path / "script.yaml"
     spec.write_text(f"""
 name: script-check
@@ -203,7 +204,7 @@ measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120, profile: true, pro
     assert all(n.startswith("script-check/measured/") and n.endswith(".json") for n in names) and len(names) == 2
     assert blocks["bad-llama"]["status"] == "error" and blocks["tiny-llama"]["status"] == "ok"
     assert blocks["tiny-llama"]["environment"]["device"] == "cpu" and blocks["tiny-llama"]["settings"]["steps"] == 1
-    assert "no-such-activation" in blocks["bad-llama"]["error"]
+    assert "Padding_idx must be within num_embeddings" in blocks["bad-llama"]["error"]
     # the profiled case's trace, packed beside the measurements, named in its measurement file
     profile = blocks["tiny-llama"]["measurement"]["profile"]
     assert profile["error"] is None and profile["trace"].startswith("profiles/tiny-llama.")

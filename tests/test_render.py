@@ -81,7 +81,7 @@ def test_gpu_page_content(docs):
     for seq in (512, 2048):
         assert (docs / "charts" / "gpus" / f"rtx-4090-memory-s{seq}.svg").is_file()
         assert (docs / "charts" / "gpus" / f"rtx-4090-throughput-s{seq}.svg").is_file()
-    assert "`llama-3.1-8b.rtx-4090.qlora.0ab15373`" in text  # a case id per row
+    assert "`llama-3.1-8b.rtx-4090.qlora.0ab15373ec93`" in text  # a case id per row
     assert "reportgen sweep sweeps/tiny.yaml" in text and "(../data/gpus/rtx-4090.csv)" in text
     assert COMMIT[:12] in text
     # measured values sit next to their estimate, marked, with their environment linked
@@ -146,10 +146,10 @@ def test_hours_and_dollars_are_per_100m_tokens(docs, results):
     # the tiny-dc sweep trains 1e9 tokens: the site scales its hours to 100M
     import json
 
-    path = results[0] / "tiny-dc" / "llama-3.1-8b.h100-sxm.lora.453de8e9.json"
+    path = results[0] / "tiny-dc" / "llama-3.1-8b.h100-sxm.lora.453de8e998c3.json"
     est = json.loads(path.read_text())["estimate"]["time"]
     rows = {r["case_id"]: r for r in csv.DictReader(io.StringIO((docs / "data" / "gpus" / "h100-sxm.csv").read_text()))}
-    got = float(rows["llama-3.1-8b.h100-sxm.lora.453de8e9"]["est_hours_per_100m_tokens"])
+    got = float(rows["llama-3.1-8b.h100-sxm.lora.453de8e998c3"]["est_hours_per_100m_tokens"])
     assert got == pytest.approx(est["train_hours"] / 10, rel=1e-4)
 
 
@@ -284,7 +284,8 @@ def test_show_recomputes_the_stored_estimate(results, capsys):
 
 def test_show_unknown_id_lists_close_ids(results, capsys):
     cid = results[1]["measured"][0]
-    assert main(["show", cid[:-1], "--results", str(results[0])]) == 2
+    typo = cid[:-1] + ("0" if cid[-1] != "0" else "1")  # (a prefix of an id is that id: ``show.resolve_id``)
+    assert main(["show", typo, "--results", str(results[0])]) == 2
     err = capsys.readouterr().err
     assert "unknown case id" in err and cid in err
 

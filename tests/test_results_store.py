@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reportgen import store
-from reportgen.results import (MEASUREMENT_SCHEMA_VERSION, SCHEMA_VERSION, UnreadableResult, migrate, read_json,
+from reportgen.results import (MEASUREMENT_SCHEMA_VERSION, SCHEMA_VERSION, UnreadableResult, current_id, migrate, read_json,
                                write_json_new)
 from reportgen.runner import run_estimates
 from reportgen.sweep import load_sweep
@@ -28,6 +28,14 @@ V1 = FIXTURES / "results-v1"
 V1_MEASURED = "tiny-llama.h100-sxm.full.11f0b679"
 V1_PLAIN = "tiny-llama.h100-sxm.lora.952df44a"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _now(stored: str) -> str:
+    """The current id of a v1 fixture's case (its file name holds the 8-digit id of the time)."""
+    return current_id(json.loads((V1 / "v1" / f"{stored}.json").read_text()))
+
+
+V1_MEASURED_NOW, V1_PLAIN_NOW = _now(V1_MEASURED), _now(V1_PLAIN)
 
 
 def copy_v1(tmp_path: Path) -> Path:
@@ -67,9 +75,10 @@ def test_every_earlier_schema_round_trips(tmp_path, version):
         assert new["schema_version"] == SCHEMA_VERSION and "measurement" not in new
         for key in ("id", "case", "estimate", "status", "error", "inputs_hash", "sweep", "sweep_hash"):
             assert new[key] == old[key], key
-        block = loaded[cid]["measurement"]
+        now = current_id(old)  # readers key every document by its case's current id (results.current_id)
+        block = loaded[now]["measurement"]
         if old["measurement"] is None:
-            assert block is None and loaded[cid]["measurements"] == []
+            assert block is None and loaded[now]["measurements"] == []
         else:
             doc = read_json(measured[0])
             assert doc["schema_version"] == MEASUREMENT_SCHEMA_VERSION and doc["id"] == cid
@@ -78,20 +87,23 @@ def test_every_earlier_schema_round_trips(tmp_path, version):
                 old["measurement"]
             assert {k: v for k, v in block.items() if k in old["measurement"]} == old["measurement"]
         # what a reader saw before the migration is what it sees after it
-        assert {k: v for k, v in in_memory[cid].items() if k not in ("measurement", "measurements")} == \
-            {k: v for k, v in loaded[cid].items() if k not in ("measurement", "measurements")}
-        drop = ("path", "schema_version", "sweep")
-        assert [{k: v for k, v in b.items() if k not in drop} for b in in_memory[cid]["measurements"]] == \
-            [{k: v for k, v in b.items() if k not in drop} for b in loaded[cid]["measurements"]]
+        assert {k: v for k, v in in_memory[now].items() if k not in ("measurement", "measurements")} == \
+            {k: v for k, v in loaded[now].items() if k not in ("measurement", "measurements")}
+        drop = ("path", "schema_version", "sweep", "stored_id")
+        assert [{k: v for k, v in b.items() if k not in drop} for b in in_memory[now]["measurements"]] == \
+            [{k: v for k, v in b.items() if k not in drop} for b in loaded[now]["measurements"]]
 
 
 def test_a_sweep_over_v1_files_keeps_the_measurement(tmp_path, monkeypatch):
     work = copy_v1(tmp_path)
     monkeypatch.chdir(work)
     run_estimates(load_sweep("v1.yaml"), Path("."), warn=quiet)
-    loaded = {r["id"]: r for r in store.load_sweep(work / "v1", quiet)}
-    assert loaded[V1_MEASURED]["measurement"]["status"] == "ok"
-    assert loaded[V1_MEASURED]["estimator_hash"] and not loaded[V1_MEASURED]["estimator_hash"].startswith("v1-")
+    loaded = store.load_sweep(work / "v1", quiet)
+    # the case is stored under its current id now; the measurement, filed under the old one, joins it
+    [case] = [r for r in loaded if r["measurements"]]
+    assert case["measurement"]["status"] == "ok" and case["measurement"]["stored_id"] == V1_MEASURED
+    assert case["id"] == current_id(case) != V1_MEASURED
+    assert case["estimator_hash"] and not case["estimator_hash"].startswith("v1-")
 
 
 def test_newer_schema_is_refused_not_guessed():
@@ -139,7 +151,7 @@ def test_render_reads_around_unusable_files_without_moving_them(tmp_path):
     bad.write_text(CONFLICT)
     warnings: list[str] = []
     loaded = store.load_sweep(work / "v1", warnings.append)
-    assert [r["id"] for r in loaded] == [V1_MEASURED] and bad.read_text() == CONFLICT
+    assert [r["id"] for r in loaded] == [V1_MEASURED_NOW] and bad.read_text() == CONFLICT
     assert any(str(bad) in w for w in warnings)
 
 
@@ -161,12 +173,12 @@ def test_a_case_dropped_from_the_sweep_keeps_its_measurement_and_a_fresh_estimat
     stats = run_estimates(load_sweep("v1.yaml"), Path("."), warn=quiet)
     assert stats.orphans == 1 and stats.removed == 0
     assert files(work / "v1" / store.MEASURED_DIR) == measured
-    kept = json.loads((work / "v1" / f"{V1_MEASURED}.json").read_text())
+    kept = json.loads((work / "v1" / f"{V1_MEASURED_NOW}.json").read_text())
     assert kept["in_sweep"] is False and kept["status"] == "ok"
     # an estimate of a case nobody lists or measured is recomputable: it goes
     Path("v1.yaml").write_text(Path("v1.yaml").read_text().replace("method: lora", "method: full"))
     stats = run_estimates(load_sweep("v1.yaml"), Path("."), warn=quiet)
-    assert stats.removed == 1 and not (work / "v1" / f"{V1_PLAIN}.json").exists()
+    assert stats.removed == 1 and not (work / "v1" / f"{V1_PLAIN_NOW}.json").exists()
     assert files(work / "v1" / store.MEASURED_DIR) == measured
 
 
@@ -206,3 +218,19 @@ def test_a_changed_constant_recomputes_every_estimate_and_keeps_every_measuremen
         if name.startswith("measured/"):
             assert after[name] == data
     assert sum(k.startswith("measured/") for k in after) == 1
+
+
+def test_a_newer_measurement_is_warned_about_once_per_run(tmp_path, monkeypatch, capsys):
+    """Issue 20: kept in place (nothing overwrites it) but warned about three times per run (the
+    sweep's preparation, its estimate pass and its render each said so)."""
+    from reportgen.cli import main
+
+    work = copy_v1(tmp_path)
+    monkeypatch.chdir(work)
+    newer = work / "v1" / store.MEASURED_DIR / "y.20260101T000000Z.json"
+    newer.parent.mkdir(exist_ok=True)
+    newer.write_text(json.dumps({"schema_version": MEASUREMENT_SCHEMA_VERSION + 1, "id": "y", "status": "ok"}))
+    assert main(["sweep", "v1.yaml", "--results", ".", "--docs", str(tmp_path / "docs")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("newer reportgen") == 1 and "left in place" in err
+    assert newer.is_file()

@@ -118,3 +118,90 @@ def test_a_new_setup_field_at_its_old_value_keeps_case_ids():
     assert case_id("llama-3.2-1b", "t4", setup) == case_id("llama-3.2-1b", "t4", before)
     dropped = TrainingSetup(method="lora", lora_dropout=0.1).model_dump(mode="json")
     assert case_id("llama-3.2-1b", "t4", dropped) != case_id("llama-3.2-1b", "t4", setup)
+
+
+# ----- issue 20: every bad sweep is a message at its line, never a traceback or a silent guess ----
+HARDEN = [
+    # a misspelled key in an override's set: (was a TypeError traceback)
+    ("set-typo", GOOD.replace("set: {precision: fp16-mixed}", "set: {precison: fp16-mixed}"), 11,
+     ["override[0].set: unknown key 'precison'", "did you mean 'precision'"]),
+    # an override's bad value is reported at the override's line (was the grid's)
+    ("set-value", GOOD.replace("set: {precision: fp16-mixed}", "set: {precision: fp17}"), 11,
+     ["override[0].set.precision", "fp16-mixed"]),
+    ("set-gpu", GOOD.replace("set: {precision: fp16-mixed}", "set: {gpu: nosuch}"), 11,
+     ["override[0].set.gpu: unknown GPU 'nosuch'"]),
+    ("set-cross-field", GOOD.replace("set: {precision: fp16-mixed}", "set: {gpus: 2}"), 11,
+     ["override[0].set.sharding", "gpus=2 needs sharding"]),
+    # a misspelled top-level key is named as such (was "grids: Field required")
+    ("grid-typo", GOOD.replace("grids:", "grid:"), 2, ["unknown key 'grid'", "did you mean 'grids'"]),
+    ("duplicate-key", GOOD.replace("    seq: 1024", "    seq: 1024\n    seq: 2048"), 7,
+     ["duplicate key 'seq' (first at line 6)"]),
+    ("exclude-choice", GOOD.replace("{model: tinyllama-1.1b, method: qlora}", "{method: ful}"), 8,
+     ["exclude[0].method", "full, lora, qlora"]),
+    ("when-gpu", GOOD.replace("when: {gpu: t4}", "when: {gpu: rtx4090}"), 10,
+     ["override[0].when.gpu: unknown GPU 'rtx4090'", "rtx-4090"]),
+    ("exclude-model", GOOD.replace("{model: tinyllama-1.1b, method: qlora}", "{model: tinyllama}"), 8,
+     ["exclude[0].model: 'tinyllama' names no model", "tinyllama-1.1b"]),
+    ("set-list", GOOD.replace("set: {precision: fp16-mixed}", "set: {precision: [fp16-mixed, fp32]}"), 11,
+     ["sets one value, not a list"]),
+    ("empty-list", GOOD.replace("method: [lora, qlora]", "method: []"), 5, ["an empty list expands to no case"]),
+    ("recursive", "name: x\ngrids: &g\n  - {model: llama-3.2-1b, gpu: t4, seq: *g}\n", 2, ["recursive value"]),
+    ("alias-bomb", "name: x\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else 'a'] * 9)}]\n" for i in range(7))
+     + "grids: [{model: llama-3.2-1b, gpu: t4, seq: *l6}]\n", 0, ["values once its aliases are expanded"]),
+    ("deep", "name: x\ngrids: " + "[" * 200 + "]" * 200 + "\n", 0, ["nested"]),
+    ("huge-int", "name: x\ngrids: [{model: llama-3.2-1b, gpu: t4, seq: 1" + "0" * 5000 + "}]\n", 0,
+     ["a value cannot be read"]),
+]
+
+
+@pytest.mark.parametrize("name, text, line, needles", HARDEN, ids=[h[0] for h in HARDEN])
+def test_bad_sweeps_are_messages_at_their_line(tmp_path, capsys, name, text, line, needles):
+    path = write(tmp_path, text)
+    results = tmp_path / "results"
+    assert main(["sweep", str(path), "--results", str(results), "--docs", str(tmp_path / "docs")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err and f"{path}:" in err
+    if line:
+        assert f"{path}:{line}:" in err, err
+    for needle in needles:
+        assert needle in err, err
+    assert not results.exists() and not (tmp_path / "docs").exists()
+
+
+def test_a_sweep_file_that_is_not_utf8_is_a_message(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(GOOD.encode() + b"description: caf\xe9\n")
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:12: not UTF-8" in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_a_grid_above_the_limit_needs_max_cases(tmp_path, capsys):
+    """The audit's 100,000-case grid ran for minutes and wrote 402 MB without a word."""
+    text = GOOD.replace("    seq: 1024", "    seq: [" + ", ".join(str(512 + i) for i in range(3000)) + "]")
+    path = write(tmp_path, text)
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r"), "--no-render"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "expand to 24,000 cells" in err and "--max-cases 24000" in err and not (tmp_path / "r").exists()
+    assert len(load_sweep(path, max_cases=24_000).cases) == 24_000 - 6_000  # the exclude rule drops some
+
+
+def test_a_rule_that_matches_nothing_is_a_warning(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("when: {gpu: t4}", "when: {gpu: h100-sxm}"))
+    assert main(["sweep", str(path), "--results", str(tmp_path / "r"), "--no-render"]) == 0
+    assert f"{path}:10: override[0] matches no cell of the grids" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--shard", "abc"], "expected I/N"), (["--shard", "5/2"], "0 <= I < N"), (["--shard", "0/0"], "N >= 1"),
+    (["--docs", "FILE"], "--docs"), (["--results", "FILE"], "--results"),
+])
+def test_bad_sweep_flags_are_refused_before_anything_is_written(tmp_path, capsys, flags, needle):
+    path = write(tmp_path, GOOD.replace("name: tiny", "name: tiny\nmeasure: {enabled: true}"))
+    (tmp_path / "FILE").write_text("x")
+    flags = [str(tmp_path / "FILE") if f == "FILE" else f for f in flags]
+    argv = ["sweep", str(path), "--results", str(tmp_path / "r"), "--docs", str(tmp_path / "d")] + flags
+    assert main(argv) == 2
+    assert needle in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()

@@ -17,7 +17,7 @@ from reportgen.cli import main
 from reportgen.estimate.memory import estimate_memory
 from reportgen.fingerprint import PACKAGE, TRACE_NOT_SOURCES, trace_hash
 from reportgen.report import render
-from reportgen.results import UnreadableResult, read_result, write_json_atomic
+from reportgen.results import UnreadableResult, current_id, read_result, write_json_atomic
 from reportgen.runner import run_estimates
 from reportgen.sweep import load_sweep
 from reportgen.trace import agreement
@@ -36,12 +36,12 @@ def test_committed_traces_exist_and_are_current_for_the_trace_code():
     assert {c.setup.method.value for c in sweep.cases} == {"full", "lora", "qlora"}
     missing, stale = [], []
     for case in sweep.cases:
-        path = traced_results.traced_path(COMMITTED, case.id)
-        if not path.is_file():
+        path = traced_results.existing_path(COMMITTED, case.id)  # its id, or the 8-digit id of before
+        if path is None:
             missing.append(case.id)
             continue
         doc = traced_results.read_traced(path)
-        assert doc["kind"] == "traced" and doc["id"] == case.id
+        assert doc["kind"] == "traced" and current_id(doc) == case.id
         if traced_results.staleness(doc):
             stale.append(case.id)
     assert not missing, f"{len(missing)} case(s) of sweeps/traced.yaml have no traced file ({missing[:3]}): run {REDO}"

@@ -71,15 +71,29 @@ function hashOf(form) {
   return params.toString();
 }
 
+// A value the form has no place for (a model or method the page does not offer, a number the field
+// refuses) is not restored as an empty field: the field keeps its default and a note names the value.
 function restore(form, hash) {
   const params = new URLSearchParams(hash.replace(/^#/, ""));
+  const ignored = [];
   for (const c of controls(form)) {
     const key = c.name.replace(/^setup\./, "");
-    setValue(c, params.has(key) ? params.get(key) : c.dataset.default);
+    const text = params.has(key) ? params.get(key) : c.dataset.default;
+    setValue(c, text);
+    if (c.type !== "checkbox" && c.value !== text && c.value.trim() !== text.trim()) {
+      ignored.push([key, text]);
+      setValue(c, c.dataset.default);
+    }
   }
   const pasted = params.has("config");
   form.elements.paste.checked = pasted;
   form.elements.config.value = pasted ? params.get("config") : "";
+  const note = $("rg-link-note");
+  note.hidden = ignored.length === 0;
+  note.textContent = ignored.length === 0 ? "" : "This link's " +
+    ignored.map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ") +
+    (ignored.length === 1 ? " is not a value this page offers: its default is shown instead." :
+      " are not values this page offers: their defaults are shown instead.");
   sync(form);
 }
 

@@ -12,6 +12,8 @@ to the estimate.
 from __future__ import annotations
 
 
+from markupsafe import Markup
+
 from reportgen import catalog
 from reportgen.advise import tree as T
 from reportgen.advise.diagrams import stage_diagrams
@@ -23,6 +25,12 @@ INDEX = "guides/index.md"
 #: cards up to this much memory get the "memory decides" advice (T4, RTX 3060/3090/4090, A10G, L4)
 SMALL_CARD_BYTES = 24 * 2**30
 DEFAULT_SEQ = 2048
+
+
+def _diagrams() -> list[dict]:
+    """The decision tree's diagrams, Mermaid source from our own tree (``advise/diagrams.py``): printed
+    as it is (``Markup``), not escaped as a value."""
+    return [{**d, "mermaid": Markup(d["mermaid"])} for d in stage_diagrams()]
 
 
 CALCULATOR = "calculator/index.md"
@@ -90,11 +98,13 @@ def _step_view(i: int, s: dict, page: str, measured: dict[str, dict]) -> dict:
     base = {"n": i, "kind": s["kind"], "stage": node.stage, "label": node.label,
             "numbers": _numbers_view(s.get("numbers"), measured)}
     if s["kind"] == "action":
-        changed = ", ".join(f"`{f}` {a} → {b}" for f, (a, b) in sorted(s["changed"].items()))
+        # Markdown of our own (field names and setup values, HTML-escaped by ``format``)
+        changed = Markup(", ").join(Markup("`{}` {} → {}").format(f, a, b) for f, (a, b) in sorted(s["changed"].items()))
         base.update(title=node.title, result=changed or ("baseline" if s["node"] == T.ROOT else "no change"),
                     notes=s["notes"], link=technique_link(page, node.technique))
     elif s["kind"] == "check":
-        base.update(title=s["question"], result=f"**{s['outcome']}**: {s['explain']}", notes=[], link=None)
+        base.update(title=s["question"], result=Markup("**{}**: {}").format(s["outcome"], s["explain"]), notes=[],
+                    link=None)
     else:
         base.update(title=s["title"], result="", notes=[], link=None)
     return base
@@ -191,8 +201,8 @@ def gpu_profile(key: str) -> dict:
 
 def tree_view(page: str) -> dict:
     """The tree's nodes as tables for the index page."""
-    def change(c: dict) -> str:
-        return ", ".join(f"`{k}: {v}`" for k, v in c.items())
+    def change(c: dict) -> Markup:
+        return Markup(", ").join(Markup("`{}: {}`").format(k, v) for k, v in c.items())
 
     actions = [{"label": n.label, "title": n.title, "stage": T.STAGES[n.stage], "change": change(n.change),
                 "why": n.why, "tradeoff": n.tradeoff, "link": technique_link(page, n.technique),
@@ -225,7 +235,7 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict], quant_pairs: lis
     context = {
         "root": "../",
         "gpu": gpu_profile(key),
-        "diagrams": stage_diagrams(),
+        "diagrams": _diagrams(),
         "calculator": calculator_link(path, key),
         "seqs": seqs,
         "primary_seq": PRIMARY_SEQ if PRIMARY_SEQ in seqs else (seqs[0] if seqs else DEFAULT_SEQ),
@@ -261,7 +271,7 @@ def guide_pages(site: SiteData) -> list[Page]:
                      "models": len({w["model"] for w in mine})})
     index = Page(path=INDEX, template="guide_index.md.j2", context={
         "root": "../",
-        "diagrams": stage_diagrams(),
+        "diagrams": _diagrams(),
         "tree": tree_view(INDEX),
         "gpus": gpus,
         "any_walks": bool(walks),

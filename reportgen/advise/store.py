@@ -24,7 +24,7 @@ from reportgen import __version__
 from reportgen.advise.tree import tree_hash
 from reportgen.advise.walk import ADVICE_SCHEMA_VERSION, walk
 from reportgen.fingerprint import advice_hash
-from reportgen.results import short_hash, write_json_atomic
+from reportgen.results import model_file_part, short_hash, write_json_atomic
 from reportgen.runner import inputs_hash
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import Case, Sweep
@@ -46,8 +46,7 @@ def advice_keys(sweep: Sweep) -> list[tuple[str, str, int]]:
 
 
 def advice_path(results_dir: Path, sweep: str, model: str, gpu: str, seq: int) -> Path:
-    model_part = Path(model).stem if model.endswith(".json") else model
-    return Path(results_dir) / sweep / ADVICE_DIR / f"{model_part}.{gpu}.s{seq}.json"
+    return Path(results_dir) / sweep / ADVICE_DIR / f"{model_file_part(model)}.{gpu}.s{seq}.json"
 
 
 def advice_inputs_hash(model: str, gpu: str, seq: int, train_tokens: int) -> str:

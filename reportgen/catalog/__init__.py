@@ -54,17 +54,34 @@ def gpu_names() -> list[str]:
 MEMORY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12}
 
 
+#: the most memory a card may be given (``--gpu-memory``): far above any GPU made
+MAX_GPU_MEMORY = 4 * 2**40
+#: the least: below this not even the CUDA context fits
+MIN_GPU_MEMORY = 64 * 2**20
+
+
 def parse_memory(text: str) -> int:
     """``48GiB`` / ``48 GB`` / ``49140MiB`` -> bytes; a ``UserError`` for anything else (``48G`` is
-    ambiguous between GB and GiB, so it is refused)."""
+    ambiguous between GB and GiB, so it is refused), for zero, and outside ``MIN_GPU_MEMORY`` to
+    ``MAX_GPU_MEMORY``."""
     from reportgen.errors import UserError
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*", str(text))
     unit = m.group(2).lower() if m else None
-    if m is None or unit not in MEMORY_UNITS or float(m.group(1)) <= 0:
+    units = "units: GiB, GB, MiB, MB, TiB, TB (GiB = 2^30 bytes, GB = 10^9)"
+    if m is None or unit not in MEMORY_UNITS:
         raise UserError(f"GPU memory {text!r}: expected a size with its unit, e.g. 48GiB, 24GB or 23028MiB",
-                        hint="units: GiB, GB, MiB, MB, TiB, TB (GiB = 2^30 bytes, GB = 10^9)")
-    return int(float(m.group(1)) * MEMORY_UNITS[unit])
+                        hint=units)
+    size = int(float(m.group(1)) * MEMORY_UNITS[unit])
+    if size <= 0:
+        raise UserError(f"GPU memory {text!r}: must be more than zero", hint="e.g. 48GiB, 24GB or 23028MiB")
+    if size < MIN_GPU_MEMORY:
+        raise UserError(f"GPU memory {text!r}: less than 64 MiB, less than the CUDA context alone",
+                        hint="give the card's memory with its unit, e.g. 48GiB, 24GB or 23028MiB")
+    if size > MAX_GPU_MEMORY:
+        raise UserError(f"GPU memory {text!r}: more than 4 TiB, far above any GPU",
+                        hint="give one card's memory, e.g. 48GiB; several cards: --gpus N")
+    return size
 
 
 def gpu_key(name: str, memory: str | None) -> str:

@@ -12,6 +12,10 @@ of its own, so on a timeout the parent kills torchrun's group and then each rank
 pid the rank wrote (and each rank has asked Linux to kill it when torchrun dies,
 ``distributed.die_with_parent``). When one rank fails it exits at once and torchrun stops the
 others, so a failure is reported within seconds, not at the time limit.
+
+If this process itself ends (SIGTERM, SIGKILL), every worker, torchrun and rank ends with it and
+the scratch folder is removed (``lifeline.py``): torchrun runs under a small guard process
+(``worker.py --guard``) that holds the lifeline for it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 
 import reportgen
+from reportgen.measure import lifeline
 from reportgen.measure.environment import light_environment
 from reportgen.measure.protocol import FINAL_STATUSES, MeasureRequest, answer, empty_measurement, tail
 
@@ -76,23 +81,33 @@ def require_measure_packages() -> None:
 
 
 def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambda: None):
-    """Run ``cmd`` in its own session with its output in ``log_path``; on the timeout kill its process
-    group, on any exception (Ctrl-C) kill it, run ``on_abort`` (torchrun's ranks live in their own
-    sessions) and re-raise. Returns (process, timed out, wall seconds)."""
+    """Run ``cmd`` in its own session with its output in ``log_path`` and this process's lifeline
+    (``lifeline.py``: it and its scratch folder, ``log_path``'s, go when this process does); on the
+    timeout kill its process group, on any exception (Ctrl-C, SIGTERM) kill it, run ``on_abort``
+    (torchrun's ranks live in their own sessions) and re-raise. Returns (process, timed out, wall
+    seconds)."""
     t0 = time.perf_counter()
     timed_out = False
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=_worker_env(), start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-        except BaseException:
-            _kill_group(proc)
-            on_abort()
-            raise
+    read_end, write_end = os.pipe()
+    try:
+        with open(log_path, "wb") as log:
+            try:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=lifeline.child_env(_worker_env(), read_end, log_path.parent),
+                                        pass_fds=(read_end,), start_new_session=True)
+            finally:
+                os.close(read_end)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)
+                on_abort()
+                raise
+    finally:
+        os.close(write_end)
     return proc, timed_out, time.perf_counter() - t0
 
 
@@ -164,8 +179,9 @@ def _run_ranks(request: MeasureRequest, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
         req_path, ans_path, log_path = Path(tmp) / "request.json", Path(tmp) / "answer.json", Path(tmp) / "torchrun.log"
         req_path.write_text(request.to_json())
+        guarded = [sys.executable, "-m", "reportgen.measure.worker", lifeline.GUARD_FLAG, "--"]
         proc, timed_out, wall = _run_logged(
-            ranks.torchrun_command(request, req_path, ans_path), log_path, timeout_s,
+            guarded + ranks.torchrun_command(request, req_path, ans_path), log_path, timeout_s,
             on_abort=lambda: _kill_ranks(ranks.read_ranks(ans_path, world)[1]))
         answers, pids = ranks.read_ranks(ans_path, world)
         if timed_out:

@@ -10,6 +10,9 @@ context left broken by the case (an illegal access after an OOM, a hung NCCL or 
 thread, gigabytes of pinned host memory to unpin) can neither hang the exit until the parent's
 timeout nor turn a written answer into a crash.
 
+A worker dies with its parent: ``lifeline.watch`` ends its process group and removes its scratch
+folder when the parent ends (``--guard -- CMD`` runs torchrun under the same watch).
+
 Under torchrun (a multi-GPU case: ``... REQUEST.json ANSWER.json --torchrun``) every rank runs
 ``rank_main``: it writes its pid, then its own interim and final answers to
 ``ANSWER.rank<R>.json`` (``distributed.rank_paths``; the interim one is rewritten at each phase, so
@@ -32,8 +35,12 @@ from reportgen.results import write_json_atomic
 
 
 def main(argv: list[str]) -> int:
+    from reportgen.measure import lifeline
     from reportgen.measure.distributed import TORCHRUN_FLAG
 
+    if argv[:1] == [lifeline.GUARD_FLAG]:  # torchrun under this process's lifeline (isolate.py)
+        return lifeline.guard_main(argv[1:])
+    lifeline.watch()  # this process and its helpers end when the parent does (lifeline.py)
     ranked = argv[2:] == [TORCHRUN_FLAG]
     if len(argv) != 2 and not ranked:
         print(f"usage: python -m reportgen.measure.worker REQUEST.json ANSWER.json [{TORCHRUN_FLAG}]", file=sys.stderr)

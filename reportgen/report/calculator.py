@@ -32,6 +32,7 @@ from reportgen.browser import DEFAULT_TRAIN_TOKENS, form_fields
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
 from reportgen.report.page import Page, SiteData
+from reportgen.setup import METHOD_FIELDS
 from reportgen.views.format import GIB
 
 PATH = "calculator/index.md"
@@ -60,9 +61,7 @@ GROUPS = (
     ("GPUs", ("gpus", "sharding")),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
-APPLIES = {"lora_": ("lora", "qlora"), "dora": ("lora", "qlora"), "quant": ("qlora",), "double_quant": ("qlora",),
-           "quant_head": ("qlora",), "kbit_prep": ("qlora",),
-           "frozen_dtype": ("lora", "qlora")}
+APPLIES = METHOD_FIELDS
 DEFAULT_MODEL = "llama-3.2-1b"
 DEFAULT_GPU = "rtx-4090"
 
@@ -114,10 +113,7 @@ def third_party(runtime: bool) -> str:
 
 # ----- the form ------------------------------------------------------------------------------------
 def _applies(name: str) -> list[str]:
-    for prefix, methods in APPLIES.items():
-        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
-            return list(methods)
-    return []
+    return list(APPLIES.get(name, ()))
 
 
 def _label(name: str) -> str:

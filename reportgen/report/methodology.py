@@ -16,6 +16,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from markupsafe import Markup
+
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report.page import Page, SiteData
 from reportgen.report.views import environment_of, site_rows
@@ -54,7 +56,7 @@ def _source(module: str) -> tuple[str, str]:
     return path.read_text(), rel
 
 
-def rst_to_md(text: str) -> str:
+def rst_to_md(text: str) -> Markup:
     """A docstring as Markdown: ``code`` -> `code`, and a blank line before a list that follows
     a paragraph line (Python-Markdown needs it)."""
     text = re.sub(r"``([^`]+)``", r"`\1`", text)
@@ -65,7 +67,7 @@ def rst_to_md(text: str) -> str:
                 and not out[-1].startswith("  "):
             out.append("")
         out.append(line)
-    return "\n".join(out).strip()
+    return Markup("\n".join(out).strip())  # Markdown of our own docstrings: printed as it is
 
 
 def _find(tree: ast.AST, qualname: str):

@@ -12,6 +12,8 @@ import io
 import json
 from pathlib import Path
 
+from markupsafe import Markup
+
 from reportgen import catalog, store
 from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
@@ -160,7 +162,7 @@ def home_pages(site: SiteData) -> list[Page]:
             key = (m, g)
             cells.append({"gpu": g, "swept": key in by_pair, "best": _cell(best.get(key)), "guide": guide.get(key),
                           "link": rel(path, f"gpus/{g}.md") + f"#{anchor(m)}"})
-        table.append({"model": m, "link": rel(path, f"models/{anchor_file(m)}.md"), "cells": cells})
+        table.append({"model": m, "link": model_link(path, m), "cells": cells})
     chosen = [b for b in best.values() if b]
     chosen.sort(key=lambda r: (model_order(r["model"]), gpu_order(r["gpu"])))
     files["data/home.csv"] = write_csv(chosen)
@@ -190,9 +192,10 @@ def home_pages(site: SiteData) -> list[Page]:
     return [Page(path=path, template="home.md.j2", context=context, files=files)]
 
 
-def anchor_file(model: str) -> str:
-    """The model page's file name: the catalog name (config paths: their stem)."""
-    return Path(model).stem if model.endswith(".json") else model
+def model_link(page: str, model: str) -> str | None:
+    """Link from ``page`` to the model's page; None for a model given by a config.json path, which
+    has no page (the site has one page per catalog model)."""
+    return rel(page, f"models/{model}.md") if model in catalog.model_names() else None
 
 
 # ----- GPU pages ---------------------------------------------------------------------------------
@@ -261,7 +264,7 @@ def cards_view(data: dict | None, key: str) -> dict | None:
             text = _fit_cell(c.get("fit"), consumer) or f"not within {data['counts'][-1]} cards"
             if c.get("offload_fit"):
                 text += "<br>or " + _fit_cell(c["offload_fit"], consumer)
-            cells.append(text)
+            cells.append(Markup(text))  # numbers and words of advise/cards.py, with their markup
         rows.append({"model": model, "cells": cells})
     return {"seq": data["seq"], "max": data["counts"][-1], "rows": rows}
 
@@ -311,7 +314,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
         for m, rs in sorted(group(rows, "model").items(), key=lambda kv: model_order(kv[0])):
             best = best_fit(rs)
             models.append({
-                "name": m, "anchor": anchor(m), "link": rel(path, f"models/{anchor_file(m)}.md"),
+                "name": m, "anchor": anchor(m), "link": model_link(path, m),
                 "best": _cell(best), "guide": None if best else unswept_fit(walks, m, key, path),
                 "seqs": [{"seq": s, "rows": [r for r in rs if r["seq"] == s],
                           "traced": any(r["traced"] for r in rs if r["seq"] == s)} for s in sorted({r["seq"] for r in rs})],

@@ -10,8 +10,17 @@ never touched. Nothing here estimates or measures.
 Templates live in ``reportgen/report/templates/`` and may use these filters:
 ``gib`` (bytes -> "12.34", GiB = 2**30), ``rate`` (tokens/s), ``pct`` (0.123 -> "12.3%"), ``money``,
 ``num`` (thousands separators, "-" for None), ``signed_pct`` (relative error, "+12.3%"), ``cell``
-(escape ``|`` and newlines for a Markdown table cell); and the macros of ``_macros.md.j2``
-(``legend()``, ``reproduce(repro)``, ``est()``, ``meas()``).
+(a Markdown table cell: escaped, newlines as spaces), ``code`` (a Markdown code span of any text);
+and the macros of ``_macros.md.j2`` (``legend()``, ``reproduce(repro)``, ``est()``, ``meas()``).
+
+**Escaping.** Every value a template prints reaches the page as the text it is: Jinja2's autoescape
+is on, and ``markdown_text`` (the environment's ``finalize``) also writes the characters Markdown
+gives a meaning to (links and images ``[ ]``, attribute lists ``{ }``, code spans, table cells,
+backslash escapes, emphasis) as character references, so a model path such as
+``<img src=x onerror=...>`` or ``[x](javascript:...)`` is shown, never run. Text that is meant as
+Markdown or HTML (docstrings of our own code, the decision tree's diagrams, badges built in Python)
+is marked ``markupsafe.Markup`` where it is made; a value printed inside a code span goes through
+``code``, not between backticks.
 """
 
 from __future__ import annotations
@@ -19,12 +28,14 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import jinja2
+from markupsafe import Markup, escape
 
 from reportgen import __version__
 from reportgen.report.page import Page, SiteData
@@ -125,8 +136,41 @@ def _pct(x, digits: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+#: characters with a meaning in Markdown (and its extensions here: attr_list's ``{: ...}``, tables),
+#: written as numeric character references in text: they read the same and mean nothing
+_MARKDOWN = {ord(c): f"&#{ord(c)};" for c in "[]{}`|\\*"}
+
+
+def markdown_text(value):
+    """Any value as Markdown text that reads as itself (the environment's ``finalize``): HTML-escaped,
+    Markdown's markup characters as character references, newlines as spaces. ``Markup`` (macros,
+    text marked as Markdown where it is made) and non-strings (numbers) pass as they are."""
+    if hasattr(value, "__html__") or not isinstance(value, str):
+        return value
+    return Markup(str(escape(value)).translate(_MARKDOWN).replace("\r", " ").replace("\n", " "))
+
+
+def _cell(text) -> Markup:
+    """A Markdown table cell: escaped (``|`` too), on one line."""
+    if hasattr(text, "__html__"):
+        return Markup(str(text).replace("|", "\\|").replace("\n", " "))
+    return Markup(markdown_text(str(text)))
+
+
+def _code(text) -> Markup:
+    """``text`` as a Markdown code span (Markdown escapes ``<`` and ``&`` inside it): fenced by more
+    backticks than any run in it, on one line."""
+    s = " ".join(str(text).splitlines()).strip()
+    if not s:
+        return Markup("")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return Markup(f"{fence}{pad}{s}{pad}{fence}")
+
+
+def _join(items: Iterable, sep: str = "") -> Markup:
+    """Jinja's ``join``, each item escaped as ``markdown_text`` does (the separator is the template's)."""
+    return Markup(sep).join(markdown_text(x if isinstance(x, str) else str(x)) for x in items)
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,12 +178,14 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,
+        autoescape=True,
+        finalize=markdown_text,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell)
+    env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell,
+                       code=_code, join=_join)
     return env
 
 

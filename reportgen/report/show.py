@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -13,11 +14,11 @@ from reportgen.fingerprint import estimator_hash
 from reportgen.measure.timing import timing_note
 from reportgen.measure.view import profile_lines
 from reportgen.provenance import provenance_of
-from reportgen.results import UnreadableResult
+from reportgen.results import UnreadableResult, current_id, read_json
 from reportgen.setup import TrainingSetup
 from reportgen.report import compare
 from reportgen.report.views import verdict_fields
-from reportgen.traced_results import TRACED_DIR, find_traced
+from reportgen.traced_results import existing_path, find_traced
 
 
 #: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
@@ -34,11 +35,38 @@ def _is_traced(path: Path) -> bool:
         return False
 
 
+#: what a case id is made of (``results.case_id``): model slug, GPU key, method, hash
+_ID_CHARS = re.compile(r"[A-Za-z0-9._@-]+")
+
+
+def resolve_id(results_dir: Path, case_id: str) -> str:
+    """The current id a typed id stands for: itself, or the one current id it begins (an id of 8
+    hash digits, as files and pages printed before ids grew, or any abbreviation), found among the
+    estimate, traced and measurement files under ``results_dir``. Several: an error listing them."""
+    if not _ID_CHARS.fullmatch(case_id):
+        raise UserError(f"{case_id!r} is not a case id", hint="ids look like llama-3.1-8b.rtx-4090.lora.1b40c065d32b "
+                        "(the site's tables and `reportgen sweep` print them)")
+    patterns = ("*/{}*.json", "*/traced/{}*.json", "*/measured/{}*.json", "traced/{}*.json", "measured/{}*.json")
+    found: set[str] = set()
+    for pattern in patterns:
+        for path in results_dir.glob(pattern.format(case_id)):
+            try:
+                found.add(current_id(read_json(path)))
+            except UnreadableResult:
+                continue
+    if case_id in found or len(found) != 1:
+        if len(found) > 1 and case_id not in found:
+            raise UserError(f"case id {case_id!r} is the beginning of {len(found)} cases",
+                            hint="give more of it: " + ", ".join(sorted(found)[:5]))
+        return case_id
+    return found.pop()
+
+
 def traced_anywhere(results_dir: Path, case_id: str) -> list[dict]:
     """Traced documents of the case in every sweep under ``results_dir``, or in ``results_dir``
     itself when it is one sweep's folder (``--results results/traced``)."""
     found = find_traced(results_dir, case_id)
-    if not found and (results_dir / TRACED_DIR / f"{case_id}.json").is_file():
+    if not found and existing_path(results_dir, case_id):
         found = find_traced(results_dir.parent, case_id)
         found = [t for t in found if Path(t["path"]).parent.parent == results_dir]
     return found
@@ -130,6 +158,7 @@ def show_traced_only(results_dir: Path, traced: list[dict], out=print) -> None:
 def show(results_dir: Path, case_id: str, out=print) -> None:
     from reportgen.views.format import TERM_LABELS, gib, money, pct, rate, seconds
 
+    case_id = resolve_id(results_dir, case_id)
     found = find_case(results_dir, case_id, missing_ok=True)
     if not found:
         traced = traced_anywhere(results_dir, case_id)

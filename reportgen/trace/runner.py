@@ -44,8 +44,8 @@ def check_installed(method: str | None = None) -> None:
 
 
 def is_current(sweep_dir: Path, case: Case) -> bool:
-    path = traced_results.traced_path(sweep_dir, case.id)
-    if not path.exists():
+    path = traced_results.existing_path(sweep_dir, case.id)
+    if path is None:
         return False
     try:
         doc = traced_results.read_traced(path)
@@ -62,6 +62,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
 
     check_installed("qlora" if any(c.setup.method.value == "qlora" for c in sweep.cases) else None)
     sweep_dir = Path(results_dir) / sweep.name
+    traced_results.migrate_ids(sweep_dir)  # files named by the 8-digit ids of before take their case's id
     stats = TraceStats()
     todo = []
     for case in sweep.cases:
