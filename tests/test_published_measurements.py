@@ -20,6 +20,7 @@ import pytest
 
 from reportgen.cli import main
 from reportgen.provenance import provenance_of
+from reportgen.results import current_id, legacy_id
 from reportgen.report import render
 from reportgen.report.views import site_rows
 from reportgen.runner import run_estimates
@@ -28,12 +29,21 @@ from reportgen.sweep import load_sweep
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "results" / "validation" / "measured"
 GIB = 2**30
-OOM = "llama-3.1-8b.rtx-4090.lora.453de8e9"  # out of memory on purpose, on the H100 capped to 24 GiB
-CAPPED = ("llama-3.1-8b.rtx-4090.lora.1b40c065", "llama-3.1-8b.rtx-4090.qlora.0ab15373")
+
+
+def now(legacy: str) -> str:
+    """The current (12-digit) id of the case a committed measurement file names by its 8-digit id:
+    the files keep their names, the pages and estimates use the id recomputed from the stored case."""
+    (path,) = MEASURED.glob(f"{legacy}.*.json")
+    return current_id(json.loads(path.read_text()))
+
+
+OOM = now("llama-3.1-8b.rtx-4090.lora.453de8e9")  # out of memory on purpose, on the H100 capped to 24 GiB
+CAPPED = tuple(map(now, ("llama-3.1-8b.rtx-4090.lora.1b40c065", "llama-3.1-8b.rtx-4090.qlora.0ab15373")))
 #: a sample of measured cases: full, LoRA (the fp32 outlier), QLoRA, paged optimizer, offload, capped
-SAMPLE = ("tinyllama-1.1b.h100-sxm.full.ba7ba527", "llama-3.2-1b.h100-sxm.lora.afb26703",
-          "llama-3.1-8b.h100-sxm.qlora.79a036be", "llama-3.2-1b.h100-sxm.full.a800cfa8",
-          "qwen2.5-7b.h100-sxm.qlora.03156dff") + CAPPED
+SAMPLE = tuple(map(now, ("tinyllama-1.1b.h100-sxm.full.ba7ba527", "llama-3.2-1b.h100-sxm.lora.afb26703",
+                         "llama-3.1-8b.h100-sxm.qlora.79a036be", "llama-3.2-1b.h100-sxm.full.a800cfa8",
+                         "qwen2.5-7b.h100-sxm.qlora.03156dff"))) + CAPPED
 #: the tab of each quantity, and the field of the measurement file it compares with
 QUANTITIES = {"peak allocated": "peak_allocated", "peak reserved": "peak_reserved", "device total": "device_used",
               "step time": "step_s"}
@@ -67,7 +77,7 @@ def site(tmp_path_factory):
 
 def stored(results: Path, cid: str) -> tuple[dict, dict]:
     """(the measurement file's document, the stored estimate) of one case."""
-    (path,) = MEASURED.glob(f"{cid}.*.json")
+    (path,) = MEASURED.glob(f"{legacy_id(cid)}.*.json")
     return json.loads(path.read_text()), json.loads((results / "validation" / f"{cid}.json").read_text())["estimate"]
 
 
@@ -134,7 +144,7 @@ def check_tabs(block: str, results: Path, cids) -> int:
 def test_the_committed_files_are_52_and_one_is_the_oom_on_purpose():
     docs = [json.loads(p.read_text()) for p in measurement_files()]
     assert len(docs) == 52
-    assert [d["id"] for d in docs if d["status"] != "ok"] == [OOM]
+    assert [current_id(d) for d in docs if d["status"] != "ok"] == [OOM]
 
 
 def test_validation_page_shows_each_stored_figure_and_its_signed_error(site):
@@ -173,12 +183,12 @@ def test_headline_is_computed_from_the_stored_files(site):
             doc = json.loads(p.read_text())
             if doc["status"] != "ok":
                 continue
-            want = expected(doc, stored(results, doc["id"])[1], field)
+            want = expected(doc, stored(results, current_id(doc))[1], field)
             if want:
-                est = stored(results, doc["id"])[1]
+                est = stored(results, current_id(doc))[1]
                 e = est["time"]["step_s"] if field == "step_s" else \
                     est["memory"]["device_total" if field == "device_used" else field]
-                errs[doc["id"]] = (e - doc["measurement"][field]) / doc["measurement"][field]
+                errs[current_id(doc)] = (e - doc["measurement"][field]) / doc["measurement"][field]
         worst = max(errs, key=lambda k: abs(errs[k]))
         cells = next(row for row in (line.strip().strip("|").split("|") for line in head.splitlines()
                                      if line.startswith(f"| {label} |")))
@@ -232,7 +242,7 @@ def test_home_and_model_pages_show_measured_beside_estimated(site):
     home = (docs / "index.md").read_text()
     assert "## Measured on a GPU" in home and "| peak allocated | 51 |" in home
     model = section((docs / "models" / "llama-3.1-8b.md").read_text(), "## Measured on a GPU")
-    ids = [p.name.split(".2026")[0] for p in measurement_files() if p.name.startswith("llama-3.1-8b.")]
+    ids = [now(p.name.split(".2026")[0]) for p in measurement_files() if p.name.startswith("llama-3.1-8b.")]
     assert check_tabs(model, results, [i for i in ids if i != OOM]) > 0
     assert row_cells(model, OOM) is not None
     gpu = section((docs / "gpus" / "h100-sxm.md").read_text(), "## Measured on this card", "## Memory per setup")
