@@ -175,5 +175,6 @@ def median_ratio(pairs: list[dict], key: str = "measured") -> float | None:
     return statistics.median(xs) if xs else None
 
 
-__all__ = ["QUANT_FIELDS", "cases_from_files", "cases_from_results", "footer", "with_estimates", "measured_blocks", "median_ratio", "qlora_pairs",
+__all__ = ["QUANT_FIELDS", "cases_from_files", "cases_from_results", "footer", "with_estimates", "measured_blocks",
+           "median_ratio", "qlora_pairs",
            "ratio_text"]

@@ -274,7 +274,7 @@ def test_show_recomputes_the_stored_estimate(results, capsys):
 
     cid = results[1]["measured"][2]
     main(["show", cid, "--results", str(results[0])])
-    line = next(l.strip() for l in capsys.readouterr().out.splitlines() if l.strip().startswith("reportgen estimate"))
+    line = next(ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("reportgen estimate"))
     argv = shlex.split(line)[1:] + ["--format", "json"]
     assert main(argv) == 0
     got = json.loads(capsys.readouterr().out)

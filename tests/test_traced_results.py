@@ -210,7 +210,7 @@ def test_show_prints_traced_figures_and_flags_stale_ones(site, capsys):
     out = capsys.readouterr().out
     traced = fake_trace(current["estimate"])["memory"]
     assert "traced (reportgen trace" in out and "not measured" in out
-    line = next(l for l in out.splitlines() if l.strip().startswith("peak allocated") and "gap" in l)
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("peak allocated") and "gap" in ln)
     assert _gib(traced["peak_allocated"]) in line and _gib(current["estimate"]["memory"]["peak_allocated"]) in line
     assert "reportgen trace --model llama-3.1-8b --gpu rtx-4090 --method lora" in out
     assert main(["show", stale["id"], "--results", str(results)]) == 0

@@ -132,5 +132,6 @@ def search_text(recommended: dict, found: dict, differences: list[dict], target_
         reasons.append(f"the walk accumulates to an effective batch of {target_batch} sequences, the search takes "
                        "the largest micro-batch without accumulation")
     return (f"A search of every single-GPU candidate at its largest micro-batch that fits (full fine-tuning, also "
-            f"with 8-bit AdamW, LoRA and QLoRA, each with and without checkpointing) picks {found['label']}{speed}. Its setup with one choice changed back to the walk's (est.): {effects}. "
+            f"with 8-bit AdamW, LoRA and QLoRA, each with and without checkpointing) picks {found['label']}{speed}. "
+            f"Its setup with one choice changed back to the walk's (est.): {effects}. "
             f"Why they differ: {'; '.join(reasons)}.")

@@ -17,7 +17,8 @@ def register(sub) -> None:
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
                        description="Walk the decision tree (Step 1: weights, gradients, optimizer states; Step 2a: "
-                                   "activations of micro-batch 1; Step 2b: micro-batch 1 -> n) for one model and GPU, estimating every step. "
+                                   "activations of micro-batch 1; Step 2b: micro-batch 1 -> n) for one model and GPU, "
+                                   "estimating every step. "
                                    "With --store SWEEP.yaml: write the walks of every (model, GPU, sequence length) "
                                    "the sweep covers next to its results, for the guide pages.")
     p.add_argument("--model", help="catalog name (see `reportgen models`) or path to a config.json")

@@ -121,9 +121,10 @@ def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> 
 
     Weights: full ``6N``, LoRA/QLoRA ``4N + 6 N_lora``. Attention: model FLOPs ``3 x`` the forward
     count of the full square (``12 L H Q T``); hardware FLOPs the kernel's, ``3.5 x`` for SDPA (its
-    backward recomputes the scores), ``3 x`` for eager. Checkpointing adds, to the hardware count only, the forward of the decoder layers and
-    their adapters: ``2 (N_layers + N_lora)`` plus the kernel's attention forward; not the head,
-    which transformers does not checkpoint (``GradientCheckpointingLayer`` wraps decoder layers)."""
+    backward recomputes the scores), ``3 x`` for eager. Checkpointing adds, to the hardware count
+    only, the forward of the decoder layers and their adapters: ``2 (N_layers + N_lora)`` plus the
+    kernel's attention forward; not the head, which transformers does not checkpoint
+    (``GradientCheckpointingLayer`` wraps decoder layers)."""
     n = matmul_params_per_token(model)
     # A and B only: DoRA's magnitudes scale outputs elementwise (their work is in dora_s_per_micro_batch)
     lora = model.lora_params(setup.lora_rank, setup.lora_targets) if setup.is_peft else 0

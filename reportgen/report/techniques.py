@@ -282,7 +282,8 @@ def pair_examples(spec: PairSpec, cases: list[dict]) -> dict:
 
     def key(p):
         off, on = p
-        return (not (off["measured"] and on["measured"]), off["setup"]["seq"] != PRIMARY_SEQ, off["setup"]["batch"] != 1 and "batch" not in spec.fields,
+        return (not (off["measured"] and on["measured"]), off["setup"]["seq"] != PRIMARY_SEQ,
+                off["setup"]["batch"] != 1 and "batch" not in spec.fields,
                 not (on["fits"] and not off["fits"]), model_order(off["model"]), gpu_order(off["gpu"]),
                 off["id"], on["id"])
 
