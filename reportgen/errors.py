@@ -5,6 +5,10 @@ from __future__ import annotations
 import difflib
 
 
+#: the install hint of commands that need the measuring libraries (the CLI escapes rich markup itself)
+MEASURE_EXTRA = 'pip install -e ".[measure]"  (torch, transformers, peft, bitsandbytes)'
+
+
 class UserError(Exception):
     """Bad input: names the file/line/key when known, and what to write instead."""
 

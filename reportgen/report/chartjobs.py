@@ -39,9 +39,7 @@ class ChartJob:
     kwargs: tuple  # sorted (key, value) pairs
 
     def draw(self) -> str:
-        from reportgen.report import charts
-
-        return getattr(charts, self.name).__wrapped__(*self.args, **dict(self.kwargs))
+        return _DRAWERS[self.name](*self.args, **dict(self.kwargs))
 
     @cached_property
     def key(self) -> str:
@@ -51,8 +49,15 @@ class ChartJob:
         return h.hexdigest()[:32]
 
 
+#: chart name -> the function that draws it, filled by ``job`` as ``charts.py`` is imported: a job
+#: exists only once its function was decorated, in this process or the one it was forked from
+_DRAWERS: dict[str, Callable[..., str]] = {}
+
+
 def job(fn: Callable[..., str]) -> Callable[..., ChartJob]:
     """Decorator: calling the chart function plans it (a ``ChartJob``); ``render`` draws it."""
+    _DRAWERS[fn.__name__] = fn
+
     def plan(*args, **kwargs) -> ChartJob:
         return ChartJob(fn.__name__, args, tuple(sorted(kwargs.items())))
 

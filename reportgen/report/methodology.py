@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report.page import Page, SiteData
-from reportgen.report.views import environment_of, site_rows
+from reportgen.report.views import environment_of, measured_results, site_rows
 from reportgen.views.format import TERM_LABELS
 
 PATH = "methodology.md"
@@ -170,7 +170,7 @@ def methodology_pages(site: SiteData) -> list[Page]:
     from reportgen.report.pages import measured_overview
 
     results = site.all_results()
-    measured = site.measured()
+    measured = measured_results(site)
     rows = site_rows(site)
     overview = measured_overview(site, rows, PATH)
     consts = constants(CONSTANT_MODULES[0])

@@ -33,10 +33,3 @@ class SiteData:
 
     def all_results(self) -> list[dict]:
         return [r for name in sorted(self.results) for r in self.results[name]]
-
-    def measured(self) -> list[dict]:
-        """Results with a successful measurement that counts for the case's GPU (the provenance
-        rule, ``reportgen.provenance``: a CPU run never does)."""
-        from reportgen.report.views import measured_values
-
-        return [r for r in self.all_results() if measured_values(r)]

@@ -20,8 +20,8 @@ from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
 from reportgen.report.views import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
-                                    gib_value, gpu_label, gpu_order, group, model_order, rel, reproduce, row,
-                                    setup_label, site_results, site_rows, sort_key, training_setup)
+                                    gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
+                                    reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
 from reportgen.views.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
@@ -681,7 +681,7 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
                       "line of a perfect estimate"),
         "overview": overview, "by_technique": by_technique,
         "environments": environments,
-        "fake": [r["id"] for r in site.measured() if (r.get("measurement") or {}).get("fake")],
+        "fake": [r["id"] for r in measured_results(site) if (r.get("measurement") or {}).get("fake")],
         "published": pub, "published_command": PUBLISHED_COMMAND, "scatter": scatter_path,
         "scatter_alt": ("Log-log scatter of estimated against measured or published peak memory in GB, one marker "
                         "shape per source, coloured by measure (allocated, reserved, loss), with the y = x line "

@@ -161,6 +161,12 @@ def measured_values(result: dict) -> dict[str, float]:
     return {q: v for q, v in _figures(m).items() if q in valid}
 
 
+def measured_results(site: SiteData) -> list[dict]:
+    """Results with a successful measurement that counts for the case's GPU (the provenance
+    rule, ``reportgen.provenance``: a CPU run never does)."""
+    return [r for r in site.all_results() if measured_values(r)]
+
+
 def measured_verdict(result: dict) -> str | None:
     """The measured status of the case's GPU (``ok`` / ``oom`` / ``error`` / ``timeout``) when the
     current attempt's memory counts for that GPU (an OOM on a CPU or another card says nothing)."""

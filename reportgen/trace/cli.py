@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-#: the install hint (reportgen.cli escapes rich markup in error messages itself)
-MEASURE_EXTRA = 'pip install -e ".[measure]"  (torch, transformers, peft, bitsandbytes)'
+from reportgen.errors import MEASURE_EXTRA
 
 
 def register(sub) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reportgen import catalog, traced_results
-from reportgen.errors import UserError
+from reportgen.errors import MEASURE_EXTRA, UserError
 from reportgen.results import UnreadableResult
 from reportgen.store import Warn, stderr_warn
 from reportgen.sweep import Case, Sweep
@@ -31,8 +31,6 @@ class TraceStats:
 
 
 def check_installed(method: str | None = None) -> None:
-    from reportgen.trace.cli import MEASURE_EXTRA
-
     try:
         import peft  # noqa: F401
         import torch  # noqa: F401
