@@ -30,7 +30,7 @@ START_BATCH = 1
 #: effective batch (sequences per optimizer step) gradient accumulation aims for: the talk notes'
 #: "use gradient accumulation to reach a reasonable effective batch size (16, 32, 64)"
 TARGET_EFFECTIVE_BATCH = 16
-#: the largest micro-batch the walk raises to (same cap as ``estimate.search.cheapest_setup``)
+#: the largest micro-batch the walk raises to (same cap as ``estimate.cheapest.cheapest_setup``)
 MAX_MICRO_BATCH = 64
 #: GPU counts the multi-GPU options try, smallest first
 FSDP_GPU_COUNTS = (2, 4, 8)

@@ -3,7 +3,7 @@
 The walk is estimator work: every check is answered from ``reportgen.estimate.estimate`` of the
 setup at that point. Its result is plain data (``walk()`` returns a JSON-ready dict): the path,
 each step with its numbers, the verdict, the recommended setup, the options beyond one card and
-the comparison with ``estimate.search.cheapest_setup``. ``reportgen advise`` prints it and
+the comparison with ``estimate.cheapest.cheapest_setup``. ``reportgen advise`` prints it and
 ``store.py`` writes it next to a sweep's results so the guide pages only read it.
 """
 
@@ -16,7 +16,8 @@ from reportgen.advise import claims as C
 from reportgen.advise import tree as T
 from reportgen.estimate import Estimate, context_note, estimate
 from reportgen.fingerprint import estimator_hash
-from reportgen.estimate.search import cheapest_setup, default_precision
+from reportgen.estimate.cheapest import cheapest_setup
+from reportgen.estimate.search import default_precision
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.results import case_id

@@ -2,7 +2,7 @@
 
 ``estimate()`` needs no torch. Each term lives in its own module with its formula and source:
 ``params.py`` (weights, gradients, optimizer states), ``activations.py``, ``logits.py``,
-``memory.py`` (the step's timeline and the three totals), ``time.py``, ``search.py``.
+``memory.py`` (the step's timeline and the three totals), ``time.py``, ``search.py`` (and, above this package face, ``cheapest.py``).
 """
 
 from __future__ import annotations

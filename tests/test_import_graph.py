@@ -1,0 +1,86 @@
+"""The import graph of ``reportgen`` (ARCHITECTURE.md): no module imports, directly or through others,
+a module that imports it back, counting the imports inside functions too (a lazy import is still a
+dependency). Read from the source with ``ast``; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "reportgen"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The ``reportgen`` modules a file imports (``from reportgen.x import y`` counts ``reportgen.x.y``
+    when that is a module, else ``reportgen.x``); a package's ``__init__`` is not counted as the package's
+    modules."""
+    me = module_name(path)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = me.split(".")[: len(me.split(".")) - node.level + (path.name == "__init__.py")]
+                base = ".".join(pkg + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in modules and n != me}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p, modules) for p in files}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read():
+    g = graph()
+    assert "reportgen.report.charts" in g["reportgen.report.chartjobs"] or \
+        "reportgen.report.chartjobs" in g["reportgen.report.charts"]
+    assert "reportgen.estimate.time" in g["reportgen.estimate"]  # the package face hands names on
+
+
+def test_no_import_cycle():
+    found = cycles(graph())
+    assert not found, "modules that import each other (ARCHITECTURE.md): " + "; ".join(" <-> ".join(c) for c in found)
