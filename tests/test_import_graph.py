@@ -84,3 +84,49 @@ def test_the_graph_is_read():
 def test_no_import_cycle():
     found = cycles(graph())
     assert not found, "modules that import each other (ARCHITECTURE.md): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+#: ARCHITECTURE.md's layers: the first prefix a module starts with names its layer
+LAYERS = [
+    (6, ("reportgen.cli", "reportgen.__main__", "reportgen.measure.cli", "reportgen.trace.cli", "reportgen.advise.cli",
+         "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show")),
+    (5, ("reportgen.report", "reportgen.advise.pages", "reportgen.browser")),
+    (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
+         "reportgen.trace.runner", "reportgen.advise.store")),
+    (3, ("reportgen.store", "reportgen.traced_results", "reportgen.measured", "reportgen.sweep")),
+    (2, ("reportgen.trace", "reportgen.measure", "reportgen.advise", "reportgen.published")),
+    (1, ("reportgen.estimate",)),
+    (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
+         "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.views",
+         "reportgen")),
+]
+
+#: imports that run up today, each with the move that removes it (issue 18): keep this list shrinking
+KNOWN_UP = {
+    ("reportgen.browser", "reportgen.cli"): "the setup flags and their parsing move to a core module",
+}
+
+
+def layer_of(module: str) -> int:
+    for layer, prefixes in LAYERS:
+        if any(module == p or (p != "reportgen" and module.startswith(p + ".")) for p in prefixes):
+            return layer
+    raise AssertionError(f"{module} is in no layer of ARCHITECTURE.md: add it there and to LAYERS")
+
+
+def test_every_module_has_a_layer():
+    for module in graph():
+        layer_of(module)
+
+
+def test_imports_run_down_or_across_only():
+    up = {(m, i) for m, imports in graph().items() for i in imports if layer_of(i) > layer_of(m)}
+    new = sorted(up - set(KNOWN_UP))
+    assert not new, "imports that run up a layer (ARCHITECTURE.md): " + "; ".join(f"{a} -> {b}" for a, b in new)
+    gone = sorted(set(KNOWN_UP) - up)
+    assert not gone, f"no longer imported, remove from KNOWN_UP: {gone}"
+
+
+def test_nothing_imports_the_cli_but_the_cli():
+    users = sorted(m for m, imports in graph().items() if "reportgen.cli" in imports and layer_of(m) < 6)
+    assert users == sorted(m for m, i in KNOWN_UP if i == "reportgen.cli"), users
