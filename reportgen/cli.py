@@ -246,6 +246,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape as escape_markup
 
     from reportgen.runner import run_estimates
     from reportgen.sweep import load_sweep
@@ -260,6 +261,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
+    for message in sweep.warnings:  # what the grids' ``from`` configs left unread
+        console.print(escape_markup(message), style="yellow", highlight=False, soft_wrap=True)
     from reportgen.advise.store import write_advice
 
     with Stages(console) as stages:

@@ -1,7 +1,10 @@
 """Sweep files: YAML -> validated pydantic models -> a list of cases with stable ids.
 
 A sweep has one or more ``grids``. In a grid every key is ``model``, ``gpu`` or a TrainingSetup
-field; a list expands into one cell per value (the cartesian product over all lists). ``exclude``
+field; a list expands into one cell per value (the cartesian product over all lists). A grid's
+``from`` (a TRL or Axolotl config, or a list of them, relative to the sweep file) gives each cell
+the config's model and setup, as ``reportgen estimate --from`` reads it; the grid's other keys
+override the file's values, as flags beside ``--from`` do. The case stores the resulting setup. ``exclude``
 rules drop every cell that matches all keys of a rule (a rule value may be a list: any of them).
 ``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
 
@@ -106,6 +109,8 @@ class Sweep:
     spec: SweepFile
     cases: list[Case]
     content_hash: str
+    #: what the configs of ``from`` keys left unread (unknown keys, keys that change the step but are not modelled)
+    warnings: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -169,8 +174,10 @@ def load_sweep(path: str | Path) -> Sweep:
         hint = ("measure keys: " + ", ".join(MeasureConfig.model_fields) if loc and loc[0] == "measure"
                 else "top-level keys: " + ", ".join(SweepFile.model_fields))
         raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
-    cases = _expand(path, spec, lines)
-    return Sweep(path=path, spec=spec, cases=cases, content_hash=short_hash(raw, 12))
+    warnings: list[str] = []
+    cases = _expand(path, spec, lines, warnings)
+    return Sweep(path=path, spec=spec, cases=cases, content_hash=short_hash(raw, 12),
+                 warnings=tuple(dict.fromkeys(warnings)))
 
 
 def _values(v: Any) -> list:
@@ -181,7 +188,26 @@ def _matches(rule: dict[str, Any], cell: dict[str, Any]) -> bool:
     return all(str(cell.get(k)) in {str(x) for x in _values(v)} for k, v in rule.items())
 
 
-def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
+def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, gpu: str,
+                 warnings: list[str]) -> tuple[str, TrainingSetup]:
+    """A cell with a ``from`` key: the config's model (unless the cell names one) and its setup,
+    the cell's fields overriding the file's."""
+    from reportgen.configs import setup_from, translate_file
+
+    try:
+        t = translate_file(path.parent / str(config), bf16_capable=catalog.load_gpu(gpu).supports_bf16)
+        model = str(cell["model"]) if cell.get("model") is not None else t.model
+        if model is None:
+            raise UserError(f"{t.path}: names no model", hint="add it, or a model key to the grid")
+        setup = setup_from(t, fields)
+    except UserError as exc:
+        raise UserError(f"{path}:{line}: from: {exc.message}", exc.hint) from None
+    warnings += [f"{t.path}: {text}" for text in t.lines() if text.startswith("warning")]
+    return model, setup
+
+
+def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int], warnings: list[str] | None = None) -> list[Case]:
+    warnings = [] if warnings is None else warnings
     for section, rules in (("exclude", spec.exclude), ("override", [r.when for r in spec.override])):
         for i, rule in enumerate(rules):
             for key in rule:
@@ -192,13 +218,13 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
     seen: dict[str, Case] = {}
     for gi, grid in enumerate(spec.grids):
         for key in grid:
-            if key not in CASE_KEYS:
+            if key not in CASE_KEYS and key != "from":
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}]: unknown key {key!r}",
-                                hint="keys: model, gpu, " + ", ".join(TrainingSetup.model_fields))
+                                hint="keys: model, gpu, from, " + ", ".join(TrainingSetup.model_fields))
         for key in ("model", "gpu"):
-            if key not in grid:
+            if key not in grid and not (key == "model" and "from" in grid):
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi))}: grids[{gi}]: missing key {key!r}")
-        for name in _values(grid["model"]):
+        for name in _values(grid.get("model", [])):
             try:
                 catalog.load_model(str(name))
             except UserError as exc:
@@ -216,7 +242,7 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
             for rule in spec.override:
                 if _matches(rule.when, cell):
                     cell.update(rule.set)
-            fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory")}
+            fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
             gpu = str(cell["gpu"])
             if cell.get("gpu_memory") is not None:
                 try:
@@ -224,6 +250,12 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> list[Case]:
                 except UserError as exc:
                     line = _line_of(lines, ("grids", gi, "gpu_memory"))
                     raise UserError(f"{path}:{line}: grids[{gi}].gpu_memory: {exc.message}", exc.hint) from None
+            if "from" in cell:
+                model, setup = _from_config(path, _line_of(lines, ("grids", gi, "from")), cell["from"], cell, fields,
+                                            str(cell["gpu"]), warnings)
+                case = Case(model=model, gpu=gpu, setup=setup)
+                seen.setdefault(case.id, case)
+                continue
             try:
                 setup = TrainingSetup(**fields)
             except SetupError as exc:

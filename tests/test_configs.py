@@ -248,3 +248,82 @@ def test_keys_json_matches_the_installed_trl():
              for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
     assert names == set(data["keys"])
     assert SFTConfig.__dataclass_fields__["max_length"].default == data["keys"]["max_length"]["default"] == 1024
+
+
+# ----- the sweep key ------------------------------------------------------------------------------
+def test_sweep_grid_from_config(tmp_path):
+    from reportgen.sweep import load_sweep
+
+    (tmp_path / "sft.yaml").write_text((FIXTURES / "trl_qlora.yaml").read_text() + "not_a_key: 1\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\ngrids:\n  - from: sft.yaml\n    gpu: rtx-4090\n    batch: [1, 4]\n")
+    s = load_sweep(sweep)
+    assert sorted((c.model, c.setup.batch) for c in s.cases) == [("qwen2.5-7b", 1), ("qwen2.5-7b", 4)]
+    file_setup = setup_from(translate_file(FIXTURES / "trl_qlora.yaml"))
+    assert {c.setup for c in s.cases} == {file_setup.model_copy(update={"batch": b}) for b in (1, 4)}
+    assert any("unknown key 'not_a_key'" in w for w in s.warnings)
+
+
+def test_sweep_from_errors_name_the_sweep_and_the_config(tmp_path):
+    from reportgen.errors import UserError
+    from reportgen.sweep import load_sweep
+
+    (tmp_path / "bad.yaml").write_text("model_name_or_path: meta-llama/Llama-3.2-1B\noptim: lion_8bit\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\ngrids:\n  - gpu: rtx-4090\n    from: bad.yaml\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(sweep)
+    assert "s.yaml:4: from:" in err.value.message and "bad.yaml:2: optim: 'lion_8bit' is not modelled" in \
+        err.value.message
+
+
+# ----- the reverse mapping: a setup as each tool's keys, read back -------------------------------
+def _setups():
+    import itertools
+
+    for method, precision, padding, optimizer, ckpt in itertools.product(
+            ("full", "lora", "qlora"), ("bf16-mixed", "bf16", "fp16-mixed", "fp32"), ("longest", "packed", "max"),
+            ("adamw", "paged-adamw-8bit", "adafactor"), (False, True)):
+        for extra in ({}, {"lora_targets": "qv", "lora_rank": 64, "dora": True}, {"frozen_dtype": "fp32"},
+                      {"kbit_prep": "none"}, {"gpus": 4, "sharding": "fsdp"}, {"gpus": 2, "sharding": "zero3",
+                                                                               "offload": "optimizer"}):
+            try:
+                yield TrainingSetup(method=method, precision=precision, padding=padding, optimizer=optimizer,
+                                    grad_ckpt=ckpt, lora_dropout=0.05, **extra)
+            except ValueError:
+                continue
+
+
+@pytest.mark.parametrize("tool", ["trl", "axolotl"])
+def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
+    """Every setup a tool can express comes back unchanged from its keys; the others carry a note."""
+    import yaml
+
+    from reportgen import catalog
+    from reportgen.configs import reverse
+
+    model = catalog.load_model("llama-3.1-8b")
+    checked = noted = 0
+    for s in _setups():
+        s = s.model_copy(update={"loss": "fused"}) if tool == "trl" else s
+        keys = (reverse.trl_keys if tool == "trl" else reverse.axolotl_keys)("llama-3.1-8b", s)
+        path = tmp_path / "c.yaml"
+        path.write_text(keys.yaml())
+        assert yaml.safe_load(path.read_text()) == keys.keys
+        t = translate_file(path)
+        assert t.unknown == [] and t.not_modelled == [], (s.short(), t.lines())
+        back = setup_from(t, {"gpus": s.gpus})
+        if [n for n in keys.notes if not n.startswith("launch on")]:
+            noted += 1
+            continue
+        got, want = back.model_dump(mode="json"), s.model_dump(mode="json")
+        if s.is_peft:
+            assert model.lora_selection(got.pop("lora_targets")) == model.lora_selection(want.pop("lora_targets"))
+        unused = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora") if not s.is_peft else ()
+        unused += ("quant", "double_quant") if s.method.value != "qlora" else ()
+        for name in unused:  # fields the method does not use
+            got.pop(name), want.pop(name)
+        got["kbit_prep"], want["kbit_prep"] = back.kbit.value, s.kbit.value  # None means the recipe's default
+        assert got == want, (tool, s.short(), keys.keys)
+        checked += 1
+    assert checked > 100 and noted > 10, (checked, noted)

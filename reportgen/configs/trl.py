@@ -145,7 +145,7 @@ def _precision(r: Reader, t: Translation, init: dict, method: str) -> None:
     if bf16 and fp16:
         raise r.error("fp16", "contradicts bf16: true (one autocast dtype)", hint="keep one of bf16 and fp16")
     amp = "bf16" if bf16 else "fp16" if fp16 else None
-    if weights == "fp16" and (amp == "fp16" or method == "full"):
+    if weights == "fp16" and method == "full":
         raise r.error(key, "fp16 weights cannot be trained with fp16 loss scaling (transformers refuses to unscale "
                       "fp16 gradients) and pure fp16 is not modelled", hint="dtype: float32 with fp16: true")
     if weights == "bf16" and amp == "fp16":
