@@ -327,3 +327,34 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
         assert got == want, (tool, s.short(), keys.keys)
         checked += 1
     assert checked > 100 and noted > 10, (checked, noted)
+
+
+def test_guides_show_the_recommended_setup_as_tool_keys(tmp_path):
+    """A GPU guide's recommended setup, as the TRL and Axolotl keys it shows, reads back as that setup."""
+    from reportgen.advise.pages import walk_view
+    from reportgen.advise.walk import walk
+
+    doc = walk("llama-3.1-8b", "rtx-4090", 2048)
+    view = walk_view(doc, "guides/rtx-4090.md", {})
+    want = TrainingSetup.model_validate(doc["recommended"]["setup"])
+    shown = {r["tool"]: r for r in view["recommended"]["run_with"]}
+    assert set(shown) == {"TRL", "Axolotl"}
+    for tool, r in shown.items():
+        path = tmp_path / f"{tool}.yaml"
+        path.write_text(r["yaml"])
+        back = setup_from(translate_file(path))
+        if not r["notes"]:
+            assert back == want, (tool, back.short(), want.short())
+    assert sum(not r["notes"] for r in shown.values()) >= 1  # at least one tool expresses it exactly
+
+
+def test_docs_page_lists_the_table_the_cli_reads():
+    from reportgen.report import render
+    from reportgen.report.configs import config_pages
+
+    (page,) = config_pages(None)
+    text = render.environment().get_template(page.template).render(**page.context)
+    for row in table.ROWS:
+        assert f"| `{row.key}` | {row.status}" in text, row.key
+    assert f"## TRL {table.version('trl')}" in text and f"## Axolotl {table.version('axolotl')}" in text
+    assert "base_model: meta-llama/Llama-3.1-8B" in text  # the worked example, written by reverse.py

@@ -28,7 +28,7 @@ class Keys:
     def yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(self.keys, sort_keys=False, default_flow_style=None, width=100).rstrip()
+        return yaml.safe_dump(self.keys, sort_keys=False, default_flow_style=False, width=100).rstrip()
 
 
 def hub_id(model: str) -> str:

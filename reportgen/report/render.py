@@ -50,6 +50,7 @@ PROVIDERS = DATA_PROVIDERS + (
     "reportgen.report.techniques:technique_pages",
     "reportgen.report.methodology:methodology_pages",
     "reportgen.report.calculator:calculator_pages",
+    "reportgen.report.configs:config_pages",
 )
 
 _warned: set[str] = set()
