@@ -81,9 +81,14 @@ def translation_from_args(args: argparse.Namespace):
 
 
 def print_translation(t) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
+    """``--from``'s report on stderr (plain where rich is absent: the calculator's bundle)."""
+    try:
+        from rich.console import Console
+        from rich.markup import escape
+    except ImportError:
+        for line in t.lines():
+            print(line, file=sys.stderr)
+        return
     console = Console(stderr=True)
     for line in t.lines():
         style = "yellow" if line.startswith("warning") else "dim" if line.startswith("ignored") else ""
@@ -99,7 +104,7 @@ def setup_from_args(args: argparse.Namespace):
     if translation is not None:
         from reportgen.configs import setup_from
 
-        return setup_from(translation, explicit)
+        return setup_from(translation, explicit, model=args.model)
     if args.model is None:
         raise UserError("--model is required (or --from CONFIG)",
                         hint="e.g. --model llama-3.1-8b, or --from sft.yaml (a TRL or Axolotl config)")

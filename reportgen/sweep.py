@@ -199,7 +199,7 @@ def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, g
         model = str(cell["model"]) if cell.get("model") is not None else t.model
         if model is None:
             raise UserError(f"{t.path}: names no model", hint="add it, or a model key to the grid")
-        setup = setup_from(t, fields)
+        setup = setup_from(t, fields, model=model)
     except UserError as exc:
         raise UserError(f"{path}:{line}: from: {exc.message}", exc.hint) from None
     warnings += [f"{t.path}: {text}" for text in t.lines() if text.startswith("warning")]

@@ -1,5 +1,6 @@
 """Write ``reportgen/configs/keys.json``: every key a TRL ``trl sft --config`` file and an Axolotl
-YAML may hold, with the tool's default, read from the tools themselves.
+YAML may hold, with the tool's default (``{"keys": {name: default}}``, null where the default is not a plain
+value), read from the tools themselves.
 
 * TRL: the fields of the four dataclasses ``trl sft`` parses its config into
   (``trl/scripts/sft.py`` ``make_parser``: ``ScriptArguments``, ``SFTConfig`` (which extends
@@ -47,7 +48,7 @@ def trl_keys() -> dict:
             if not f.init or f.name.startswith("_"):
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
-            keys.setdefault(f.name, {"from": cls.__name__, "default": _jsonable(default)})
+            keys.setdefault(f.name, _jsonable(default))
     return {"version": metadata.version("trl"), "transformers": metadata.version("transformers"),
             "keys": dict(sorted(keys.items()))}
 
@@ -92,15 +93,13 @@ def axolotl_keys(wheel: Path) -> dict:
                    if re.fullmatch(r"axolotl/integrations/[^/]+/args\.py", n)}
     version = re.search(r"axolotl-([0-9][^-]*)-", wheel.name).group(1)
     classes = _classes(schemas)
-    keys = {k: {"from": "AxolotlInputConfig", "default": v}
-            for k, v in _fields(classes["AxolotlInputConfig"], classes, set()).items()}
+    keys = dict(_fields(classes["AxolotlInputConfig"], classes, set()))
     for name, text in sorted(plugins.items()):
-        plugin = name.split("/")[2]
         pclasses = _classes({name: text})
         for cls in pclasses.values():
             if any(getattr(b, "id", "") == "BaseModel" for b in cls.bases):
                 for k, v in _fields(cls, pclasses, set()).items():
-                    keys.setdefault(k, {"from": f"plugin {plugin}", "default": v})
+                    keys.setdefault(k, v)
     return {"version": version, "keys": dict(sorted(keys.items()))}
 
 
@@ -109,7 +108,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     data = {"trl": trl_keys(), "axolotl": axolotl_keys(Path(argv[0]))}
-    OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
     print(f"wrote {OUT}: TRL {data['trl']['version']} ({len(data['trl']['keys'])} keys), "
           f"Axolotl {data['axolotl']['version']} ({len(data['axolotl']['keys'])} keys)")
     return 0

@@ -170,7 +170,7 @@ BAD = [
     ("rank.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\nlora_r: 0\n",
      "rank.yaml:3: lora_r: must be >= 1"),
     ("targets.yml", "base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\nlora_target_modules: [nope]\n",
-     "'nope'"),
+     "targets.yml:4: lora_target_modules: lora_targets 'nope': llama-3.2-1b has no module 'nope'"),
     ("qlora-no-4bit.yml", "base_model: meta-llama/Llama-3.2-1B\nadapter: qlora\nlora_r: 8\nlora_target_linear: true\n",
      "adapter: qlora needs load_in_4bit: true"),
     ("both.yaml", "base_model: a\nmodel_name_or_path: b\n", "has TRL keys (model_name_or_path) and Axolotl keys"),
@@ -247,7 +247,7 @@ def test_keys_json_matches_the_installed_trl():
     names = {f.name for cls in (ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig)
              for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
     assert names == set(data["keys"])
-    assert SFTConfig.__dataclass_fields__["max_length"].default == data["keys"]["max_length"]["default"] == 1024
+    assert SFTConfig.__dataclass_fields__["max_length"].default == data["keys"]["max_length"] == 1024
 
 
 # ----- the sweep key ------------------------------------------------------------------------------

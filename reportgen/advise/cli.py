@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         from reportgen.cli import translation_from_args
         from reportgen.configs import setup_from
 
-        yours = setup_from(translation_from_args(args))
+        translation = translation_from_args(args)
+        yours = setup_from(translation, model=args.model)
         if args.seq is None:
             args.seq = yours.seq
     args.seq = 2048 if args.seq is None else args.seq

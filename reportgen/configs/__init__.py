@@ -49,7 +49,7 @@ def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
     return trl.translate(r) if tool == "trl" else axolotl.translate(r, bf16_capable=bf16_capable)
 
 
-def setup_from(t: Translation, explicit: dict[str, Any] | None = None):
+def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: str | None = None):
     """The ``TrainingSetup`` of a translation, the ``explicit`` fields (flags given beside the file)
     overriding the file's. The number of GPUs is not in a config (the launcher sets it): a file
     with an FSDP or DeepSpeed section needs ``gpus`` among the explicit fields, and explicit
@@ -71,10 +71,22 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None):
         values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
     values.update(explicit)
     try:
-        return TrainingSetup(**values)
+        setup = TrainingSetup(**values)
     except SetupError as exc:
         key = sources.get(exc.field) if exc.field not in explicit else None
         if key:
             raise ConfigError(f"{t.where(key)}: {key}: {exc.message}") from None
         flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
         raise ConfigError(f"{flag} (with {t.path}): {exc.message}") from None
+    model = model or t.model
+    if setup.is_peft and model and "lora_targets" not in explicit:
+        from reportgen import catalog
+        from reportgen.errors import UserError
+
+        spec = catalog.load_model(model)
+        try:
+            spec.lora_selection(setup.lora_targets)
+        except UserError as exc:
+            key = sources.get("lora_targets", "lora_target_modules")
+            raise ConfigError(f"{t.where(key)}: {key}: {exc.message}", hint=exc.hint) from None
+    return setup

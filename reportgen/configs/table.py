@@ -209,7 +209,7 @@ def schema() -> dict:
 
 def default(tool: str, key: str):
     """The tool's own default for a key (``keys.json``)."""
-    return schema()[tool]["keys"][key]["default"]
+    return schema()[tool]["keys"][key]
 
 
 def version(tool: str) -> str:
