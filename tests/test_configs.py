@@ -358,3 +358,10 @@ def test_docs_page_lists_the_table_the_cli_reads():
         assert f"| `{row.key}` | {row.status}" in text, row.key
     assert f"## TRL {table.version('trl')}" in text and f"## Axolotl {table.version('axolotl')}" in text
     assert "base_model: meta-llama/Llama-3.1-8B" in text  # the worked example, written by reverse.py
+
+
+def test_keys_the_recipe_does_not_use_are_listed_as_ignored(tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 64\n")  # no use_peft: full fine-tuning
+    t = translate_file(path)
+    assert "lora_r" in t.ignored and "lora_r" not in t.honoured

@@ -353,7 +353,9 @@ def finish(r: Reader, t: Translation) -> Translation:
     for key in r.doc:
         row = table.row(t.tool, key)
         if row is not None and row.status != table.IGNORED:
-            if key not in approximated and key in r.read:
+            if key not in r.read:
+                t.ignored.append(key)  # not used by this recipe (e.g. lora_r without use_peft)
+            elif key not in approximated:
                 t.honoured.append(key)
         elif row is not None:
             if row.affects and r.doc[key] not in (None, False, [], {}, ""):
