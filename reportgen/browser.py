@@ -15,7 +15,10 @@ config) comes back as the CLI's message, never as a traceback.
 
 A pasted config.json is written to ``config.json`` in the working directory and passed as
 ``--model config.json``: the command line works as shown once a reader saves the config under that
-name.
+name. A pasted TRL or Axolotl training config is written to ``train.yaml`` and passed as ``--from
+train.yaml`` (``reportgen.configs``): it gives the model and the setup, so of the form's setup only
+the number of GPUs and the sharding are sent (the launcher's, not the file's); the answer carries
+``from``, the lines the CLI prints about each key of the file.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import io
 import json
 import shlex
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from enum import Enum
 from pathlib import Path
 
@@ -36,10 +39,15 @@ from reportgen.views.format import GIB, TERM_LABELS, demand_note, gib, money, pc
 
 #: the file a pasted config.json is written to (relative to the working directory)
 PASTED = "config.json"
+#: the file a pasted TRL or Axolotl config is written to
+TRAIN_PASTED = "train.yaml"
+#: the setup fields the form still sends beside a pasted training config (the launcher's choices)
+LAUNCHER_FIELDS = ("gpus", "sharding")
 #: ``reportgen estimate``'s default number of training tokens (its ``--train-tokens``)
 DEFAULT_TRAIN_TOKENS = 100_000_000
 
 _last_pasted: str | None = None
+_last_train: str | None = None
 
 
 class ArgumentError(Exception):
@@ -116,15 +124,19 @@ def argv(form: dict) -> list[str]:
     """``reportgen estimate`` arguments for a form: ``model`` (a catalog name) or ``config`` (a
     pasted config.json), ``gpu``, ``gpu_memory`` (optional, e.g. ``48GiB``), ``train_tokens``
     (optional) and ``setup`` (field -> value; a field left out takes its default)."""
+    training = form.get("training_config") is not None
     model = PASTED if form.get("config") is not None else str(form.get("model") or "")
-    out = ["estimate", "--model", model, "--gpu", str(form.get("gpu") or "")]
+    out = ["estimate"] + (["--model", model] if model and (form.get("config") is not None or not training) else [])
+    out += ["--gpu", str(form.get("gpu") or "")]
     memory = str(form.get("gpu_memory") or "").strip()
     if memory:
         out += ["--gpu-memory", memory]
+    if training:
+        out += ["--from", TRAIN_PASTED]
     default = TrainingSetup()
     setup = form.get("setup") or {}
     for name, spec in TrainingSetup.model_fields.items():
-        if name not in setup:
+        if name not in setup or (training and name not in LAUNCHER_FIELDS):
             continue
         flag, value, d = "--" + name.replace("_", "-"), setup[name], getattr(default, name)
         if spec.annotation is bool:
@@ -157,11 +169,27 @@ def _write_pasted(text: str) -> None:
         _last_pasted = text
 
 
+def _write_train(text: str) -> None:
+    """Write a pasted TRL or Axolotl config where ``--from train.yaml`` finds it."""
+    global _last_train
+    if text != _last_train or not Path(TRAIN_PASTED).is_file():
+        Path(TRAIN_PASTED).write_text(text)
+        _last_train = text
+
+
+def translation_lines(form: dict) -> list[str]:
+    """What ``--from`` prints about each key of the pasted training config (after a successful run)."""
+    from reportgen.configs import translate_file
+
+    gpu = catalog.load_gpu(str(form.get("gpu") or ""))
+    return translate_file(TRAIN_PASTED, bf16_capable=gpu.supports_bf16).lines()
+
+
 def estimate_json(args: list[str]) -> str:
     """What ``reportgen <args> --format json`` prints; raises ``UserError`` or ``ArgumentError``."""
     parsed = parser().parse_args(args + ["--format", "json"])
     buf = io.StringIO()
-    with redirect_stdout(buf):
+    with redirect_stdout(buf), redirect_stderr(io.StringIO()):  # --from's report: ``run`` returns it as ``from``
         cli.run_command(parsed)
     return buf.getvalue()
 
@@ -175,8 +203,12 @@ def run(form_json: str) -> str:
     try:
         if form.get("config") is not None:
             _write_pasted(str(form["config"]))
+        if form.get("training_config") is not None:
+            _write_train(str(form["training_config"]))
         text = estimate_json(args)
         out.update(json=text, view=view(json.loads(text)))
+        if form.get("training_config") is not None:
+            out["from"] = translation_lines(form)
     except UserError as exc:
         out["error"] = {"message": exc.message, "hint": exc.hint}
     except ArgumentError as exc:

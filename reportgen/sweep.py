@@ -1,7 +1,10 @@
 """Sweep files: YAML -> validated pydantic models -> a list of cases with stable ids.
 
 A sweep has one or more ``grids``. In a grid every key is ``model``, ``gpu`` or a TrainingSetup
-field; a list expands into one cell per value (the cartesian product over all lists). ``exclude``
+field; a list expands into one cell per value (the cartesian product over all lists). A grid's
+``from`` (a TRL or Axolotl config, or a list of them, relative to the sweep file) gives each cell
+the config's model and setup, as ``reportgen estimate --from`` reads it; the grid's other keys
+override the file's values, as flags beside ``--from`` do. The case stores the resulting setup. ``exclude``
 rules drop every cell that matches all keys of a rule (a rule value may be a list: any of them).
 ``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
 
@@ -122,7 +125,8 @@ class Sweep:
     spec: SweepFile
     cases: list[Case]
     content_hash: str
-    #: legal input that is almost surely a mistake (a rule that matches no cell), for the caller to print
+    #: legal input that is almost surely a mistake (a rule that matches no cell), and what the configs of
+    #: ``from`` keys left unread (unknown keys, keys that change the step but are not modelled), to print
     warnings: tuple[str, ...] = ()
 
     @property
@@ -384,12 +388,12 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
     _check_rules(path, spec, lines)
     for gi, grid in enumerate(spec.grids):
         for key in grid:
-            if key not in CASE_KEYS:
+            if key not in CASE_KEYS and key != "from":
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}]: unknown key {key!r}",
-                                hint=_did_you_mean(key, sorted(CASE_KEYS))
-                                + "keys: model, gpu, " + ", ".join(TrainingSetup.model_fields))
+                                hint=_did_you_mean(key, sorted(CASE_KEYS) + ["from"])
+                                + "keys: model, gpu, from, " + ", ".join(TrainingSetup.model_fields))
         for key in ("model", "gpu"):
-            if key not in grid:
+            if key not in grid and not (key == "model" and "from" in grid):
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi))}: grids[{gi}]: missing key {key!r}")
         for key, value in grid.items():
             if isinstance(value, list) and not value:
@@ -403,7 +407,7 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                         hint=f"split the sweep, or allow it: reportgen sweep {path} --max-cases {total} (each case "
                              "is a result file of about 4 KB; 10,000 cases render in about 15 s)")
     for gi, grid in enumerate(spec.grids):
-        for name in _values(grid["model"]):
+        for name in _values(grid.get("model", [])):
             try:
                 catalog.load_model(str(name))
             except UserError as exc:
@@ -414,6 +418,7 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
             except UserError as exc:
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'gpu'))}: {exc.message}", exc.hint) from None
     seen: dict[str, Case] = {}
+    from_warnings: list[str] = []
     used = {("exclude", i): False for i in range(len(spec.exclude))}
     used.update({("override", i): False for i in range(len(spec.override))})
     for gi, grid in enumerate(spec.grids):
@@ -430,7 +435,13 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                     used[("override", ri)] = True
                     cell.update(rule.set)
                     origin.update({k: ("override", ri, "set", k) for k in rule.set})
-            case = _case(path, lines, gi, cell, origin)
+            if "from" in cell:
+                fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
+                model, setup = _from_config(path, _line_of(lines, ("grids", gi, "from")), cell["from"], cell, fields,
+                                            str(cell["gpu"]), from_warnings)
+                case = _case(path, lines, gi, {**cell, "model": model}, origin, setup=setup)
+            else:
+                case = _case(path, lines, gi, cell, origin)
             cid = case.id
             other = seen.get(cid)
             if other is None:
@@ -444,7 +455,25 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
         raise UserError(f"{path}: the grids expand to no case (everything excluded?)")
     warnings = [f"{path}:{_line_of(lines, (kind, i))}: {kind}[{i}] matches no cell of the grids: it does nothing"
                 for (kind, i), hit in sorted(used.items()) if not hit]
-    return [seen[k] for k in sorted(seen)], warnings
+    return [seen[k] for k in sorted(seen)], warnings + list(dict.fromkeys(from_warnings))
+
+
+def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, gpu: str,
+                 warnings: list[str]) -> tuple[str, TrainingSetup]:
+    """A cell with a ``from`` key: the config's model (unless the cell names one) and its setup,
+    the cell's fields overriding the file's."""
+    from reportgen.configs import setup_from, translate_file
+
+    try:
+        t = translate_file(path.parent / str(config), bf16_capable=catalog.load_gpu(gpu).supports_bf16)
+        model = str(cell["model"]) if cell.get("model") is not None else t.model
+        if model is None:
+            raise UserError(f"{t.path}: names no model", hint="add it, or a model key to the grid")
+        setup = setup_from(t, fields, model=model)
+    except UserError as exc:
+        raise UserError(f"{path}:{line}: from: {exc.message}", exc.hint) from None
+    warnings += [f"{t.path}: {text}" for text in t.lines() if text.startswith("warning")]
+    return model, setup
 
 
 def _describe(case: Case) -> str:
@@ -458,9 +487,11 @@ def _where(loc: tuple) -> str:
     return f"grids[{loc[1]}]" if loc[0] == "grids" else f"override[{loc[1]}].set"
 
 
-def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], origin: dict[str, tuple]) -> Case:
-    """One cell as a case; a bad value is reported where it was written (the grid or the override)."""
-    fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory")}
+def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], origin: dict[str, tuple],
+          setup: TrainingSetup | None = None) -> Case:
+    """One cell as a case; a bad value is reported where it was written (the grid or the override).
+    ``setup``: the one a ``from`` config and the cell's fields made (``_from_config``)."""
+    fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
     gpu = str(cell["gpu"])
     if cell.get("gpu_memory") is not None:
         loc = origin.get("gpu_memory", ("grids", gi, "gpu_memory"))
@@ -470,7 +501,7 @@ def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], or
             raise UserError(f"{path}:{_line_of(lines, loc)}: {_where(loc)}.gpu_memory: {exc.message}",
                             exc.hint) from None
     try:
-        setup = TrainingSetup.model_validate(fields)
+        setup = setup or TrainingSetup.model_validate(fields)
     except SetupError as exc:
         key = exc.field or ""
         # a rule across fields (gpus needs sharding) broken by an override's value: the override's line

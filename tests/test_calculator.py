@@ -26,6 +26,7 @@ from reportgen.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
+TRL_QLORA = (ROOT / "tests" / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
 
 #: (form the page sends, the command line it must show)
 FORMS = [
@@ -49,6 +50,10 @@ FORMS = [
     ({"model": "llama-3.1-70b", "gpu": "h100-sxm",
       "setup": {"grad_ckpt": True, "batch": "2", "gpus": "8", "sharding": "fsdp"}},
      "reportgen estimate --model llama-3.1-70b --gpu h100-sxm --grad-ckpt --batch 2 --gpus 8 --sharding fsdp"),
+    # a pasted TRL config gives the model and setup: of the form's setup only the launcher's GPUs are sent
+    ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "training_config": TRL_QLORA,
+      "setup": {"method": "full", "batch": "3", "gpus": "1"}},
+     "reportgen estimate --gpu rtx-4090 --from train.yaml"),
 ]
 
 
@@ -65,13 +70,14 @@ def cli_json(command: str) -> str:
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(browser, "_last_pasted", None)
+    monkeypatch.setattr(browser, "_last_train", None)
     catalog.load_model.cache_clear()
     yield tmp_path
     catalog.load_model.cache_clear()
 
 
 # ----- what the page calls -----------------------------------------------------------------------
-@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp"])
+@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp", "trl"])
 def test_the_page_prints_what_the_cli_prints(form, command, workdir):
     out = json.loads(browser.run(json.dumps(form)))
     assert "error" not in out, out.get("error")
@@ -82,6 +88,15 @@ def test_the_page_prints_what_the_cli_prints(form, command, workdir):
     keys = [r["key"] for s in out["view"]["sections"] for r in s["rows"]]
     assert len(keys) == len(set(keys))
     assert {"memory.device_total", "time.tokens_per_s", "max_batch", "max_seq"} <= set(keys)
+
+
+def test_a_pasted_training_config_reports_every_key(workdir):
+    out = json.loads(browser.run(json.dumps(FORMS[-1][0])))
+    assert json.loads(out["json"])["setup"]["method"] == "qlora"  # the file's, not the form's "full"
+    assert out["from"][0] == "from train.yaml (TRL 1.16.0 keys): model qwen2.5-7b"
+    assert any(line.startswith("ignored (no effect") and "learning_rate" in line for line in out["from"])
+    bad = json.loads(browser.run(json.dumps({**FORMS[-1][0], "training_config": "use_peft: [\n"})))
+    assert "train.yaml" in bad["error"]["message"] and "from" not in bad
 
 
 def test_the_view_shows_every_term_and_the_reverse_answers(workdir):
@@ -216,6 +231,8 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
         (tmp_path / "cli").mkdir(exist_ok=True)
         if "config" in form:
             (tmp_path / "cli" / "config.json").write_text(form["config"])
+        if "training_config" in form:
+            (tmp_path / "cli" / "train.yaml").write_text(form["training_config"])
         import os
 
         cwd = os.getcwd()
@@ -226,6 +243,7 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
             os.chdir(cwd)
     assert "not valid JSON" in results[-1]["error"]["message"]
     assert "reportgen.estimate.search" in modules and "yaml.constructor" in modules
+    assert "reportgen.configs.trl" in modules and results[len(FORMS) - 1]["from"][0].startswith("from train.yaml")
     assert not any(m.startswith(("reportgen.measure", "reportgen.report", "rich", "pydantic")) for m in modules)
 
 

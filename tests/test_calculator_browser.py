@@ -40,6 +40,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
+TRL_QLORA = (Path(__file__).parent / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
 
 pytestmark = [
     pytest.mark.browser,
@@ -67,6 +68,9 @@ SETUPS = {
                 "setup.seq": "1024", "train_tokens": "2e7"},
                "reportgen estimate --model config.json --gpu t4 --method qlora --grad-ckpt --seq 1024 "
                "--train-tokens 2e7"),
+    # a pasted TRL config: its model and setup (the form's method is not sent)
+    "trl": ({"paste_train": True, "train_config": TRL_QLORA, "gpu": "rtx-4090", "setup.method": "full"},
+            "reportgen estimate --gpu rtx-4090 --from train.yaml"),
 }
 BAD_CONFIG = '{"model_type": "llama", "hidden_size": 4096,,}'
 
@@ -278,6 +282,7 @@ def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, 
 def test_numbers_equal_the_cli_for_every_setup(served_site, browser, tmp_path, shots):
     first_answer(browser, served_site + "calculator/")
     (tmp_path / "config.json").write_text(MISTRAL)
+    (tmp_path / "train.yaml").write_text(TRL_QLORA)
     reverse = 0
     for name, (values, command) in SETUPS.items():
         ms = browser.execute_async_script(SET_FORM, values, False)
@@ -295,6 +300,14 @@ def test_numbers_equal_the_cli_for_every_setup(served_site, browser, tmp_path, s
             assert data["gpu"] == "rtx-4090@48GiB" and data["capacity"] == 48 * 2**30
             screenshot(browser, shots / "calculator-result.png")
     assert reverse >= 2  # largest batch and longest sequence are real answers, not "none fits"
+
+
+def test_a_pasted_training_config_lists_its_keys(served_site, browser):
+    first_answer(browser, served_site + "calculator/")
+    browser.execute_async_script(SET_FORM, SETUPS["trl"][0], False)
+    lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
+    assert lines[0] == "from train.yaml (TRL 1.16.0 keys): model qwen2.5-7b"
+    assert browser.execute_script("return document.getElementById('rg-method').disabled")  # the file's setup
 
 
 def test_recomputation_is_fast(served_site, browser):

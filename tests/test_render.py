@@ -332,7 +332,8 @@ def test_mkdocs_nav_lists_the_catalogs():
 #: nav pages of the other providers, by the provider that writes them
 OTHER_PAGES = {"reportgen.advise.pages:guide_pages": "guides/",
                "reportgen.report.techniques:technique_pages": "techniques/",
-               "reportgen.report.methodology:methodology_pages": "methodology.md"}
+               "reportgen.report.methodology:methodology_pages": "methodology.md",
+               "reportgen.report.configs:config_pages": "configs.md"}
 
 
 def missing_providers() -> set[str]:

@@ -27,7 +27,7 @@ function el(tag, attrs = {}, ...children) {
 
 // ----- the form <-> an object <-> the URL hash ----------------------------------------------------
 function controls(form) {
-  return Array.from(form.elements).filter((e) => e.name && e.name !== "paste" && e.name !== "config");
+  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config"].includes(e.name));
 }
 
 function method(form) { return form.elements["setup.method"]?.value || ""; }
@@ -58,6 +58,7 @@ function readForm(form) {
     }
   }
   if (form.elements.paste.checked) out.config = form.elements.config.value;
+  if (form.elements.paste_train.checked) out.training_config = form.elements.train_config.value;
   return out;
 }
 
@@ -68,6 +69,7 @@ function hashOf(form) {
     if (applies(c, form) && v !== c.dataset.default) params.set(c.name.replace(/^setup\./, ""), v);
   }
   if (form.elements.paste.checked) params.set("config", form.elements.config.value);
+  if (form.elements.paste_train.checked) params.set("train", form.elements.train_config.value);
   return params.toString();
 }
 
@@ -94,13 +96,21 @@ function restore(form, hash) {
     ignored.map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ") +
     (ignored.length === 1 ? " is not a value this page offers: its default is shown instead." :
       " are not values this page offers: their defaults are shown instead.");
+  const training = params.has("train");
+  form.elements.paste_train.checked = training;
+  form.elements.train_config.value = training ? params.get("train") : "";
   sync(form);
 }
 
 function sync(form) {
   const pasted = form.elements.paste.checked;
+  const training = form.elements.paste_train.checked;
   $("rg-config-box").hidden = !pasted;
-  form.elements.model.disabled = pasted;
+  $("rg-train-box").hidden = !training;
+  form.elements.model.disabled = pasted || training;
+  for (const c of controls(form)) {  // a pasted training config gives the setup: only the launcher's GPUs count
+    if (c.name.startsWith("setup.")) c.disabled = training && !["setup.gpus", "setup.sharding"].includes(c.name);
+  }
   for (const box of form.querySelectorAll("[data-applies]")) {
     const methods = box.dataset.applies.split(" ").filter(Boolean);
     box.classList.toggle("rg-calc-off", methods.length > 0 && !methods.includes(method(form)));
@@ -131,6 +141,10 @@ function showResult(out, form) {
   const result = $("rg-result"), error = $("rg-error");
   $("rg-command").textContent = out.command;
   $("rg-paste-note").hidden = !form.elements.paste.checked;
+  $("rg-train-note").hidden = !form.elements.paste_train.checked;
+  const from = $("rg-from");
+  from.replaceChildren(...(out.from || []).map((line) => el("li", { text: line })));
+  from.hidden = !out.from;
   $("rg-share").value = location.href;
   $("rg-repro").hidden = false;
   if (out.error) {

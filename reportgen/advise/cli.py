@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.cli import positive_count
+    from reportgen.cli import add_from_flag, positive_count
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--gpu", help="catalog name (see `reportgen gpus`)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
-    p.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    p.add_argument("--seq", type=int, default=None, help="sequence length in tokens (default 2048, or --from's)")
+    add_from_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=100_000_000,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--format", choices=["table", "json"], default="table")
@@ -77,16 +78,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"{sweep.name}: {stats.written} walks written, {stats.skipped} unchanged, {stats.removed} removed, "
               f"{stats.failed} failed -> {args.results / sweep.name / '_advice'}")
         return 1 if stats.failed else 0
-    if not args.model or not args.gpu:
-        raise UserError("--model and --gpu are required (or --store SWEEP.yaml, or --mermaid)",
+    if not args.gpu or not (args.model or args.from_file):
+        raise UserError("--model and --gpu are required (or --from CONFIG with --gpu, or --store SWEEP.yaml, or --mermaid)",
                         hint="e.g. reportgen advise --model llama-3.1-8b --gpu rtx-4090")
     from reportgen import catalog
     from reportgen.advise.walk import walk
 
+    yours = None
+    if args.from_file is not None:
+        from reportgen.cli import translation_from_args
+        from reportgen.configs import setup_from
+
+        translation = translation_from_args(args)
+        yours = setup_from(translation, model=args.model)
+        if args.seq is None:
+            args.seq = yours.seq
+    args.seq = 2048 if args.seq is None else args.seq
     model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
     if not 8 <= args.seq <= 1_048_576:
         raise UserError(f"--seq: must be between 8 and 1048576 (got {args.seq})")
     doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))
+    if yours is not None:
+        doc["config"] = config_verdict(model, gpu, yours, args)
     if args.format == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
@@ -97,6 +110,16 @@ def run(args: argparse.Namespace) -> int:
         measured_text = ratio_text(with_estimates(qlora_pairs(cases_from_files(DEFAULT_RESULTS))), doc["model"])
     print_walk(doc, measured_text=measured_text)
     return 0
+
+
+def config_verdict(model, gpu, setup, args) -> dict:
+    """The ``--from`` config's own setup beside the walk: its estimate's verdict and speed."""
+    from reportgen.estimate import estimate
+
+    est = estimate(model, gpu, setup, train_tokens=int(args.train_tokens)).as_dict()
+    return {"path": str(args.from_file), "label": setup.short(), "setup": setup.model_dump(mode="json"),
+            "verdict": est["verdict"], "verdict_text": est["verdict_text"],
+            "device_total": est["memory"]["device_total"], "tokens_per_s": est["time"]["tokens_per_s"]}
 
 
 # ----- terminal view ----------------------------------------------------------------------------
@@ -173,5 +196,12 @@ def print_walk(doc: dict, console=None, measured_text: str | None = None) -> Non
         label = o["label"].replace("n GPUs", f"{o['gpus']} GPUs")
         console.print(f"  option {label}: {mark}: {o['text']}{tps}", highlight=False)
     console.print(f"[bold]compared with a search of every candidate:[/] {doc['search']['text']}", highlight=False)
+    cfg = doc.get("config")
+    if cfg:
+        from rich.markup import escape
+
+        colour = "green" if cfg["verdict"] == "fits" else "yellow" if cfg["verdict"] == "tight" else "red"
+        console.print(f"your config ({escape(cfg['path'])}): [bold]{escape(cfg['label'])}[/]: [{colour}]"
+                      f"{escape(cfg['verdict_text'])}[/]; {_tps(cfg)} tokens/s (est.)", highlight=False)
     for note in dict.fromkeys((rec or {}).get("notes", [])):
         console.print(f"[yellow]note:[/] {note}", highlight=False)

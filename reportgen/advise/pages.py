@@ -120,6 +120,8 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict], quant_pairs: list
 
     steps = [_step_view(i, s, page, measured) for i, s in enumerate(doc["steps"], 1)]
     rec = _numbers_view(doc["recommended"], measured)
+    if rec is not None:
+        rec = {**rec, "run_with": run_with(doc["model"], doc["recommended"]["setup"])}
     taken = [T.BY_ID[s["node"]] for s in doc["steps"] if s["kind"] == "action" and not s["skipped"]
              and T.BY_ID[s["node"]].stage in ("step1", "step2", "batch")]
     options = []
@@ -155,6 +157,19 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict], quant_pairs: list
         "notes": list(dict.fromkeys(notes)),
         "command": f"reportgen advise --model {doc['model']} --gpu {doc['gpu']} --seq {doc['seq']}",
     }
+
+
+def run_with(model: str, setup: dict) -> list[dict]:
+    """The recommended setup as the TRL and Axolotl keys that run it (``reportgen.configs.reverse``,
+    the ``--from`` mapping read backwards), with what each tool cannot express."""
+    from reportgen.configs import reverse
+
+    out = []
+    for name, command, write in (("TRL", "trl sft --config sft.yaml", reverse.trl_keys),
+                                 ("Axolotl", "axolotl train config.yml", reverse.axolotl_keys)):
+        keys = write(model, setup)
+        out.append({"tool": name, "command": command, "yaml": keys.yaml(), "notes": keys.notes})
+    return out
 
 
 def faster_than_walk(w: dict) -> dict | None:

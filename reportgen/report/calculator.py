@@ -48,6 +48,7 @@ BUNDLE = (
     "reportgen/browser.py", "reportgen/views/__init__.py", "reportgen/views/format.py",
     "reportgen/catalog/__init__.py", "reportgen/catalog/gpus.yaml", "reportgen/catalog/models/*.json",
     "reportgen/estimate/*.py", "reportgen/estimate/error_band.json",
+    "reportgen/configs/*.py", "reportgen/configs/keys.json",
 )
 
 #: the form's sections, in order; a setup field not listed here lands in "More settings"

@@ -10,7 +10,8 @@ never touched. Nothing here estimates or measures.
 Templates live in ``reportgen/report/templates/`` and may use these filters:
 ``gib`` (bytes -> "12.34", GiB = 2**30), ``rate`` (tokens/s), ``pct`` (0.123 -> "12.3%"), ``money``,
 ``num`` (thousands separators, "-" for None), ``signed_pct`` (relative error, "+12.3%"), ``cell``
-(a Markdown table cell: escaped, newlines as spaces), ``code`` (a Markdown code span of any text);
+(a Markdown table cell: escaped, newlines as spaces), ``code`` (a Markdown code span of any text), ``fenced``
+(a fenced code block of any text);
 and the macros of ``_macros.md.j2`` (``legend()``, ``reproduce(repro)``, ``est()``, ``meas()``).
 
 **Escaping.** Every value a template prints reaches the page as the text it is: Jinja2's autoescape
@@ -61,6 +62,7 @@ PROVIDERS = DATA_PROVIDERS + (
     "reportgen.report.techniques:technique_pages",
     "reportgen.report.methodology:methodology_pages",
     "reportgen.report.calculator:calculator_pages",
+    "reportgen.report.configs:config_pages",
 )
 
 _warned: set[str] = set()
@@ -168,6 +170,17 @@ def _code(text) -> Markup:
     return Markup(f"{fence}{pad}{s}{pad}{fence}")
 
 
+def _fenced(text, lang: str = "", indent: int = 0) -> Markup:
+    """``text`` as a fenced code block (Markdown escapes ``<`` and ``&`` inside it), fenced by more
+    backticks than any run in it; every line after the first indented by ``indent`` spaces (the
+    template indents the first)."""
+    s = str(text).rstrip("\n")
+    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " * indent
+    body = "\n".join(pad + line if line else "" for line in s.splitlines())
+    return Markup(f"{fence}{lang}\n{body}\n{pad}{fence}")
+
+
 def _join(items: Iterable, sep: str = "") -> Markup:
     """Jinja's ``join``, each item escaped as ``markdown_text`` does (the separator is the template's)."""
     return Markup(sep).join(markdown_text(x if isinstance(x, str) else str(x)) for x in items)
@@ -185,7 +198,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell,
-                       code=_code, join=_join)
+                       code=_code, fenced=_fenced, join=_join)
     return env
 
 

@@ -1,0 +1,92 @@
+"""TRL and Axolotl configs in: a config file as reportgen's model and ``TrainingSetup``.
+
+``translate_file(path)`` reads a TRL ``trl sft --config`` file or an Axolotl YAML (which one is
+told by its keys), ``setup_from(translation, explicit)`` builds the setup with the flags a user
+gave beside the file overriding it. ``table.py`` lists what becomes of every key; ``reverse.py``
+writes a setup as each tool's keys. Torch-free: the calculator runs it under Pyodide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reportgen.configs.common import ConfigError, Reader, Translation, read_file
+
+__all__ = ["ConfigError", "Translation", "translate_file", "setup_from", "detect"]
+
+#: keys only one of the tools has, which tell them apart
+_TRL_MARKS = ("model_name_or_path", "per_device_train_batch_size", "use_peft", "max_length", "max_seq_length",
+              "optim", "dataset_name")
+_AXOLOTL_MARKS = ("base_model", "adapter", "micro_batch_size", "sequence_len", "sample_packing",
+                  "lora_target_linear")
+
+
+def detect(doc: dict, path: Path) -> str:
+    trl = [k for k in _TRL_MARKS if k in doc]
+    axo = [k for k in _AXOLOTL_MARKS if k in doc]
+    if trl and not axo:
+        return "trl"
+    if axo and not trl:
+        return "axolotl"
+    if trl and axo:
+        raise ConfigError(f"{path}: has TRL keys ({', '.join(trl)}) and Axolotl keys ({', '.join(axo)})",
+                          hint="a config is for one tool: TRL names the model model_name_or_path, Axolotl base_model")
+    raise ConfigError(f"{path}: neither a TRL nor an Axolotl config: it has none of {', '.join(_TRL_MARKS)} (TRL) "
+                      f"or {', '.join(_AXOLOTL_MARKS)} (Axolotl)",
+                      hint="TRL: model_name_or_path: meta-llama/Llama-3.2-1B; Axolotl: base_model: ...")
+
+
+def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
+    """The file's model and setup fields and what became of each key; ``bf16_capable``: whether the
+    card has bf16 (Axolotl's ``bf16: auto`` asks it). Raises ``ConfigError``."""
+    from reportgen.configs import axolotl, trl
+
+    path = Path(path)
+    doc, lines = read_file(path)
+    tool = detect(doc, path)
+    r = Reader(path, doc, lines, tool)
+    return trl.translate(r) if tool == "trl" else axolotl.translate(r, bf16_capable=bf16_capable)
+
+
+def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: str | None = None):
+    """The ``TrainingSetup`` of a translation, the ``explicit`` fields (flags given beside the file)
+    overriding the file's. The number of GPUs is not in a config (the launcher sets it): a file
+    with an FSDP or DeepSpeed section needs ``gpus`` among the explicit fields, and explicit
+    ``gpus`` above 1 without such a section is DDP, as ``accelerate launch``/``torchrun`` run it."""
+    from reportgen.setup import SetupError, TrainingSetup
+
+    explicit = {k: v for k, v in (explicit or {}).items() if v is not None}
+    values = dict(t.values)
+    sources = dict(t.sources)
+    gpus = explicit.get("gpus", 1)
+    if "sharding" not in explicit:
+        if t.sharding_key and gpus == 1:
+            raise ConfigError(f"{t.path}: {t.sharding_key}: shards over several GPUs; the number of GPUs is the "
+                              "launcher's, not the file's",
+                              hint="give --gpus N (N > 1), or --sharding none to estimate one GPU")
+        if not t.sharding_key and gpus > 1:
+            values["sharding"] = "ddp"
+    elif explicit["sharding"] == "none" and gpus == 1:
+        values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
+    values.update(explicit)
+    try:
+        setup = TrainingSetup(**values)
+    except SetupError as exc:
+        key = sources.get(exc.field) if exc.field not in explicit else None
+        if key:
+            raise ConfigError(f"{t.where(key)}: {key}: {exc.message}") from None
+        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
+        raise ConfigError(f"{flag} (with {t.path}): {exc.message}") from None
+    model = model or t.model
+    if setup.is_peft and model and "lora_targets" not in explicit:
+        from reportgen import catalog
+        from reportgen.errors import UserError
+
+        spec = catalog.load_model(model)
+        try:
+            spec.lora_selection(setup.lora_targets)
+        except UserError as exc:
+            key = sources.get("lora_targets", "lora_target_modules")
+            raise ConfigError(f"{t.where(key)}: {key}: {exc.message}", hint=exc.hint) from None
+    return setup

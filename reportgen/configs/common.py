@@ -1,0 +1,369 @@
+"""What the TRL and Axolotl translators share: the file reader that names file, line and key in
+its errors, the translation they fill in, the model look-up and the value maps both tools use
+(transformers' optimizer and attention names, DeepSpeed and FSDP sections).
+
+Torch-free and dependency-free beyond PyYAML: the site's calculator runs it under Pyodide.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reportgen.configs import table
+from reportgen.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config file reportgen cannot read as a run: names the file, line and key."""
+
+
+@dataclass
+class Translation:
+    """A config file as reportgen's model plus setup fields, and what became of each key."""
+
+    tool: str  # "trl" or "axolotl"
+    path: str
+    model: str | None = None  # a catalog name or a config.json path
+    values: dict[str, Any] = field(default_factory=dict)  # setup field -> value
+    sources: dict[str, str] = field(default_factory=dict)  # setup field -> the file key that set it
+    honoured: list[str] = field(default_factory=list)
+    approximated: list[tuple[str, str]] = field(default_factory=list)  # (key, what differs)
+    ignored: list[str] = field(default_factory=list)  # bookkeeping keys, no effect on the step
+    not_modelled: list[tuple[str, str]] = field(default_factory=list)  # ignored keys that change the step
+    unknown: list[str] = field(default_factory=list)
+    sharding_key: str | None = None  # the key that asks for several GPUs (fsdp, deepspeed)
+    present: frozenset = frozenset()  # the keys the file has (the others took the tool's default)
+    key_lines: dict = field(default_factory=dict)  # key -> its line in the file
+
+    def where(self, key: str) -> str:
+        line = self.key_lines.get(key)
+        return f"{self.path}:{line}" if line else self.path
+
+    def set(self, setup_field: str, value: Any, key: str) -> None:
+        self.values[setup_field] = value
+        self.sources.setdefault(setup_field, key)
+
+    def approx(self, key: str, note: str) -> None:
+        if (key, note) not in self.approximated:
+            self.approximated.append((key, note))
+
+    def lines(self) -> list[str]:
+        """The report the CLI prints: each group on one line, ignored and unknown keys by name."""
+        name = f"{table.TOOLS[self.tool]} {table.version(self.tool)}"
+        out = [f"from {self.path} ({name} keys): model {self.model}"]
+        if self.honoured:
+            out.append("honoured: " + ", ".join(self.honoured))
+        for key, note in self.approximated:
+            default = "" if key in self.present else f" ({table.TOOLS[self.tool]}'s default)"
+            out.append(f"approximated: {key}{default}: {note}")
+        for key, note in self.not_modelled:
+            out.append(f"warning: not modelled: {key}: {note}")
+        for key in self.unknown:
+            import difflib
+
+            close = difflib.get_close_matches(key, list(table.schema()[self.tool]["keys"]), n=2, cutoff=0.75)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            out.append(f"warning: unknown key {key!r}: not a key of {name}'s config{hint}; ignored")
+        if self.ignored:
+            out.append("ignored (no effect on one step's memory or speed): " + ", ".join(self.ignored))
+        return out
+
+
+class Reader:
+    """One parsed config file: values by key, each read marked, errors with file, line and key."""
+
+    def __init__(self, path: Path, doc: dict, lines: dict[str, int], tool: str):
+        self.path, self.doc, self._lines, self.tool = path, doc, lines, tool
+        self.read: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.doc and self.doc[key] is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The file's value, or the tool's own default (``keys.json``) when absent or null."""
+        self.read.add(key)
+        if self.has(key):
+            return self.doc[key]
+        return default
+
+    def tool_default(self, key: str) -> Any:
+        return self.get(key, table.default(self.tool, key))
+
+    def where(self, key: str) -> str:
+        line = self._lines.get(key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def error(self, key: str, message: str, hint: str | None = None) -> ConfigError:
+        return ConfigError(f"{self.where(key)}: {key}: {message}", hint=hint)
+
+    def boolean(self, key: str, default: Any = None) -> bool | None:
+        value = self.get(key, default)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise self.error(key, f"must be true or false (got {value!r})")
+
+    def integer(self, key: str, default: Any = None) -> int | None:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"\d+", str(value)):
+            raise self.error(key, f"must be a whole number (got {value!r})")
+        return int(value)
+
+    def number(self, key: str, default: Any = None) -> float | None:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise self.error(key, f"must be a number (got {value!r})") from None
+
+
+def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
+    """A YAML or JSON config (JSON is YAML) as a mapping, with the line of each top-level key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror or exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: not valid YAML or JSON: {problem}",
+                          hint="a config is a mapping of keys to values, as `trl sft --config` or axolotl take") \
+            from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a config is a mapping of keys to values, not {type(doc).__name__}",
+                          hint="e.g. model_name_or_path: meta-llama/Llama-3.2-1B (TRL) or base_model: ... (Axolotl)")
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                lines[k.value] = k.start_mark.line + 1
+    return {str(k): v for k, v in doc.items()}, lines
+
+
+# ----- the model -------------------------------------------------------------------------------
+_VARIANT = re.compile(r"[-_](instruct|it|chat|hf|pt|base)$", re.IGNORECASE)
+
+
+def _stem(repo_id: str) -> str:
+    s = repo_id.strip().lower()
+    while _VARIANT.search(s):
+        s = _VARIANT.sub("", s)
+    return s
+
+
+def _catalog_ids() -> dict[str, str]:
+    """Hub id (``_name_or_path`` of each catalog config.json) -> catalog name."""
+    from importlib import resources
+
+    from reportgen import catalog
+
+    out = {}
+    for name in catalog.model_names():
+        text = resources.files("reportgen.catalog").joinpath("models", f"{name}.json").read_text()
+        hub = json.loads(text).get("_name_or_path")
+        if hub:
+            out[hub] = name
+    return out
+
+
+def resolve_model(r: Reader, key: str, t: Translation) -> None:
+    """The model a config names: a local config.json or directory, a catalog name, a catalog
+    model's Hub id, or (approximated) a variant of one (``-Instruct``, ``-it``, ``-chat``: the same
+    shapes as its base checkpoint)."""
+    from reportgen import catalog
+
+    value = r.get(key)
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise r.error(key, f"must be a model id or path (got {value!r})")
+    value = value.strip()
+    path = Path(value)
+    if path.is_dir() and (path / "config.json").is_file():
+        t.model = str(path / "config.json")
+    elif path.suffix == ".json" and path.is_file():
+        t.model = str(path)
+    elif value in catalog.model_names():
+        t.model = value
+    else:
+        ids = _catalog_ids()
+        exact = {k.lower(): v for k, v in ids.items()}.get(value.lower())
+        if exact:
+            t.model = exact
+        else:
+            stems = {}
+            for hub, name in ids.items():
+                stems.setdefault(_stem(hub), name)
+            near = stems.get(_stem(value))
+            if not near:
+                import difflib
+
+                close = difflib.get_close_matches(value, list(ids), n=3, cutoff=0.5)
+                raise r.error(key, f"{value!r} is not a local config.json or directory, nor a catalog model",
+                              hint=("did you mean " + " or ".join(repr(c) for c in close) + "? " if close else "")
+                              + "catalog models (reportgen models) are named by their Hub id; for any other model "
+                              "download its config.json and pass --model PATH/config.json")
+            t.model = near
+            t.approx(key, f"{value} has the shapes of the catalog's {near} ({_hub_of(near)})")
+
+
+def _hub_of(name: str) -> str:
+    return next((hub for hub, n in _catalog_ids().items() if n == name), name)
+
+
+def checkpoint_dtype(model: str | None) -> str:
+    """The dtype a checkpoint's config.json states (``torch_dtype``/``dtype``; float32 when none):
+    what ``dtype="auto"`` loads."""
+    if model is None:
+        return "float32"
+    from importlib import resources
+
+    from reportgen import catalog
+
+    try:
+        if model in catalog.model_names():
+            text = resources.files("reportgen.catalog").joinpath("models", f"{model}.json").read_text()
+        else:
+            text = Path(model).read_text()
+        cfg = json.loads(text)
+    except (OSError, ValueError):
+        return "float32"
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+
+
+# ----- value maps both tools use ----------------------------------------------------------------
+DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
+          "half": "fp16", "float": "fp32"}
+
+#: transformers' ``OptimizerNames`` (Trainer ``optim``, Axolotl ``optimizer``) -> setup optimizer
+OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_apex_fused": "adamw",
+              "adamw_bnb_8bit": "adamw-8bit", "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",
+              "paged_adamw_32bit": "paged-adamw", "paged_adamw": "paged-adamw", "sgd": "sgd", "adafactor": "adafactor"}
+
+
+def optimizer(r: Reader, key: str, t: Translation) -> None:
+    value = r.tool_default(key)
+    name = str(value).lower()
+    if name not in OPTIMIZERS:
+        raise r.error(key, f"{value!r} is not modelled",
+                      hint="modelled: " + ", ".join(sorted(OPTIMIZERS)) + "; or pass --optimizer to estimate with "
+                      "the closest one")
+    t.set("optimizer", OPTIMIZERS[name], key)
+
+
+def attention(r: Reader, key: str, value: Any, t: Translation) -> None:
+    """transformers' ``attn_implementation`` values."""
+    name = str(value)
+    if name in ("sdpa", "eager"):
+        t.set("attn", name, key)
+    elif name.startswith("flash_attention") or name.startswith("kernels-community/") or "flash" in name:
+        t.set("attn", "sdpa", key)
+        t.approx(key, f"{name}: modelled as SDPA's flash kernel (the same O(seq) memory)")
+    elif name in ("flex_attention", "paged_attention", "sdpa_paged"):
+        t.set("attn", "sdpa", key)
+        t.approx(key, f"{name}: modelled as SDPA")
+    else:
+        raise r.error(key, f"{value!r} is not an attention implementation reportgen models",
+                      hint="sdpa, eager, flash_attention_2, flash_attention_3 (modelled as sdpa)")
+
+
+_FSDP_MODES = {"full_shard": "fsdp", "shard_grad_op": "shard-grad-op", "hybrid_shard": "hybrid-shard",
+               "hybrid_shard_zero2": "hybrid-shard", "no_shard": "no-shard"}
+
+
+def fsdp_words(r: Reader, key: str, value: Any, t: Translation) -> None:
+    """TrainingArguments/Axolotl ``fsdp``: a string of words or a list (``full_shard auto_wrap offload``)."""
+    words = value.split() if isinstance(value, str) else value if isinstance(value, list) else None
+    if words is None or not all(isinstance(w, str) for w in words):
+        raise r.error(key, f"must be FSDP's words, e.g. 'full_shard auto_wrap' (got {value!r})")
+    modes = [w for w in words if w in _FSDP_MODES]
+    unknown = [w for w in words if w not in _FSDP_MODES and w not in ("offload", "auto_wrap")]
+    if unknown:
+        raise r.error(key, f"unknown FSDP option {unknown[0]!r}",
+                      hint="full_shard, shard_grad_op, hybrid_shard, no_shard, offload, auto_wrap")
+    if len(modes) > 1:
+        raise r.error(key, f"contradictory sharding strategies {', '.join(modes)}: choose one")
+    if not modes and "offload" not in words:
+        return
+    t.set("sharding", _FSDP_MODES[modes[0]] if modes else "fsdp", key)
+    if "offload" in words:
+        t.set("offload", "params", key)
+    t.sharding_key = key
+
+
+def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
+    """A DeepSpeed config (a JSON path relative to the config file, or an inline mapping): ZeRO stage
+    and CPU offload of the optimizer states or the parameters."""
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute():
+            path = Path(r.path).parent / path
+        try:
+            value = json.loads(path.read_text())
+        except OSError:
+            raise r.error(key, f"cannot read the DeepSpeed config {str(path)!r}",
+                          hint="give the path relative to the config file, or the DeepSpeed settings inline") from None
+        except ValueError as exc:
+            raise r.error(key, f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise r.error(key, f"must be a DeepSpeed config path or mapping (got {value!r})")
+    zero = value.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (0, 1, 2, 3):
+        raise r.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3 (got {stage!r})")
+    t.set("sharding", "ddp" if stage == 0 else f"zero{stage}", key)
+    t.sharding_key = key
+
+    def _cpu(section: str) -> bool:
+        s = zero.get(section) or {}
+        return isinstance(s, dict) and s.get("device") in ("cpu", "nvme")
+
+    if _cpu("offload_param"):
+        if stage != 3:
+            raise r.error(key, f"offload_param needs ZeRO stage 3 (got stage {stage})")
+        t.set("offload", "params", key)
+    elif _cpu("offload_optimizer"):
+        t.set("offload", "optimizer", key)
+
+
+def finish(r: Reader, t: Translation) -> Translation:
+    """Sort every key of the file into honoured, approximated (the translator recorded how),
+    ignored (bookkeeping), not modelled (ignored but changes the step) and unknown (a warning)."""
+    approximated = {k for k, _ in t.approximated}
+    t.present, t.key_lines = frozenset(r.doc), dict(r._lines)
+    keys = table.schema()[t.tool]["keys"]
+    for key in r.doc:
+        row = table.row(t.tool, key)
+        if row is not None and row.status != table.IGNORED:
+            if key not in r.read:
+                t.ignored.append(key)  # not used by this recipe (e.g. lora_r without use_peft)
+            elif key not in approximated:
+                t.honoured.append(key)
+        elif row is not None:
+            if row.affects and r.doc[key] not in (None, False, [], {}, ""):
+                t.not_modelled.append((key, row.note))
+            else:
+                t.ignored.append(key)
+        elif key in keys:
+            t.ignored.append(key)
+        else:
+            t.unknown.append(key)
+    return t

@@ -1,0 +1,205 @@
+"""A setup as the TRL and Axolotl keys that run it: the translators (``trl.py``, ``axolotl.py``)
+read backwards, so that reading the keys back gives the same setup (``tests/test_configs.py``
+checks the round trip). What a tool cannot express (TRL 1.16 always runs its fused LM head;
+Axolotl loads full fine-tuning weights in bf16) is said in the notes instead of silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reportgen.setup import TrainingSetup
+
+#: setup optimizer -> transformers' optimizer name (``common.OPTIMIZERS`` read backwards)
+OPTIM_NAMES = {"adamw": "adamw_torch_fused", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
+               "paged-adamw": "paged_adamw_32bit", "sgd": "sgd", "adafactor": "adafactor"}
+_FSDP_WORDS = {"fsdp": "full_shard", "shard-grad-op": "shard_grad_op", "hybrid-shard": "hybrid_shard",
+               "no-shard": "no_shard"}
+_LIGER = "axolotl.integrations.liger.LigerPlugin"
+
+
+@dataclass
+class Keys:
+    """One tool's keys for a setup (in the order a config file lists them) and what they cannot say."""
+
+    keys: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.keys, sort_keys=False, default_flow_style=False, width=100).rstrip()
+
+
+def hub_id(model: str) -> str:
+    """A catalog model's Hub id (its config.json's ``_name_or_path``), else the name as given."""
+    from reportgen.configs.common import _hub_of
+
+    return _hub_of(model)
+
+
+def _targets(model: str, targets: str) -> list[str] | str:
+    """``all-linear``, or the module names peft matches (a preset or short names resolved for this model)."""
+    if targets == "all-linear":
+        return "all-linear"
+    from reportgen import catalog
+
+    sel = catalog.load_model(model).lora_selection(targets)
+    return sorted(sel.linears) + (["lm_head"] if sel.head else []) + (["embed_tokens"] if sel.embed else [])
+
+
+def _launch(s: TrainingSetup, k: Keys) -> None:
+    if s.gpus > 1:
+        k.notes.append(f"launch on {s.gpus} GPUs: accelerate launch --num_processes {s.gpus} (or torchrun "
+                       f"--nproc_per_node {s.gpus})")
+
+
+def _deepspeed(s: TrainingSetup) -> dict:
+    zero: dict = {"stage": int(s.sharding.value[-1])}
+    if s.offload.value == "optimizer":
+        zero["offload_optimizer"] = {"device": "cpu"}
+    elif s.offload.value == "params":
+        zero["offload_param"] = {"device": "cpu"}
+    return {"zero_optimization": zero}
+
+
+def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
+    """The ``trl sft --config`` keys (TRL 1.16.0) that run ``setup`` on ``model``."""
+    s = TrainingSetup.model_validate(setup)
+    k = Keys()
+    d = k.keys
+    d["model_name_or_path"] = hub_id(model)
+    m, p = s.method.value, s.precision.value
+    if m == "full":
+        d["dtype"] = "bfloat16" if p == "bf16" else "float32"
+    elif m == "lora":
+        d["dtype"] = "float32" if s.frozen_dtype.value == "fp32" or p == "fp32" else \
+            "bfloat16" if p in ("bf16", "bf16-mixed") else "float16"
+    else:
+        d["dtype"] = "float32" if s.kbit.value in ("peft", "trl") or p == "fp32" else \
+            "float16" if p == "fp16-mixed" else "bfloat16"
+        if s.frozen_dtype.value == "fp32":
+            k.notes.append("QLoRA's unquantized weights follow dtype: float32 is peft's preparation (kbit_prep peft), "
+                           "frozen_dtype has no key of its own")
+        if s.kbit.value == "trl":
+            k.notes.append("kbit_prep trl (older TRL's bf16 cast of embeddings and head) is not TRL 1.16's: "
+                           "dtype float32 is the closest")
+    d["bf16"] = p == "bf16-mixed" or (m == "full" and p == "bf16")
+    if s.is_peft and p == "bf16":
+        k.notes.append("pure bf16 adapters: peft keeps them in fp32 (autocast_adapter_dtype) on bf16 weights")
+    if p == "fp16-mixed":
+        d["fp16"] = True
+    if s.is_peft:
+        d["use_peft"] = True
+        if m == "qlora":
+            d.update(load_in_4bit=True, bnb_4bit_quant_type=s.quant.value, use_bnb_nested_quant=s.double_quant)
+        d.update(lora_r=s.lora_rank, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
+                 lora_target_modules=_targets(model, s.lora_targets))
+        if s.dora:
+            d["use_dora"] = True
+    d["per_device_train_batch_size"] = s.batch
+    d["gradient_accumulation_steps"] = s.accum
+    d["max_length"] = s.seq
+    if s.padding.value == "packed":
+        d["packing"] = True
+    elif s.padding.value == "max":
+        k.notes.append("padding every micro-batch to max_length has no SFTConfig key (TRL pads to the longest "
+                       "sample); packing: true is the closest")
+    d["gradient_checkpointing"] = s.grad_ckpt
+    d["optim"] = OPTIM_NAMES[s.optimizer.value]
+    d["attn_implementation"] = s.attn.value
+    if s.act_offload:
+        d["activation_offloading"] = True
+    if s.compile:
+        d["torch_compile"] = True
+    if s.loss.value != "fused":
+        k.notes.append(f"loss {s.loss.value}: TRL 1.16 always computes the loss with its fused LM head (loss fused)")
+    if s.sharding.value in _FSDP_WORDS:
+        d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
+    elif s.sharding.value.startswith("zero"):
+        d["deepspeed"] = _deepspeed(s)
+    elif s.offload.value != "none":
+        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no TRL key")
+    _launch(s, k)
+    _unsaid(s, k)
+    return k
+
+
+def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
+    """The Axolotl (0.19.0) YAML keys that run ``setup`` on ``model``."""
+    s = TrainingSetup.model_validate(setup)
+    k = Keys()
+    d = k.keys
+    d["base_model"] = hub_id(model)
+    m, p = s.method.value, s.precision.value
+    if s.is_peft:
+        d["adapter"] = m
+        if m == "qlora":
+            d["load_in_4bit"] = True
+            if s.quant.value != "nf4" or not s.double_quant:
+                d["bnb_config_kwargs"] = {"bnb_4bit_quant_type": s.quant.value,
+                                          "bnb_4bit_use_double_quant": s.double_quant}
+        d.update(lora_r=s.lora_rank, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout)
+        targets = _targets(model, s.lora_targets)
+        if targets == "all-linear":
+            d["lora_target_linear"] = True
+        else:
+            d["lora_target_modules"] = targets
+        if s.dora:
+            d["peft_use_dora"] = True
+        if s.frozen_dtype.value == "fp32":
+            k.notes.append("fp32 frozen weights: Axolotl loads them in the training dtype")
+        sharded = s.sharding.value in _FSDP_WORDS or s.sharding.value == "zero3"
+        if m == "qlora" and s.precision.value.endswith("-mixed") and s.kbit.value != ("none" if sharded else "peft"):
+            k.notes.append(f"kbit_prep {s.kbit.value}: Axolotl runs prepare_model_for_kbit_training (peft) unless "
+                           "FSDP or ZeRO-3 shards the model (then none)")
+    if p in ("bf16", "bf16-mixed"):
+        d["bf16"] = True
+        if m == "full" and p == "bf16-mixed":
+            k.notes.append("fp32 master weights: Axolotl loads full fine-tuning weights in bf16 (pure bf16)")
+        if m != "full" and p == "bf16":
+            k.notes.append("pure bf16 adapters: Axolotl trains them in fp32 under bf16 autocast")
+    else:
+        d["bf16"] = False
+        d["fp16"] = p == "fp16-mixed"
+    d["micro_batch_size"] = s.batch
+    d["gradient_accumulation_steps"] = s.accum
+    d["sequence_len"] = s.seq
+    if s.padding.value == "packed":
+        d["sample_packing"] = True
+    elif s.padding.value == "max":
+        d["pad_to_sequence_len"] = True
+    d["gradient_checkpointing"] = s.grad_ckpt
+    if s.act_offload:
+        d["activation_offloading"] = True
+    d["optimizer"] = OPTIM_NAMES[s.optimizer.value]
+    d["sdp_attention" if s.attn.value == "sdpa" else "eager_attention"] = True
+    if s.loss.value == "fused":
+        d["plugins"] = [_LIGER]
+        d["liger_fused_linear_cross_entropy"] = True
+    elif s.loss.value == "chunked":
+        k.notes.append("loss chunked (torchtune's) has no Axolotl key; liger_fused_linear_cross_entropy is the "
+                       "fused loss")
+    if s.compile:
+        d["torch_compile"] = True
+    if s.sharding.value in _FSDP_WORDS:
+        d["fsdp"] = [_FSDP_WORDS[s.sharding.value], "auto_wrap"] + (["offload"] if s.offload.value == "params" else [])
+    elif s.sharding.value.startswith("zero"):
+        d["deepspeed"] = _deepspeed(s)
+    elif s.offload.value != "none":
+        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no Axolotl key")
+    _launch(s, k)
+    _unsaid(s, k)
+    return k
+
+
+def _unsaid(s: TrainingSetup, k: Keys) -> None:
+    """Setup fields neither tool has a key for."""
+    if s.optimizer_in_backward:
+        k.notes.append("optimizer in backward (torchtune's optimizer_in_bwd) has no key")
+    if s.keep_outputs.value != "none":
+        k.notes.append("keeping the outputs past backward is not the Trainer's loop")
+    if s.quant_head:
+        k.notes.append("a 4-bit LM head has no key (transformers leaves the head in 16 bit)")
+    if s.sharding.value == "ddp":
+        pass  # the launcher's default: no key

@@ -1,0 +1,216 @@
+"""The one table of what reportgen makes of each key of a TRL or Axolotl config.
+
+Every key the translators read is a row here, with its status:
+
+* **honoured**: the key sets a setup field (or the model) to what the tool does with it;
+* **approximated**: it sets a field to the closest recipe reportgen models, and the note says what differs;
+* **ignored**: it has no field; ``affects`` says whether it still changes the step's memory or speed
+  (then the CLI warns that it is not modelled) or not (training bookkeeping: learning rate, logging,
+  data sources, saving).
+
+A key of the tool's schema without a row is ignored as bookkeeping (``keys.json`` lists them all,
+read from the pinned tools by ``scripts/config_keys.py``); a key the schema does not have is unknown
+(a warning). The CLI's report of a translation, the docs page and the guides' TRL and Axolotl keys
+all read this table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+HONOURED, APPROXIMATED, IGNORED = "honoured", "approximated", "ignored"
+TOOLS = {"trl": "TRL", "axolotl": "Axolotl"}
+
+
+@dataclass(frozen=True)
+class Row:
+    tool: str  # "trl" or "axolotl"
+    key: str
+    status: str
+    fields: str  # the setup fields (or "model") it sets, comma separated; "" when ignored
+    note: str
+    affects: bool = True  # for an ignored key: does it change memory or speed (not modelled)?
+
+
+def _r(tool, key, status, fields, note, affects=True):
+    return Row(tool, key, status, fields, note, affects)
+
+
+_PRECISION_TRL = ("TRL loads the weights in ModelConfig's dtype (default float32; `SFTTrainer` also defaults to "
+                  "float32) and trains under autocast when bf16 or fp16 is set: float32 weights give fp32 master "
+                  "weights (full) or fp32 frozen weights (LoRA, frozen_dtype fp32); bfloat16 weights with bf16 give "
+                  "pure bf16 for full fine-tuning (precision bf16) and bf16 frozen weights for LoRA")
+_OPTIM = ("transformers' optimizer names: adamw_torch, adamw_torch_fused, adamw_hf -> adamw; adamw_bnb_8bit, "
+          "adamw_8bit -> adamw-8bit; paged_adamw_8bit -> paged-adamw-8bit; paged_adamw_32bit -> paged-adamw; "
+          "sgd; adafactor. Any other optimizer is refused (not modelled)")
+_ATTN = ("sdpa (transformers' default), eager; flash_attention_2/3 and Hub kernels are approximated by SDPA's flash "
+         "kernel (the same O(seq) memory)")
+
+ROWS: tuple[Row, ...] = (
+    # ----- TRL: ModelConfig ---------------------------------------------------------------------
+    _r("trl", "model_name_or_path", HONOURED, "model", "a catalog model whose config.json names this Hub id, or a "
+       "local directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it "
+       "(same shapes)"),
+    _r("trl", "dtype", HONOURED, "precision, frozen_dtype, kbit_prep", _PRECISION_TRL),
+    _r("trl", "model_init_kwargs", APPROXIMATED, "precision, attn", "its dtype (or torch_dtype) and "
+       "attn_implementation are read like dtype and attn_implementation; its other entries are ignored"),
+    _r("trl", "attn_implementation", APPROXIMATED, "attn", _ATTN),
+    _r("trl", "use_peft", HONOURED, "method", "true: LoRA (QLoRA with load_in_4bit); false: full fine-tuning"),
+    _r("trl", "load_in_4bit", HONOURED, "method", "bitsandbytes 4-bit base linears: QLoRA (needs use_peft)"),
+    _r("trl", "load_in_8bit", HONOURED, "method", "false only: 8-bit (LLM.int8) training is not modelled, true is "
+       "refused"),
+    _r("trl", "bnb_4bit_quant_type", HONOURED, "quant", "nf4 or fp4"),
+    _r("trl", "use_bnb_nested_quant", HONOURED, "double_quant", "double quantization of the 4-bit constants"),
+    _r("trl", "bnb_4bit_quant_storage", IGNORED, "", "the storage dtype of the packed 4-bit weights: the same bytes",
+       affects=False),
+    _r("trl", "lora_r", HONOURED, "lora_rank", "LoRA rank"),
+    _r("trl", "lora_alpha", HONOURED, "lora_alpha", "scaling only"),
+    _r("trl", "lora_dropout", HONOURED, "lora_dropout", "ModelConfig's default is 0.05: each adapter keeps a "
+       "dropout mask"),
+    _r("trl", "lora_target_modules", APPROXIMATED, "lora_targets", "a list of module names or all-linear; unset: "
+       "peft's default for the architecture (q_proj and v_proj for Llama, Mistral, Qwen, Gemma), modelled as the qv "
+       "preset"),
+    _r("trl", "use_dora", HONOURED, "dora", "DoRA"),
+    _r("trl", "use_rslora", IGNORED, "", "changes the adapters' scaling only", affects=False),
+    _r("trl", "lora_modules_to_save", IGNORED, "", "the named modules become fully trainable copies (their weights, "
+       "gradients and optimizer states): not modelled"),
+    _r("trl", "lora_target_parameters", IGNORED, "", "adapters on parameters (MoE experts): not modelled"),
+    # ----- TRL: SFTConfig / TrainingArguments ---------------------------------------------------
+    _r("trl", "bf16", HONOURED, "precision", "bf16 autocast; SFTConfig's default is true unless fp16 is set"),
+    _r("trl", "fp16", HONOURED, "precision", "fp16 autocast with loss scaling"),
+    _r("trl", "per_device_train_batch_size", HONOURED, "batch", "micro-batch per GPU (TrainingArguments' default 8)"),
+    _r("trl", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation"),
+    _r("trl", "max_length", HONOURED, "seq", "the longest sample after truncation, or the packed length (SFTConfig's "
+       "default 1024); null (no truncation) is refused: give --seq"),
+    _r("trl", "max_seq_length", APPROXIMATED, "seq", "the name of max_length before TRL 0.20: read as max_length"),
+    _r("trl", "packing", HONOURED, "padding", "rows of max_length tokens (padding packed); otherwise TRL's collator "
+       "pads each micro-batch to its longest sample (padding longest)"),
+    _r("trl", "packing_strategy", APPROXIMATED, "padding", "bfd, bfd_split, wrapped: all packed rows of max_length "
+       "tokens"),
+    _r("trl", "padding_free", APPROXIMATED, "padding", "the micro-batch's samples flattened into one row without "
+       "padding: modelled as packed"),
+    _r("trl", "pad_to_multiple_of", IGNORED, "", "rounds the padded length up (a few tokens)", affects=False),
+    _r("trl", "gradient_checkpointing", HONOURED, "grad_ckpt", "SFTConfig's default is true"),
+    _r("trl", "gradient_checkpointing_kwargs", IGNORED, "", "use_reentrant: the same saved tensors", affects=False),
+    _r("trl", "activation_offloading", HONOURED, "act_offload", "saved activations offloaded to host RAM (TRL's "
+       "context manager is torchtune's)"),
+    _r("trl", "loss_type", APPROXIMATED, "loss", "nll and dft (TRL 1.16) run TRL's fused LM head: log-probabilities "
+       "in tiles of tokens, never the full logits; modelled as loss fused (Liger's chunked linear + cross-entropy)"),
+    _r("trl", "use_liger_kernel", APPROXIMATED, "loss", "TRL 1.16 applies Liger's layer kernels only (RMSNorm, RoPE, "
+       "SwiGLU: not modelled) and keeps its own fused LM head (loss fused)"),
+    _r("trl", "liger_kernel_config", IGNORED, "", "which Liger layer kernels: not modelled"),
+    _r("trl", "label_smoothing_factor", IGNORED, "", "above 0 TRL computes the loss from the full logits: not "
+       "modelled"),
+    _r("trl", "optim", HONOURED, "optimizer", _OPTIM + " (TrainingArguments' default adamw_torch_fused)"),
+    _r("trl", "torch_compile", HONOURED, "compile", "torch.compile"),
+    _r("trl", "fsdp", HONOURED, "sharding, offload", "full_shard, shard_grad_op, hybrid_shard, no_shard; offload: "
+       "parameters offloaded (offload params); the number of GPUs comes from --gpus"),
+    _r("trl", "fsdp_config", IGNORED, "", "wrapping, prefetch and state-dict options: not modelled"),
+    _r("trl", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (a path relative to the config file, or "
+       "inline): zero_optimization.stage 1, 2, 3 and offload_optimizer / offload_param to cpu; the number of GPUs "
+       "comes from --gpus"),
+    _r("trl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
+    _r("trl", "eval_strategy", IGNORED, "", "evaluation passes between steps: not modelled"),
+    # ----- Axolotl -----------------------------------------------------------------------------------
+    _r("axolotl", "base_model", HONOURED, "model", "a catalog model whose config.json names this Hub id, or a local "
+       "directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it"),
+    _r("axolotl", "adapter", HONOURED, "method", "lora, qlora (with load_in_4bit), or unset: full fine-tuning"),
+    _r("axolotl", "load_in_4bit", HONOURED, "method", "4-bit base linears; Axolotl quantizes only with adapter qlora"),
+    _r("axolotl", "load_in_8bit", HONOURED, "method", "false only: 8-bit LoRA is not modelled, true is refused"),
+    _r("axolotl", "bnb_config_kwargs", HONOURED, "quant, double_quant", "bnb_4bit_quant_type and "
+       "bnb_4bit_use_double_quant over Axolotl's QLoRA defaults (nf4, double quantization on); other entries "
+       "ignored"),
+    _r("axolotl", "lora_r", HONOURED, "lora_rank", "LoRA rank"),
+    _r("axolotl", "lora_alpha", HONOURED, "lora_alpha", "scaling only"),
+    _r("axolotl", "lora_dropout", HONOURED, "lora_dropout", "Axolotl's default is 0.0"),
+    _r("axolotl", "lora_target_modules", HONOURED, "lora_targets", "module names"),
+    _r("axolotl", "lora_target_linear", HONOURED, "lora_targets", "true: every linear of the decoder layers "
+       "(all-linear); with lora_target_modules: their union"),
+    _r("axolotl", "peft_use_dora", HONOURED, "dora", "DoRA"),
+    _r("axolotl", "peft_use_rslora", IGNORED, "", "changes the adapters' scaling only", affects=False),
+    _r("axolotl", "lora_modules_to_save", IGNORED, "", "the named modules become fully trainable copies: not "
+       "modelled"),
+    _r("axolotl", "bf16", HONOURED, "precision", "Axolotl loads the weights in bf16 and trains under bf16 autocast: "
+       "pure bf16 for full fine-tuning (precision bf16), bf16-mixed for LoRA/QLoRA; its default auto is read as true "
+       "(every card with bf16)"),
+    _r("axolotl", "fp16", APPROXIMATED, "precision", "fp16 autocast (fp16-mixed); Axolotl loads full fine-tuning "
+       "weights in fp16, modelled with fp32 master weights"),
+    _r("axolotl", "bfloat16", HONOURED, "precision", "load the weights in bf16 (as bf16)"),
+    _r("axolotl", "float16", APPROXIMATED, "precision", "load the weights in fp16 (as fp16)"),
+    _r("axolotl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
+    _r("axolotl", "micro_batch_size", HONOURED, "batch", "micro-batch per GPU (default 1)"),
+    _r("axolotl", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (default 1)"),
+    _r("axolotl", "batch_size", HONOURED, "accum", "without gradient_accumulation_steps: batch_size / "
+       "micro_batch_size steps (Axolotl's normalize_config)"),
+    _r("axolotl", "sequence_len", HONOURED, "seq", "the longest sample after truncation, or the packed length "
+       "(default 512)"),
+    _r("axolotl", "sample_packing", HONOURED, "padding", "packed rows of sequence_len tokens"),
+    _r("axolotl", "pad_to_sequence_len", HONOURED, "padding", "every micro-batch padded to sequence_len (padding "
+       "max); neither: padded to its longest sample"),
+    _r("axolotl", "batch_flattening", APPROXIMATED, "padding", "samples flattened into one row without padding: "
+       "modelled as packed"),
+    _r("axolotl", "gradient_checkpointing", HONOURED, "grad_ckpt, act_offload", "true; offload: checkpointing with "
+       "the checkpoints offloaded to host RAM (act_offload, approximated); offload_disk is refused"),
+    _r("axolotl", "activation_offloading", HONOURED, "act_offload", "saved activations offloaded to host RAM"),
+    _r("axolotl", "flash_attention", APPROXIMATED, "attn", "FlashAttention-2: modelled as SDPA's flash kernel (the "
+       "same O(seq) memory)"),
+    _r("axolotl", "sdp_attention", HONOURED, "attn", "SDPA"),
+    _r("axolotl", "flex_attention", APPROXIMATED, "attn", "modelled as SDPA"),
+    _r("axolotl", "xformers_attention", APPROXIMATED, "attn", "modelled as SDPA"),
+    _r("axolotl", "eager_attention", HONOURED, "attn", "eager attention"),
+    _r("axolotl", "attn_implementation", APPROXIMATED, "attn", _ATTN),
+    _r("axolotl", "liger_fused_linear_cross_entropy", HONOURED, "loss", "Liger's fused linear cross-entropy (loss "
+       "fused)"),
+    _r("axolotl", "cut_cross_entropy", APPROXIMATED, "loss", "Cut Cross-Entropy (its plugin listed): never the "
+       "full logits, modelled as loss fused"),
+    _r("axolotl", "liger_rope", IGNORED, "", "Liger's RoPE kernel: not modelled"),
+    _r("axolotl", "liger_rms_norm", IGNORED, "", "Liger's RMSNorm kernel: not modelled"),
+    _r("axolotl", "liger_glu_activation", IGNORED, "", "Liger's SwiGLU kernel: not modelled"),
+    _r("axolotl", "liger_layer_norm", IGNORED, "", "Liger's LayerNorm kernel: not modelled"),
+    _r("axolotl", "liger_cross_entropy", IGNORED, "", "Liger's cross-entropy on full logits: modelled as the "
+       "standard loss"),
+    _r("axolotl", "plugins", IGNORED, "", "which plugins load; their keys are read as rows of this table",
+       affects=False),
+    _r("axolotl", "optimizer", HONOURED, "optimizer", _OPTIM + " (Axolotl's default adamw_torch_fused)"),
+    _r("axolotl", "torch_compile", HONOURED, "compile", "torch.compile (auto: read as true)"),
+    _r("axolotl", "fsdp", HONOURED, "sharding, offload", "FSDP 1's list (full_shard, shard_grad_op, hybrid_shard, "
+       "no_shard, offload); the number of GPUs comes from --gpus"),
+    _r("axolotl", "fsdp_config", HONOURED, "sharding, offload", "an fsdp_config alone means FSDP full sharding; its "
+       "offload_params (fsdp_offload_params) offloads the parameters, reshard_after_forward false is shard_grad_op; "
+       "its other entries are ignored"),
+    _r("axolotl", "fsdp_version", IGNORED, "", "FSDP 1 or 2: the same sharding", affects=False),
+    _r("axolotl", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (a path relative to the config "
+       "file, or inline): zero_optimization.stage and offload_optimizer / offload_param to cpu; the number of GPUs "
+       "comes from --gpus"),
+)
+
+
+def rows(tool: str) -> list[Row]:
+    return [r for r in ROWS if r.tool == tool]
+
+
+def row(tool: str, key: str) -> Row | None:
+    return _index().get((tool, key))
+
+
+@lru_cache(maxsize=None)
+def _index() -> dict[tuple[str, str], Row]:
+    return {(r.tool, r.key): r for r in ROWS}
+
+
+@lru_cache(maxsize=None)
+def schema() -> dict:
+    """``keys.json``: each tool's version and every key of its schema with the tool's default."""
+    return json.loads(resources.files(__package__).joinpath("keys.json").read_text())
+
+
+def default(tool: str, key: str):
+    """The tool's own default for a key (``keys.json``)."""
+    return schema()[tool]["keys"][key]
+
+
+def version(tool: str) -> str:
+    return schema()[tool]["version"]

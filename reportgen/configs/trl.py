@@ -1,0 +1,171 @@
+"""A TRL ``trl sft --config`` file (``SFTConfig``/``TrainingArguments``, ``ModelConfig``,
+``ScriptArguments`` keys) as a model and setup fields, with TRL 1.16.0's defaults.
+
+What TRL 1.16.0 does with each key, from its source (``trl/scripts/sft.py`` ``main``,
+``trl/trainer/utils.py`` ``get_quantization_config``/``get_peft_config``,
+``trl/trainer/sft_trainer.py``, ``trl/trainer/base_config.py``):
+
+* the model is loaded in ``ModelConfig.dtype`` (default ``float32``; ``SFTTrainer`` also
+  defaults ``model_init_kwargs["dtype"]`` to float32), 4-bit with ``load_in_4bit`` (compute dtype =
+  that dtype), and peft's ``LoraConfig`` gets ``lora_r``, ``lora_alpha``, ``lora_dropout`` (0.05),
+  ``lora_target_modules`` (None: peft's per-architecture default), ``use_dora``;
+* ``bf16`` defaults to true unless ``fp16`` (``_BaseConfig.__post_init__``), ``gradient_checkpointing``
+  to true, ``max_length`` to 1024, ``per_device_train_batch_size`` to 8, ``optim`` to
+  ``adamw_torch_fused``;
+* no ``prepare_model_for_kbit_training``: the trainable adapters of a quantized model are cast to
+  bf16 (``SFTTrainer.__init__``), and the loss runs TRL's fused LM head (``add_fused_lm_head``:
+  log-probabilities in tiles, never the full logits).
+"""
+
+from __future__ import annotations
+
+from reportgen.configs.common import (DTYPES, Reader, Translation, attention, checkpoint_dtype, deepspeed, finish,
+                                      fsdp_words, optimizer, resolve_model)
+
+
+def translate(r: Reader) -> Translation:
+    t = Translation(tool="trl", path=str(r.path))
+    resolve_model(r, "model_name_or_path", t)
+
+    init = r.get("model_init_kwargs") or {}
+    if not isinstance(init, dict):
+        raise r.error("model_init_kwargs", f"must be a mapping (got {init!r})")
+
+    # ----- method and quantization -----
+    peft = r.boolean("use_peft", False)
+    four, eight = r.boolean("load_in_4bit", False), r.boolean("load_in_8bit", False)
+    if four and eight:
+        raise r.error("load_in_8bit", "contradicts load_in_4bit: true (a model is loaded in one of them)",
+                      hint="keep load_in_4bit: true for QLoRA")
+    if eight:
+        raise r.error("load_in_8bit", "8-bit (LLM.int8) training is not modelled",
+                      hint="use load_in_4bit: true (QLoRA) or drop it (LoRA on 16-bit weights)")
+    if four and not peft:
+        raise r.error("load_in_4bit", "a 4-bit model trains only through adapters: needs use_peft: true",
+                      hint="add use_peft: true")
+    method = "qlora" if four else "lora" if peft else "full"
+    t.set("method", method, "use_peft" if not four else "load_in_4bit")
+    if four:
+        quant = str(r.tool_default("bnb_4bit_quant_type"))
+        if quant not in ("nf4", "fp4"):
+            raise r.error("bnb_4bit_quant_type", f"must be nf4 or fp4 (got {quant!r})")
+        t.set("quant", quant, "bnb_4bit_quant_type")
+        t.set("double_quant", bool(r.boolean("use_bnb_nested_quant", False)), "use_bnb_nested_quant")
+    if peft:
+        t.set("lora_rank", r.integer("lora_r", 16), "lora_r")
+        t.set("lora_alpha", r.integer("lora_alpha", 32), "lora_alpha")
+        t.set("lora_dropout", r.number("lora_dropout", 0.05), "lora_dropout")
+        _targets(r, t)
+        t.set("dora", bool(r.boolean("use_dora", False)), "use_dora")
+
+    # ----- precision -----
+    _precision(r, t, init, method)
+
+    # ----- batch, length, padding -----
+    t.set("batch", r.integer("per_device_train_batch_size", 8), "per_device_train_batch_size")
+    t.set("accum", r.integer("gradient_accumulation_steps", 1), "gradient_accumulation_steps")
+    length_key = "max_length" if r.has("max_length") or not r.has("max_seq_length") else "max_seq_length"
+    if length_key == "max_seq_length":
+        t.approx("max_seq_length", "the name of max_length before TRL 0.20: read as max_length")
+    if "max_length" in r.doc and r.doc["max_length"] is None:
+        raise r.error("max_length", "null (no truncation): the longest sample decides the memory",
+                      hint="set max_length to your longest sample, or pass --seq N")
+    t.set("seq", r.integer(length_key, 1024), length_key)
+    packing, free = r.boolean("packing", False), r.boolean("padding_free", False)
+    r.get("packing_strategy")
+    if packing:
+        t.set("padding", "packed", "packing")
+    elif free:
+        t.set("padding", "packed", "padding_free")
+        t.approx("padding_free", "the samples of a micro-batch flattened into one row without padding: modelled as "
+                 "packed rows of max_length tokens")
+    else:
+        t.set("padding", "longest", "packing")
+
+    # ----- the step -----
+    t.set("grad_ckpt", bool(r.boolean("gradient_checkpointing", True)), "gradient_checkpointing")
+    t.set("act_offload", bool(r.boolean("activation_offloading", False)), "activation_offloading")
+    t.set("compile", bool(r.boolean("torch_compile", False)), "torch_compile")
+    optimizer(r, "optim", t)
+    attn = r.get("attn_implementation", init.get("attn_implementation"))
+    if attn is not None:
+        attention(r, "attn_implementation" if r.has("attn_implementation") else "model_init_kwargs", attn, t)
+    else:
+        t.set("attn", "sdpa", "attn_implementation")
+    loss_type = str(r.get("loss_type", "nll"))
+    if loss_type not in ("nll", "dft", "chunked_nll"):
+        raise r.error("loss_type", f"{loss_type!r} is not a TRL 1.16 loss type", hint="nll, dft")
+    t.set("loss", "fused", "loss_type")
+    t.approx("loss_type", "TRL's fused LM head (log-probabilities in tiles of tokens, never the full logits): "
+             "modelled as loss fused (Liger's chunked linear + cross-entropy)")
+    if r.boolean("use_liger_kernel", False):
+        t.approx("use_liger_kernel", "Liger's RMSNorm, RoPE and SwiGLU kernels are not modelled; the loss stays TRL's "
+                 "fused LM head")
+
+    # ----- several GPUs -----
+    if r.get("fsdp") not in (None, "", []):
+        fsdp_words(r, "fsdp", r.doc["fsdp"], t)
+    if r.get("deepspeed") is not None:
+        if t.sharding_key:
+            raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
+        deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
+    return finish(r, t)
+
+
+def _targets(r: Reader, t: Translation) -> None:
+    value = r.get("lora_target_modules")
+    if value is None:
+        t.set("lora_targets", "qv", "lora_target_modules")
+        t.approx("lora_target_modules", "unset: peft's default for the architecture (q_proj and v_proj for Llama, "
+                 "Mistral, Qwen, Gemma), modelled as the qv preset")
+        return
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise r.error("lora_target_modules", f"must be a list of module names or all-linear (got {value!r})")
+    if [n.strip() for n in names] == ["all-linear"]:
+        t.set("lora_targets", "all-linear", "lora_target_modules")
+    else:
+        t.set("lora_targets", ",".join(n.strip() for n in names), "lora_target_modules")
+
+
+def _precision(r: Reader, t: Translation, init: dict, method: str) -> None:
+    key = "dtype" if r.has("dtype") or not (init.get("dtype") or init.get("torch_dtype")) else "model_init_kwargs"
+    raw = r.get("dtype") if key == "dtype" else (init.get("dtype") or init.get("torch_dtype"))
+    raw = "float32" if raw is None else str(raw)
+    if raw == "auto":
+        raw = checkpoint_dtype(t.model)
+        t.approx(key, f"auto: the checkpoint's dtype, {raw}")
+    weights = DTYPES.get(raw)
+    if weights is None:
+        raise r.error(key, f"{raw!r} is not a dtype", hint="float32, bfloat16, float16 or auto")
+    bf16 = r.boolean("bf16")
+    fp16 = bool(r.boolean("fp16", False))
+    if bf16 is None:
+        bf16 = not fp16  # SFTConfig: bf16 defaults to true unless fp16 is set
+    if bf16 and fp16:
+        raise r.error("fp16", "contradicts bf16: true (one autocast dtype)", hint="keep one of bf16 and fp16")
+    amp = "bf16" if bf16 else "fp16" if fp16 else None
+    if weights == "fp16" and method == "full":
+        raise r.error(key, "fp16 weights cannot be trained with fp16 loss scaling (transformers refuses to unscale "
+                      "fp16 gradients) and pure fp16 is not modelled", hint="dtype: float32 with fp16: true")
+    if weights == "bf16" and amp == "fp16":
+        raise r.error("fp16", f"contradicts {key} {raw}: fp16 autocast over bf16 weights",
+                      hint="bf16: true with bfloat16 weights, or dtype: float32 with fp16: true")
+    if method == "full":
+        precision = {("fp32", "bf16"): "bf16-mixed", ("fp32", "fp16"): "fp16-mixed", ("fp32", None): "fp32",
+                     ("bf16", "bf16"): "bf16", ("bf16", None): "bf16"}[(weights, amp)]
+        t.set("precision", precision, key)
+        return
+    if amp is None:
+        t.set("precision", "fp32" if weights == "fp32" else "bf16", key)
+        if weights != "fp32":
+            t.approx(key, f"{raw} weights without autocast: modelled as pure bf16 (adapters in bf16)")
+        return
+    t.set("precision", f"{amp}-mixed", "bf16" if amp == "bf16" else "fp16")
+    if method == "lora":
+        t.set("frozen_dtype", "fp32" if weights == "fp32" else "compute", key)
+    else:  # QLoRA: no prepare_model_for_kbit_training in TRL 1.16; the unquantized weights are in `weights`
+        t.set("kbit_prep", "peft" if weights == "fp32" else "none", key)
+        t.approx(key, f"QLoRA with {raw} weights: embeddings, norms and head in {raw} "
+                 + ("(as peft's prepare_model_for_kbit_training leaves them, kbit_prep peft)" if weights == "fp32"
+                    else "(kbit_prep none)") + "; TRL casts the adapters to bf16, modelled in fp32")
