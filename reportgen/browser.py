@@ -31,7 +31,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from enum import Enum
 from pathlib import Path
 
-from reportgen import catalog, cli
+from reportgen import catalog, cli, flags
+from reportgen.flags import DEFAULT_TRAIN_TOKENS
 from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
@@ -43,8 +44,6 @@ PASTED = "config.json"
 TRAIN_PASTED = "train.yaml"
 #: the setup fields the form still sends beside a pasted training config (the launcher's choices)
 LAUNCHER_FIELDS = ("gpus", "sharding")
-#: ``reportgen estimate``'s default number of training tokens (its ``--train-tokens``)
-DEFAULT_TRAIN_TOKENS = 100_000_000
 
 _last_pasted: str | None = None
 _last_train: str | None = None
@@ -73,30 +72,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 # ----- the form -> the command line --------------------------------------------------------------
-def form_fields() -> list[dict]:
-    """Every setup field as the form shows it: flag, kind, choices, bounds, default, meaning (from
-    ``TrainingSetup.model_fields``, like the CLI's flags)."""
-    default = TrainingSetup()
-    out = []
-    for name, spec in TrainingSetup.model_fields.items():
-        t = spec.annotation
-        value = getattr(default, name)
-        field = {"name": name, "flag": "--" + name.replace("_", "-"), "description": spec.description,
-                 "optional": spec.optional, "min": spec.ge, "max": spec.le, "below": spec.lt}
-        if isinstance(t, type) and issubclass(t, Enum):
-            # an optional choice (None: the recipe's default) is offered as "" first
-            field.update(kind="enum", choices=([""] if spec.optional else []) + [m.value for m in t],
-                         default=value.value if value is not None else "")
-        elif t is bool:
-            field.update(kind="bool", default=value)
-        elif t is str:
-            field.update(kind="str", default=value, pattern=spec.pattern)
-        else:
-            field.update(kind="int" if t is int else "float", default=value)
-        out.append(field)
-    return out
-
-
 def _is_default(spec, text: str, default) -> bool:
     t = spec.annotation
     try:
@@ -115,7 +90,7 @@ def _is_default(spec, text: str, default) -> bool:
 
 def _train_tokens_default(text: str) -> bool:
     try:
-        return cli.positive_count(text) == DEFAULT_TRAIN_TOKENS
+        return flags.positive_count(text) == DEFAULT_TRAIN_TOKENS
     except argparse.ArgumentTypeError:
         return False
 

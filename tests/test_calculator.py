@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reportgen import browser, catalog
+from reportgen import browser, catalog, flags
 from reportgen.cli import main
 from reportgen.errors import UserError
 from reportgen.report import calculator, pyodide, render
@@ -31,7 +31,7 @@ TRL_QLORA = (ROOT / "tests" / "fixtures" / "configs" / "trl_qlora.yaml").read_te
 #: (form the page sends, the command line it must show)
 FORMS = [
     ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "train_tokens": "1e8",
-      "setup": {f["name"]: f["default"] for f in browser.form_fields()}},
+      "setup": {f["name"]: f["default"] for f in flags.form_fields()}},
      "reportgen estimate --model llama-3.2-1b --gpu rtx-4090"),
     ({"model": "llama-3.1-8b", "gpu": "a100-80gb",
       "setup": {"method": "lora", "lora_rank": "64", "lora_targets": "qv", "lora_dropout": "0.05", "batch": "4",
@@ -145,7 +145,7 @@ def test_argv_leaves_defaults_out_and_keeps_the_cli_order():
              "seq_mean": "", "accum": "3", "precision": "bf16"}
     assert browser.argv({"model": "m", "gpu": "g", "setup": setup, "train_tokens": "100000000"}) == [
         "estimate", "--model", "m", "--gpu", "g", "--precision", "bf16", "--accum", "3"]
-    fields = browser.form_fields()
+    fields = flags.form_fields()
     assert [f["name"] for f in fields] == list(TrainingSetup.model_fields)
     assert all(f["kind"] in ("enum", "int", "float", "bool", "str") for f in fields)
     # a module list is typed as text and sent only when it differs from the default

@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.cli import add_from_flag, positive_count
+    from reportgen.flags import add_from_flag, positive_count
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     yours = None
     if args.from_file is not None:
-        from reportgen.cli import translation_from_args
+        from reportgen.flags import translation_from_args
         from reportgen.configs import setup_from
 
         translation = translation_from_args(args)

@@ -18,7 +18,7 @@ DEFAULT_TIMEOUT_S = 900.0
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.cli import add_setup_flags
+    from reportgen.flags import add_setup_flags
     from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
 
     p = sub.add_parser("measure", help="measure one setup for real (peak memory, step time) on this machine",
@@ -61,7 +61,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from reportgen import catalog
-    from reportgen.cli import setup_from_args
+    from reportgen.flags import setup_from_args
     from reportgen.errors import UserError
     from reportgen.measure.isolate import require_measure_packages, run_case
     from reportgen.measure.protocol import MeasureRequest

@@ -13,7 +13,7 @@ and the files it loads, all served from the built site (nothing from a third-par
   (``reportgen.report.pyodide``: pinned version and integrity hash, cached under ~/.cache/reportgen);
 * ``calculator/third-party.txt``: where those come from and their licenses.
 
-The form is generated here from ``TrainingSetup.model_fields`` (``reportgen.browser.form_fields``)
+The form is generated here from ``TrainingSetup.model_fields`` (``reportgen.flags.form_fields``)
 and the catalogs, so a new setup field appears on the page without editing it; the hand-written
 ``docs/javascripts/calculator.js`` reads the form, calls ``reportgen.browser.run`` and places the
 rows it returns. Nothing is estimated while rendering: this module reads source files, catalog
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from reportgen import __version__, catalog
-from reportgen.browser import DEFAULT_TRAIN_TOKENS, form_fields
+from reportgen.flags import DEFAULT_TRAIN_TOKENS, form_fields
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
 from reportgen.report.page import Page, SiteData
@@ -44,7 +44,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: the browser is the CLI's
 BUNDLE = (
     "reportgen/__init__.py", "reportgen/errors.py", "reportgen/setup.py", "reportgen/model.py",
-    "reportgen/config_check.py", "reportgen/hardware.py", "reportgen/fingerprint.py", "reportgen/cli.py",
+    "reportgen/config_check.py", "reportgen/hardware.py", "reportgen/fingerprint.py", "reportgen/flags.py",
+    "reportgen/cli.py",
     "reportgen/browser.py", "reportgen/views/__init__.py", "reportgen/views/format.py",
     "reportgen/catalog/__init__.py", "reportgen/catalog/gpus.yaml", "reportgen/catalog/models/*.json",
     "reportgen/estimate/*.py", "reportgen/estimate/error_band.json",
@@ -122,7 +123,7 @@ def _label(name: str) -> str:
 
 
 def form_groups() -> list[dict]:
-    """The setup fields in their sections, each field as ``browser.form_fields`` describes it plus
+    """The setup fields in their sections, each field as ``flags.form_fields`` describes it plus
     its label, the methods it matters for and the bounds as HTML attributes."""
     fields = {f["name"]: f for f in form_fields()}
     listed = {n for _, names in GROUPS for n in names}

@@ -98,7 +98,7 @@ def find_case(results_dir: Path, case_id: str, missing_ok: bool = False) -> list
 
 def setup_flags(setup: dict) -> list[str]:
     """The ``reportgen estimate`` flags that set this setup (defaults left out)."""
-    from reportgen.cli import SETUP_FIELDS
+    from reportgen.flags import SETUP_FIELDS
 
     default = TrainingSetup().model_dump(mode="json")
     flags = []

@@ -18,7 +18,7 @@ from reportgen.errors import MEASURE_EXTRA
 
 def register(sub) -> None:
     """Add ``trace`` to the ``reportgen`` parser."""
-    from reportgen.cli import add_setup_flags
+    from reportgen.flags import add_setup_flags
 
     p = sub.add_parser("trace", help="run the real training step on storage-less tensors and replay its "
                                      "allocations through a model of the CUDA caching allocator (no GPU)",
@@ -65,7 +65,7 @@ def with_verdict_fields(d: dict) -> dict:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from reportgen import catalog
-    from reportgen.cli import setup_from_args
+    from reportgen.flags import setup_from_args
     from reportgen.errors import UserError
 
     from reportgen.trace.spec import load_any
