@@ -31,7 +31,6 @@ from typing import Any
 
 SCHEMA_VERSION = 2
 MEASUREMENT_SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error", "timeout")
 
 
 class UnreadableResult(Exception):

@@ -28,7 +28,6 @@ from pathlib import Path
 BAND_FILE = Path(__file__).with_name("error_band.json")
 #: comparisons a (measure, technique) group needs for its own band
 MIN_ROWS = 5
-VERDICTS = ("fits", "tight", "does not fit")
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,6 @@ def quantized_linear_params(model: ModelSpec, setup: TrainingSetup | None = None
     return layers + (model.vocab_size * model.hidden_size if head_quantized(model, setup) else 0)
 
 
-def linear_bias_params(model: ModelSpec) -> int:
-    return model.num_layers * sum(lin.params - lin.weight_params for lin in model.layer_linears())
-
-
 def weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
     """Base model weights as stored on the GPU.
 

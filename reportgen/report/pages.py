@@ -35,13 +35,6 @@ def _gpus(rows: list[dict]) -> list[str]:
     return sorted({r["gpu"] for r in rows}, key=gpu_order)
 
 
-def _catalog_model(name: str):
-    try:
-        return catalog.load_model(name)
-    except Exception:
-        return None
-
-
 # ----- CSV ---------------------------------------------------------------------------------------
 CSV_COLUMNS = (
     "case_id", "sweep", "model", "gpu", "technique", "setup", "gpus", "batch", "seq_tokens", "status", "fits", "verdict",
