@@ -57,6 +57,6 @@ def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):
 
     table = {"bands": {"allocated": {"all": group(20, -0.02), "full": group(B.MIN_ROWS - 1, -0.5),
                                      "lora": group(B.MIN_ROWS, -0.01)}}}
-    monkeypatch.setattr(B, "_table", lambda: table)
+    monkeypatch.setattr(B, "band_table", lambda: table)
     assert band_for("allocated", "full") == band_for("allocated", "all")  # too few for their own band
     assert band_for("allocated", "lora").lo == -0.01

@@ -222,10 +222,10 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
                               + "catalog models (reportgen models) are named by their Hub id; for any other model "
                               "download its config.json and pass --model PATH/config.json")
             t.model = near
-            t.approx(key, f"{value} has the shapes of the catalog's {near} ({_hub_of(near)})")
+            t.approx(key, f"{value} has the shapes of the catalog's {near} ({hub_of(near)})")
 
 
-def _hub_of(name: str) -> str:
+def hub_of(name: str) -> str:
     return next((hub for hub, n in _catalog_ids().items() if n == name), name)
 
 

@@ -33,9 +33,9 @@ class Keys:
 
 def hub_id(model: str) -> str:
     """A catalog model's Hub id (its config.json's ``_name_or_path``), else the name as given."""
-    from reportgen.configs.common import _hub_of
+    from reportgen.configs.common import hub_of
 
-    return _hub_of(model)
+    return hub_of(model)
 
 
 def _targets(model: str, targets: str) -> list[str] | str:

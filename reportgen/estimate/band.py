@@ -47,7 +47,7 @@ class Band:
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict:
+def band_table() -> dict:
     try:
         return json.loads(BAND_FILE.read_text())
     except (OSError, ValueError):
@@ -58,7 +58,7 @@ def band_for(measure: str, technique: str) -> Band | None:
     """The band of ``measure`` (``allocated`` | ``reserved`` | ``device_total``) for a technique
     (``full`` | ``lora`` | ``qlora``), falling back to all techniques of the measure; None when the
     validation data say nothing about it."""
-    table = _table().get("bands", {})
+    table = band_table().get("bands", {})
     measure = "reserved" if measure == "device_total" else measure
     groups = table.get(measure, {})
     for key in (technique, "all"):

@@ -155,7 +155,7 @@ def plan(sweep, results_dir: Path, device: str, force: bool, tasks: int | None,
          busy: dict[str, str] | None = None) -> list[Shard]:
     """The shards to submit: those holding a case that is neither settled, nor hopeless, nor in a
     task still pending or running (``busy``: ``{case id: job id}``)."""
-    from reportgen.measure.runner import _estimate_of, _settled, hopeless, settings_for
+    from reportgen.measure.runner import stored_estimate, settled, hopeless, settings_for
 
     settings = settings_for(sweep, device)
     measured = store.load_measurements(Path(results_dir) / sweep.name)
@@ -164,8 +164,8 @@ def plan(sweep, results_dir: Path, device: str, force: bool, tasks: int | None,
     out = []
     for i in range(n):
         todo = [c for j, c in enumerate(sweep.cases) if j % n == i and c.id not in busy
-                and not _settled(measured.get(c.id, []), settings, force)
-                and hopeless(c, _estimate_of(sweep, c, results_dir)) is None]
+                and not settled(measured.get(c.id, []), settings, force)
+                and hopeless(c, stored_estimate(sweep, c, results_dir)) is None]
         if todo:
             out.append(Shard(f"{i}/{n}", todo))
     return out

@@ -126,7 +126,7 @@ def _same_settings(old: dict, new: dict) -> bool:
     return True
 
 
-def _estimate_of(sweep: Sweep, case: Case, results_dir: Path) -> dict:
+def stored_estimate(sweep: Sweep, case: Case, results_dir: Path) -> dict:
     """The case's stored estimate document (``run_estimates`` wrote it before), or one computed in
     memory when it is missing or unreadable; never written here."""
     path = result_path(results_dir, sweep.name, case.id)
@@ -138,7 +138,7 @@ def _estimate_of(sweep: Sweep, case: Case, results_dir: Path) -> dict:
         return compute_result(sweep, case)
 
 
-def _settled(attempts: list[dict], settings: dict, force: bool) -> bool:
+def settled(attempts: list[dict], settings: dict, force: bool) -> bool:
     """Whether an attempt with these settings already settled the case (ok or oom)."""
     return not force and any(a.get("status") in DONE_STATUSES and _same_settings(a.get("settings") or {}, settings)
                              for a in attempts)
@@ -215,11 +215,11 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
         measured = store.load_measurements(sweep_dir)
         for n, case in enumerate(mine):
             bar.update(task, case=f"{case.model} {case.setup.short()}")
-            if _settled(measured.get(case.id, []), settings, force):
+            if settled(measured.get(case.id, []), settings, force):
                 stats.skipped += 1
                 bar.advance(task)
                 continue
-            result = _estimate_of(sweep, case, results_dir)
+            result = stored_estimate(sweep, case, results_dir)
             why = hopeless(case, result)
             if why:
                 stats.hopeless.append(case.id)
@@ -240,8 +240,8 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
             block = measure_case(case, settings, timeout, sweep_dir)
             if block["status"] == "timeout" and timeout < sweep.spec.measure.timeout_s:
                 # cut by the deadline, not by the case's own limit: no result, a later call measures it
-                rest = [c.id for c in mine[n + 1:] if not _settled(measured.get(c.id, []), settings, force)
-                        and hopeless(c, _estimate_of(sweep, c, results_dir)) is None]
+                rest = [c.id for c in mine[n + 1:] if not settled(measured.get(c.id, []), settings, force)
+                        and hopeless(c, stored_estimate(sweep, c, results_dir)) is None]
                 stats.deferred += [case.id] + rest
                 console.print(f"  stop: the deadline came during {case.id} ({block.get('wall_s', 0):.0f} s): nothing "
                               "written for it", highlight=False)

@@ -484,11 +484,11 @@ def _published(path: Path | None) -> dict | None:
 def _bands() -> list[dict]:
     """The stored error band (``reportgen/estimate/error_band.json``, written by
     ``scripts/error_band.py``), one row per measure and technique."""
-    from reportgen.estimate.band import MIN_ROWS, _table
+    from reportgen.estimate.band import MIN_ROWS, band_table
 
     names = {"all": "all techniques", "full": "Full", "lora": "LoRA", "qlora": "QLoRA"}
     out = []
-    for measure, groups in sorted(_table().get("bands", {}).items()):
+    for measure, groups in sorted(band_table().get("bands", {}).items()):
         for key in ("all", "full", "lora", "qlora"):
             g = groups.get(key)
             if g:
@@ -525,9 +525,9 @@ def _validation_scatter(rows: list[dict], published: dict | None) -> dict | None
                 points.append({"x": meas / 1e9, "y": r[q] / 1e9, "measure": measure, "source": OWN_SOURCE})
     if not points:
         return None
-    from reportgen.estimate.band import _table
+    from reportgen.estimate.band import band_table
 
-    bands = [{"measure": m, "lo": g["lo"], "hi": g["hi"]} for m, groups in sorted(_table().get("bands", {}).items())
+    bands = [{"measure": m, "lo": g["lo"], "hi": g["hi"]} for m, groups in sorted(band_table().get("bands", {}).items())
              if m in charts.MEASURE_COLORS and (g := groups.get("all"))]
     return {"points": points, "bands": bands}
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reportgen.advise import tree as T
-from reportgen.advise.pages import rel as _rel
+from reportgen.advise.pages import rel
 from reportgen.report.methodology import function_doc
 from reportgen.report.page import Page, SiteData
 from reportgen.report.views import (PRIMARY_SEQ, gpu_label, gpu_order, measured_values, model_order, setup_label,
@@ -335,7 +335,7 @@ def speed_claim(t: Technique, examples: list[dict]) -> dict | None:
 
 def _row(t: Technique, page: str, speed: dict | None = None) -> dict:
     throughput = t.throughput + (f"; {speed['text']}" if speed else "")
-    return {"slug": t.slug, "title": t.title, "link": _rel(page, f"techniques/{t.slug}.md"),
+    return {"slug": t.slug, "title": t.title, "link": rel(page, f"techniques/{t.slug}.md"),
             "memory": SYMBOL[t.memory], "terms": t.terms, "throughput": throughput, "quality": t.quality,
             "when": t.when}
 
@@ -361,17 +361,17 @@ def technique_pages(site: SiteData) -> list[Page]:
             "tree": tree_uses(t.slug),
             "any_cases": bool(cases),
             "any_measured": any_measured,
-            "index": _rel(path, INDEX),
-            "guides": _rel(path, "guides/index.md"),
-            "validation": _rel(path, "validation.md"),
-            "methodology": _rel(path, "methodology.md"),
-            "techniques": {x.slug: _rel(path, f"techniques/{x.slug}.md") for x in TECHNIQUES},
+            "index": rel(path, INDEX),
+            "guides": rel(path, "guides/index.md"),
+            "validation": rel(path, "validation.md"),
+            "methodology": rel(path, "methodology.md"),
+            "techniques": {x.slug: rel(path, f"techniques/{x.slug}.md") for x in TECHNIQUES},
         }))
     index = Page(path=INDEX, template="techniques/index.md.j2", context={
         "root": "../",
         "rows": [_row(t, INDEX, speed[t.slug]) for t in TECHNIQUES],
-        "guides": _rel(INDEX, "guides/index.md"),
-        "methodology": _rel(INDEX, "methodology.md"),
+        "guides": rel(INDEX, "guides/index.md"),
+        "methodology": rel(INDEX, "methodology.md"),
         "any_measured": any_measured,
     })
     return [index] + pages
