@@ -92,3 +92,19 @@ def test_one_card_here_is_one_card_in_the_walk():
     w = walk(L8, catalog.load_gpu("rtx-3060"), 2048)
     assert c.fit.gpus == 1 and w["recommended"]["setup"]["method"] == "qlora"
     assert CN.method_setups("qlora", 2048)[0].loss.value == "fused" and len(CN.method_setups("qlora", 2048)) == 3
+
+
+def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path, capsys):
+    from pathlib import Path
+
+    from reportgen.fingerprint import estimator_hash
+    from reportgen.report.pages import _load_cards
+
+    stored = json.loads(Path("data/cards_needed.json").read_text())
+    assert stored["estimator_hash"] == estimator_hash()  # the committed file is this code's: no warning
+    path = tmp_path / "cards.json"
+    path.write_text(json.dumps(stored))
+    assert _load_cards(path) == stored and capsys.readouterr().err == ""
+    path.write_text(json.dumps({**stored, "estimator_hash": "0" * 16}))
+    assert _load_cards(path)["gpus"] == stored["gpus"]
+    assert "run `reportgen cards`" in capsys.readouterr().err

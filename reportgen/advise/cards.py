@@ -117,10 +117,12 @@ def cards_needed(model: ModelSpec, gpu: GpuSpec, method: str, seq: int = 2048) -
 
 
 def all_cards_needed(seq: int = 2048) -> dict:
-    """``{gpu: {model: {method: CardsNeeded.as_dict()}}}`` for every catalog GPU and model."""
+    """``{gpu: {model: {method: CardsNeeded.as_dict()}}}`` for every catalog GPU and model, with the
+    hash of the estimator code that computed them (the GPU pages warn when it is not this code's)."""
     from reportgen import catalog
+    from reportgen.fingerprint import estimator_hash
 
-    out: dict = {"seq": seq, "counts": list(COUNTS), "gpus": {}}
+    out: dict = {"seq": seq, "counts": list(COUNTS), "estimator_hash": estimator_hash(), "gpus": {}}
     models = {name: catalog.load_model(name) for name in catalog.model_names()}
     for key in catalog.gpu_names():
         gpu = catalog.load_gpu(key)

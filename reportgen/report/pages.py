@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
 from markupsafe import Markup
 
 from reportgen import catalog, store
+from reportgen.fingerprint import estimator_hash
 from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
@@ -263,7 +265,14 @@ def cards_view(data: dict | None, key: str) -> dict | None:
 
 
 def _load_cards(path: Path | None) -> dict | None:
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    """``reportgen cards``'s answers, with a warning when another estimator code computed them."""
+    if path is None or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("estimator_hash") != estimator_hash():
+        print(f"warning: {path} was computed by other estimator code than this checkout's: the GPU pages' "
+              "'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
+    return data
 
 
 def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
