@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reportgen import catalog
-from reportgen.errors import MEASURE_EXTRA, UserError
+from reportgen.errors import UserError
 from reportgen.model import FAMILIES, ModelSpec, load_config_file
 
 
@@ -53,6 +53,8 @@ def generic_spec(config: dict, name: str, source: str) -> ModelSpec:
 
         AutoConfig.for_model(model_type)
     except ImportError:
+        from reportgen.trace.cli import MEASURE_EXTRA
+
         raise UserError("reportgen trace needs torch, transformers and peft", hint=MEASURE_EXTRA) from None
     except (ValueError, KeyError):
         raise UserError(f"{source}: model_type {model_type!r} is not known to the installed transformers",
