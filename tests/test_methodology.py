@@ -61,7 +61,8 @@ def test_says_how_many_cases_are_measured():
                                 "measurement": {"peak_allocated": 2**30, "tokens_per_s": 10.0}}}
     cpu = {**measured, "id": "y", "measurement": {**measured["measurement"], "environment": {"device": "cpu"}}}
     text = _text(make_site({"s": [measured, cpu]}))
-    assert "1 of 2 stored cases are measured" in text and "NVIDIA H100 80GB HBM3" in text  # a CPU run is not
+    assert "1 of 2 cases have a measurement that counts (2 measurement files)" in text  # a CPU run does not
+    assert "Measured on: NVIDIA H100 80GB HBM3" in text
     assert "No measurements yet" not in text
 
 

@@ -46,6 +46,7 @@ all of it), and checkpointing's recomputed forward is included.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from reportgen.estimate import constants as K
@@ -303,8 +304,10 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         notes += comm.notes
     overlapped = pipeline_seconds(phases, model.num_layers)
     total = work.total
-    busy = sum(g for _, g in phases)
-    host_s = sum(c for c, _ in phases)
+    # math.fsum, not sum: Python 3.12 made sum() of floats compensated, so the calculator's Pyodide and
+    # a 3.11 CLI would disagree in the last bit; fsum is correctly rounded on every version.
+    busy = math.fsum(g for _, g in phases)
+    host_s = math.fsum(c for c, _ in phases)
     compute_s = total.matmul_flops / (peak * eff) + total.attention_flops / (peak * consts.attention_efficiency)
     memory_s = total.bytes / bw
     dequant = setup.accum * dequant_bytes_per_micro_batch(model, setup) / bw

@@ -350,8 +350,7 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
             f, b, out = linear_unit(t, _Lin(lins[name], x, name in lora, grad), setup, dt)
             add((f, b))
         if grad:
-            bwd_dtype = x
-            add((Work(), _input_group(t, lins[names[0]].in_features, x, len(names), bwd_dtype)))
+            add((Work(), _input_group(t, lins[names[0]].in_features, x, len(names), x)))
         return out
 
     if model.family != "olmo2":  # Olmo2DecoderLayer has no pre-norms
@@ -426,7 +425,8 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     (``nll_loss_backward`` writes ``4V`` per token, ``_log_softmax_backward_data`` reads ``8V`` and
     writes ``4V``, the cast back ``4V + cV``) and the head's input (and weight) gradient GEMMs.
     Torchtune's chunked loss moves the same bytes in 8 chunks; Liger's fused linear cross-entropy
-    never writes the logits to HBM (its kernels read the chunk's logits once each way)."""
+    never writes the logits to HBM (its kernels read the chunk's logits once each way). Adapters on the
+    head and a 4-bit head (``quant_head``) are not counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
     norm_f, norm_b = rms_norm(t, h, s, dt.trainable_base, model.family in ("gemma", "gemma2", "gemma3", "olmo2"))
     emb_f = _k(1 + (1 if model.family in ("gemma", "gemma2", "gemma3") else 0), t * h * s * 2)
@@ -434,8 +434,6 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     # arange, cumsum, the inverse frequencies' outer product, cat, cos, sin, scaling, casts)
     emb_f += Work(kernels=PROLOGUE_KERNELS, views=PROLOGUE_VIEWS, bytes=t * model.head_dim * 4 * 6,
                   calls=MODEL_CALLS)
-    head_trainable = dt.trainable_base and not model.tie_word_embeddings or (
-        setup.is_peft and "lm_head" in setup.lora_targets)
     head_w = dt.embed_bytes
     cast = dt.autocast and head_w != c
     fwd = norm_f + emb_f + gemm(t, h, v, c) + _k(cast, v * h * (head_w + c))
@@ -454,7 +452,6 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     soft = 3 if model.final_logit_softcapping else 0  # div, tanh, mul
     fwd += _k(chunks * (3 + soft), t * v * ((c + 4) + 8 + soft * 2 * c) + t * 16)
     bwd += _k(chunks * (4 + soft), t * v * (4 + 12 + (4 + c) + soft * 3 * c))
-    del head_trainable
     return fwd, bwd
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report.page import Page, SiteData
-from reportgen.report.views import environment_of
+from reportgen.report.views import environment_of, site_rows
 from reportgen.views.format import TERM_LABELS
 
 PATH = "methodology.md"
@@ -165,8 +165,12 @@ def constants(module: str) -> list[dict]:
 
 # ----- the page ----------------------------------------------------------------------------------
 def methodology_pages(site: SiteData) -> list[Page]:
+    from reportgen.report.pages import measured_overview
+
     results = site.all_results()
     measured = site.measured()
+    rows = site_rows(site)
+    overview = measured_overview(site, rows, PATH)
     consts = constants(CONSTANT_MODULES[0])
     try:
         harness = module_doc(HARNESS)
@@ -197,6 +201,11 @@ def methodology_pages(site: SiteData) -> list[Page]:
         "techniques": "techniques/index.md",
         "validation": "validation.md",
         "measured_quant": _measured_quant(results),
+        "overview": overview,
+        "n_cases": len(rows),
+        "n_compared": sum(1 for r in rows if r["compare"]),
+        "step_basis": next((h for h in overview["headline"] if h["quantity"] == "step_s"), None),
+        "offload_note": _offload_note(rows),
     }
     return [Page(path=PATH, template="methodology.md.j2", context=context)]
 
@@ -206,3 +215,16 @@ def _measured_quant(results: list[dict]) -> str | None:
     from reportgen.measured import cases_from_results, qlora_pairs, ratio_text
 
     return ratio_text(qlora_pairs(cases_from_results(results)))
+
+
+def _offload_note(rows: list[dict]) -> str | None:
+    """How the measured CPU-offload step times compare with their estimates (the time model's assumed
+    host optimizer rate), from the stored files; None where none was measured."""
+    ratios = sorted(c["est"] / c["meas"] for r in rows if r["compare"] and r["offload"] != "none"
+                    and (c := r["compare"]["quantities"].get("step_s")))
+    if not ratios:
+        return None
+    span = f"{ratios[0]:.1f}" if len(ratios) == 1 else f"{ratios[0]:.1f} to {ratios[-1]:.1f}"
+    many = len(ratios) > 1
+    return (f"our {len(ratios) if many else 'one'} measured offload step{'s' if many else ''} "
+            f"ran {span} times faster than estimated")

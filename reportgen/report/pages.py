@@ -12,15 +12,14 @@ import io
 import json
 from pathlib import Path
 
-from reportgen import catalog
-from reportgen.report import charts
+from reportgen import catalog, store
+from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
-from reportgen.report.views import (PRIMARY_SEQ, QUANTITIES, QUANTITY_LABELS,
-                                    TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_id, environment_of,
-                                    error_stats, gib_value, gpu_label, gpu_order, group, model_order,
-                                    rel, reproduce, row, setup_label, site_rows, sort_key, training_setup)
+from reportgen.report.views import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
+                                    gib_value, gpu_label, gpu_order, group, model_order, rel, reproduce, row,
+                                    setup_label, site_results, site_rows, sort_key, training_setup)
 from reportgen.views.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
@@ -103,7 +102,9 @@ def _cell(r: dict | None) -> dict | None:
     return {"technique": r["technique"], "label": r["label"], "color": r["color"], "tokens_per_s": r["tokens_per_s"],
             "batch": r["batch"], "gpus": r["gpus"], "seq": r["seq"], "id": r["id"],
             "hours_per_100m": r["hours_per_100m"], "dollars_per_100m": r["dollars_per_100m"],
-            "measured": (r["measured"] or {}).get("tokens_per_s"), "env_id": r["env_id"]}
+            "measured": (r["measured"] or {}).get("tokens_per_s"), "env_id": r["env_id"],
+            "measured_err": ((r["compare"] or {}).get("tokens_per_s") or {}).get("err"),
+            "measured_label": r["measured_label"]}
 
 
 def _walks(site: SiteData) -> dict:
@@ -176,6 +177,7 @@ def home_pages(site: SiteData) -> list[Page]:
         "seqs": seqs_used,
         "n_cases": len(rows),
         "n_measured": sum(1 for r in rows if r["measured"]),
+        "overview": measured_overview(site, rows, path) if any(r["compare"] for r in rows) else None,
         "sweeps": [{"name": n, "cases": len(site.results[n]), "csv": f"data/sweeps/{n}.csv"}
                    for n in sorted(site.results)],
         "unswept_gpus": [{"key": g, "label": gpu_label(g), "link": rel(path, f"gpus/{g}.md")}
@@ -327,6 +329,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             "charts": charts_ctx,
             "models": models,
             "has_measured": any(r["measured"] for r in rows),
+            **measured_context(rows),
             "traced": traced_view(rows),
             "guide": rel(path, f"guides/{key}.md") if key in guided else None,
             "calculator": calculator_link(path, key),
@@ -445,6 +448,8 @@ def model_pages(site: SiteData) -> list[Page]:
             "csv": rel(path, csv_path) if rows else None,
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
             "has_measured": any(r["measured"] for r in rows),
+            **measured_context(rows),
+            "validation": rel(path, "validation.md"),
             "traced": traced_view(rows),
         }
         pages.append(Page(path=path, template="model.md.j2", context=context, files=files))
@@ -531,85 +536,148 @@ def _validation_scatter(rows: list[dict], published: dict | None) -> dict | None
     return {"points": points, "bands": bands}
 
 
+def _item(r: dict) -> dict:
+    """A row as ``compare.summary`` reads it: the case's words for the worst-case line."""
+    return {"id": r["id"], "label": compare.case_label(r["model"], r["label"], r["batch"], r["seq"]),
+            "compare": r["compare"]}
+
+
+def measured_overview(site: SiteData, rows: list[dict], page: str) -> dict:
+    """What the home and validation pages say about the measurements as a whole, from the stored
+    files at render time: the headline errors (``compare.summary``), the cases whose speed is not
+    compared, the measurement files per sweep folder, how many did not finish, the environments
+    (``compare.environment_groups``, linked from ``page``) and the cards capped runs emulated."""
+    compared = [r for r in rows if r["compare"]]
+    chosen = site_results(site)
+    groups = compare.environment_groups((cid, env) for cid, result in sorted(chosen.items())
+                                        if (env := environment_of(result)))
+    files = {(name, m.get("path") or f"{r['id']}.{m.get('measured_at')}")
+             for name, results in site.results.items() for r in results
+             for m in r.get("measurements") or ([r["measurement"]] if r.get("measurement") else [])}
+    folders = sorted({name for name, path in files if f"/{store.MEASURED_DIR}/" in path})
+    headline = compare.summary(_item(r) for r in compared)
+    basis: list[dict] = []  # what each quantity rests on; memory quantities with the same cases as one line
+    for h in headline:
+        last = basis[-1] if basis else None
+        if last and h["quantity"] != "step_s" and last["quantity"] != "step_s" and \
+                (last["n"], last["capped"]) == (h["n"], h["capped"]):
+            last.update(label=last["label"] + ", " + h["label"], merged=True)
+        else:
+            basis.append({**h, "merged": False})
+    return {
+        "headline": headline,
+        "basis": basis,
+        "speed_excluded": compare.speed_excluded(_item(r) for r in compared),
+        "n_cases": sum(1 for r in compared if r["compare"]["status"] == "ok"),
+        "n_failed": sum(1 for r in compared if r["compare"]["status"] != "ok"),
+        "n_files": len(files),
+        "folders": [f"results/{name}/{store.MEASURED_DIR}/" for name in folders],
+        "gpus": sorted({r["gpu"] for r in compared}, key=gpu_order),
+        "capped_to": [gpu_label(g) for g in sorted({r["gpu"] for r in compared if r["compare"]["capped"]},
+                                                   key=gpu_order)],
+        "environments": [{**g, "link": rel(page, "validation.md") + f"#{g['id']}"} for g in groups],
+        "validation": rel(page, "validation.md"),
+        "methodology": rel(page, "methodology.md"),
+        "wide_spread": compare.WIDE_SPREAD,
+    }
+
+
+_CASE_KEYS = ("id", "model", "gpu", "color", "label", "batch", "seq", "env_id", "measured_label")
+
+
+def _quantity_tables(rows: list[dict]) -> list[dict]:
+    """One table per compared quantity (``compare.COMPARED``) of the rows whose measurement counts:
+    estimate, measurement, errors; the step time with how it was timed; the measured cases whose
+    step time the provenance rule leaves out (``excluded``)."""
+    tables = []
+    for q in compare.COMPARED:
+        qrows, excluded = [], []
+        for r in rows:
+            c = r["compare"]
+            if c is None or c["status"] != "ok":
+                continue
+            hit = c["quantities"].get(q)
+            if hit:
+                qrows.append({**{k: r[k] for k in _CASE_KEYS}, **hit, "abs_err": abs(hit["est"] - hit["meas"]),
+                              "capped": c["capped"], "timing": c["timing"], "tokens_per_s": c["tokens_per_s"]})
+            elif q == "step_s" and c["speed_not_compared"]:
+                excluded.append({**{k: r[k] for k in _CASE_KEYS}, "why": c["speed_not_compared"]})
+        if qrows or excluded:
+            tables.append({"quantity": q, "label": compare.LABELS[q], "unit": compare.UNITS[q],
+                           "memory": q in MEMORY_QUANTITIES, "rows": qrows, "excluded": excluded,
+                           "fixed": any(c["timing"] and c["timing"]["fixed"] for c in qrows)})
+    return tables
+
+
+def _unfinished(rows: list[dict]) -> list[dict]:
+    """Runs that did not finish ok on the case's card: an OOM is a verdict on the estimate's "fits"
+    (``expected``: the estimate does not say it fits); errors and timeouts check nothing."""
+    return [{**{k: r[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "fits", "verdict",
+                                  "verdict_label", "verdict_text", "device_total", "measured_label", "env_id")},
+             "capped": bool(r["compare"] and r["compare"]["capped"]),
+             "allocated_at_failure": r["compare"]["allocated_at_failure"] if r["compare"] else None,
+             "expected": r["compare"]["expected"] if r["compare"] else None, "status": r["measured_status"]}
+            for r in rows if r["measured_status"] and r["measured_status"] != "ok"]
+
+
+def measured_context(rows: list[dict]) -> dict:
+    """The "Measured" section of a GPU or model page: its measured cases as the validation page's
+    quantity tabs, and the runs that did not finish."""
+    compared = [r for r in rows if r["compare"]]
+    return {"compared": compared, "measured_tables": _quantity_tables(compared), "unfinished": _unfinished(rows),
+            "wide_spread": compare.WIDE_SPREAD}
+
+
 def validation_pages(site: SiteData, published: Path | None = None) -> list[Page]:
     path = "validation.md"
-    rows = [r for r in site_rows(site) if r["measured"]]
+    chosen = site_results(site)
+    every = sorted((row(r) for r in chosen.values()), key=sort_key)
+    rows = [r for r in every if r["measured"]]
+    compared = [r for r in every if r["compare"]]
     files: dict[str, str] = {}
-    cases, pairs_by_q, pairs_by_tq = [], {}, {}
-    for r in rows:
-        qs = []
-        for q in QUANTITIES:
-            est, meas = r[q], r["measured"].get(q)
-            if est is None or meas is None:
-                continue
-            err = est - meas
-            qs.append({"quantity": q, "label": QUANTITY_LABELS[q], "est": est, "meas": meas, "abs_err": abs(err),
-                       "rel_err": err / meas if meas else None, "memory": q in MEMORY_QUANTITIES})
-            pairs_by_q.setdefault(q, []).append((est, meas))
-            pairs_by_tq.setdefault((r["technique"], q), []).append((est, meas))
-        cases.append({**r, "quantities": qs})
-    quantity_tables = []
-    for q in QUANTITIES:
-        qrows = [{**{k: c[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "env_id")},
-                  **{k: x[k] for k in ("est", "meas", "abs_err", "rel_err")}}
-                 for c in cases for x in c["quantities"] if x["quantity"] == q]
-        if qrows:
-            quantity_tables.append({"quantity": q, "label": QUANTITY_LABELS[q], "memory": q in MEMORY_QUANTITIES,
-                                    "rows": qrows})
-    summary = [{"quantity": q, "label": QUANTITY_LABELS[q], **error_stats(pairs_by_q[q])}
-               for q in QUANTITIES if q in pairs_by_q]
-    by_technique = [{"technique": t, "color": TECHNIQUE_COLORS[t], "quantity": q, "label": QUANTITY_LABELS[q],
-                     **error_stats(pairs_by_tq[(t, q)])}
-                    for t in TECHNIQUES for q in QUANTITIES if (t, q) in pairs_by_tq]
+    overview = measured_overview(site, every, path)
+    by_technique = [{"technique": t, "color": TECHNIQUE_COLORS[t], **s}
+                    for t in TECHNIQUES
+                    for s in compare.summary(_item(r) for r in compared if r["technique"] == t)]
     chart = None
-    if rows:
+    if compared:
         panels = []
-        for q, name in (("peak_allocated", "peak allocated (GiB)"), ("device_total", "device total (GiB)"),
-                        ("peak_reserved", "peak reserved (GiB)"), ("tokens_per_s", "tokens/s")):
-            if q not in pairs_by_q:
-                continue
-            if q == "peak_reserved" and "device_total" in pairs_by_q:
-                continue  # one of reserved/device total: they differ by the CUDA context only
+        for q in ("peak_allocated", "device_total", "step_s"):
             scale = GIB if q in MEMORY_QUANTITIES else 1
-            panels.append((name, [{"est": r[q] / scale, "meas": r["measured"][q] / scale, "technique": r["technique"]}
-                                  for r in rows if r["measured"].get(q) is not None and r[q] is not None]))
-        chart_path = "charts/validation-scatter.svg"
-        files[chart_path] = charts.estimate_vs_measured(panels, title="Estimate against measurement")
-        chart = chart_path
+            pts = [{"est": c["est"] / scale, "meas": c["meas"] / scale, "technique": r["technique"]}
+                   for r in compared if (c := r["compare"]["quantities"].get(q))]
+            if pts:
+                panels.append((f"{compare.LABELS[q]} ({compare.UNITS[q]})", pts))
+        if panels:
+            chart_path = "charts/validation-scatter.svg"
+            files[chart_path] = charts.estimate_vs_measured(panels, title="Estimate against measurement")
+            chart = chart_path
     pub = _published(published)
     scatter, scatter_path = _validation_scatter(rows, pub), None
     if scatter:
         scatter_path = "charts/validation-published.svg"
         files[scatter_path] = charts.validation_scatter(
             scatter["points"], scatter["bands"], title="Estimated against measured and published peak memory")
-    envs: dict[str, dict] = {}
-    for result in site.measured():
-        env = environment_of(result)
-        if env:
-            e = envs.setdefault(environment_id(env), {"id": environment_id(env), "entries": sorted(
-                (str(k), json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v))
-                for k, v in env.items()), "cases": []})
-            e["cases"].append(result["id"])
-    for e in envs.values():
-        e["cases"] = sorted(set(e["cases"]))
+    environments = []
+    for g in overview["environments"]:
+        mine = [r for r in compared if r["env_id"] == g["id"]]
+        environments.append({**g, "tables": _quantity_tables(mine),
+                             "ok": sum(1 for r in mine if r["compare"]["status"] == "ok"),
+                             "failed": [r["id"] for r in mine if r["compare"]["status"] != "ok"]})
     if rows:
         files["data/validation.csv"] = write_csv(rows)
-    every = site_rows(site)
-    # runs that did not finish ok on the case's card (an OOM is a verdict on the estimate's "fits")
-    verdicts = [{**{k: r[k] for k in ("id", "model", "gpu", "color", "label", "batch", "seq", "fits", "verdict",
-                                      "verdict_label", "verdict_text", "device_total", "measured_label")},
-                 "status": r["measured_status"], "agrees": (r["measured_status"] == "oom") == (not r["fits"])}
-                for r in every if r["measured_status"] and r["measured_status"] != "ok"]
+    verdicts = _unfinished(every)
     # runs that count for no GPU comparison: shown as what they are, never as GPU measurements
     other_runs = [{"id": r["id"], "model": r["model"], "gpu": r["gpu"], "setup": r["label"], **r["other_run"]}
                   for r in every if r["other_run"]]
     context = {
         "root": "",
-        "measured": bool(rows), "n_cases": len(rows), "chart": chart,
-        "chart_alt": ("Scatter charts of estimated against measured peak memory and tokens per second, one marker "
-                      "per measured case, its colour and shape by technique, with the y = x line of a perfect estimate"),
-        "quantity_tables": quantity_tables, "summary": summary, "by_technique": by_technique,
-        "environments": [envs[k] for k in sorted(envs)],
+        "measured": bool(compared), "n_cases": len(rows), "chart": chart,
+        "chart_alt": ("Scatter charts of estimated against measured peak allocated memory, device total memory and "
+                      "step time, one marker per measured case, its colour and shape by technique, with the y = x "
+                      "line of a perfect estimate"),
+        "overview": overview, "by_technique": by_technique,
+        "environments": environments,
         "fake": [r["id"] for r in site.measured() if (r.get("measurement") or {}).get("fake")],
         "published": pub, "published_command": PUBLISHED_COMMAND, "scatter": scatter_path,
         "scatter_alt": ("Log-log scatter of estimated against measured or published peak memory in GB, one marker "

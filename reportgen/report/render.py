@@ -29,7 +29,7 @@ import jinja2
 from reportgen import __version__
 from reportgen.report.page import Page, SiteData
 from reportgen import store
-from reportgen.views.format import money, pct, rate
+from reportgen.views.format import money, rate
 
 TEMPLATES = Path(__file__).parent / "templates"
 MANIFEST = ".reportgen-manifest.json"
@@ -117,8 +117,12 @@ def _gib(n, digits: int = 2) -> str:
     return "-" if n is None else f"{n / 2**30:,.{digits}f}"
 
 
-def _signed_pct(x) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
+def _signed_pct(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:+.{digits}f}%"
+
+
+def _pct(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def _cell(text) -> str:
@@ -135,7 +139,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(gib=_gib, rate=rate, pct=pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell)
+    env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell)
     return env
 
 

@@ -15,12 +15,14 @@ from reportgen.measure.view import profile_lines
 from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult
 from reportgen.setup import TrainingSetup
+from reportgen.report import compare
 from reportgen.report.views import verdict_fields
 from reportgen.traced_results import TRACED_DIR, find_traced
 
 
 #: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
-BYTE_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "device_total", "memory_after_load")
+BYTE_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "device_total", "memory_after_load",
+                "memory_after_load_reserved", "peak_allocated_at_failure")
 
 
 def _is_traced(path: Path) -> bool:
@@ -177,7 +179,7 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
             out("measurement: none (estimate only)")
         current = r.get("measurement")
         for m in attempts:
-            _print_attempt(m, case["gpu"], current=m is current, many=len(attempts) > 1, out=out)
+            _print_attempt(m, case["gpu"], current=m is current, many=len(attempts) > 1, out=out, est=est)
         traced = find_traced(results_dir, r["id"])
         if not traced:
             out("traced: none (`reportgen sweep sweeps/<sweep>.yaml --trace` stores one; the command below prints one)")
@@ -193,9 +195,46 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
         out(f"rerun the whole sweep:\n  reportgen sweep sweeps/{sweep}.yaml")
 
 
-def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print) -> None:
-    """One measuring attempt: what it is (the provenance rule), its figures, error, cap, settings,
-    environment and file."""
+def _print_comparison(est: dict | None, m: dict, gpu: str, out=print) -> bool:
+    """The estimate against this measurement (``report/compare.py``, the pages' numbers): each
+    quantity the provenance rule lets count, with its relative error; why the speed is not compared;
+    an out-of-memory run against the estimate's verdict. True when it said how the step was timed."""
+    from reportgen.views.format import gib, rate
+
+    c = compare.compare(est, m, gpu)
+    if c is None or not c["counts"] or est is None:
+        return False
+    if c["status"] != "ok":
+        if c["expected"] is not None:
+            verdict = verdict_fields(est, gpu)["verdict_text"]
+            at = f"; {gib(c['allocated_at_failure'])} GiB allocated when it failed" if c["allocated_at_failure"] else ""
+            out(f"  out of memory: {'expected, the estimate foresaw it' if c['expected'] else 'NOT foreseen by the estimate'}"
+                f" ({verdict}){at}")
+        return False
+    out("  estimate against this measurement (relative error = (estimate - measured) / measured):")
+    for q, hit in c["quantities"].items():
+        if q == "step_s":
+            e, v = f"{hit['est']:.3f} s", f"{hit['meas']:.3f} s"
+        else:
+            e, v = f"{gib(hit['est'])} GiB", f"{gib(hit['meas'])} GiB"
+        out(f"    {compare.LABELS[q]:<16} est {e:>11}   measured {v:>11}   {100 * hit['err']:+6.1f}%")
+    tps = c["tokens_per_s"]
+    if tps:
+        out(f"    {'tokens/s':<16} est {rate(tps['est']):>11}   measured {rate(tps['meas']):>11}   {100 * tps['err']:+6.1f}%")
+    t = c["timing"]
+    if t:
+        how = "a fixed count, measured before the harness timed until the median is stable" if t["fixed"] else \
+            f"stopped: {t['stop_reason']}" if t["stop_reason"] else "adaptive count"
+        out(f"    the measured step time is the median of {t['steps']} timed steps ({how}); fastest {t['min']:.3f} s, "
+            f"slowest {t['max']:.3f} s: a spread of {100 * t['spread_rel']:.0f}% of the median")
+    if c["speed_not_compared"]:
+        out(f"    step time and tokens/s: not compared ({c['speed_not_compared']})")
+    return t is not None
+
+
+def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print, est: dict | None = None) -> None:
+    """One measuring attempt: what it is (the provenance rule), the estimate against it, its figures,
+    error, cap, settings, environment and file."""
     from reportgen.views.format import gib
 
     prov = provenance_of(m)
@@ -205,8 +244,9 @@ def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print) -> N
         + (f", measured at {m['measured_at']}" if m.get("measured_at") else ""))
     out(f"  {prov.label(gpu)}")
     out("  compares with the estimate: " + (", ".join(valid) if valid else "nothing (not a measurement of this card)"))
+    timed = _print_comparison(est, m, gpu, out=out)
     figures = m.get("measurement") if isinstance(m.get("measurement"), dict) else {}
-    if figures.get("step_times_s"):
+    if figures.get("step_times_s") and not (timed and figures.get("steps_run") is None):
         out(f"  timing: {timing_note(figures)}")
     root = Path(m["path"]).parent.parent if m.get("path") else None  # the sweep directory
     for line in profile_lines(figures.get("profile"), root=root):

@@ -362,6 +362,7 @@ def technique_pages(site: SiteData) -> list[Page]:
             "any_measured": any_measured,
             "index": _rel(path, INDEX),
             "guides": _rel(path, "guides/index.md"),
+            "validation": _rel(path, "validation.md"),
             "methodology": _rel(path, "methodology.md"),
             "techniques": {x.slug: _rel(path, f"techniques/{x.slug}.md") for x in TECHNIQUES},
         }))

@@ -16,8 +16,8 @@ from functools import lru_cache
 from reportgen import catalog
 from reportgen.estimate.memory import TOTALS as MEMORY_TOTALS
 from reportgen.provenance import QUANTITIES, Provenance, provenance_of
+from reportgen.report import compare
 from reportgen.report.page import SiteData
-from reportgen.results import short_hash
 from reportgen.setup import TrainingSetup
 from reportgen.traced_results import cache_limited
 from reportgen.views.format import GIB
@@ -185,10 +185,16 @@ def other_run(result: dict) -> dict | None:
             "measured_at": m.get("measured_at")}
 
 
+def counts(result: dict) -> bool:
+    """The case's current measurement says something about its card: a figure that counts
+    (``measured_values``) or a run status whose memory counts (an out-of-memory verdict)."""
+    return bool(measured_values(result)) or measured_verdict(result) is not None
+
+
 def environment_of(result: dict) -> dict | None:
-    """The environment of a measurement whose figures count for the case (the validation page's
-    environment list)."""
-    if not measured_values(result):
+    """The environment of a measurement that counts for the case (``counts``: an OOM on the case's
+    card too), for the validation page's environment sections."""
+    if not counts(result):
         return None
     env = result["measurement"].get("environment")
     return env if isinstance(env, dict) and env else None
@@ -209,7 +215,16 @@ def traced_values(result: dict) -> dict | None:
 
 
 def environment_id(env: dict) -> str:
-    return "env-" + short_hash(env, 8)
+    """The validation page's section of the environment (``compare.environment_id``: the card,
+    driver, CUDA, library versions and commit; not the time or host of each run)."""
+    return compare.environment_id(env)
+
+
+def comparison(result: dict) -> dict | None:
+    """The current measurement against the estimate (``compare.compare``) where the measurement
+    counts for the case's card; None otherwise (no measurement, a CPU run, another card)."""
+    c = compare.compare(result.get("estimate"), result.get("measurement"), result["case"]["gpu"])
+    return c if c and c["counts"] else None
 
 
 def row(result: dict) -> dict:
@@ -241,6 +256,7 @@ def row(result: dict) -> dict:
         "method": setup.method.value,
         "grad_ckpt": setup.grad_ckpt,
         "precision": setup.precision.value,
+        "offload": setup.offload.value,
         "gpus": setup.gpus,
         "batch": setup.batch,
         "seq": setup.seq,
@@ -255,6 +271,7 @@ def row(result: dict) -> dict:
         "max_batch": est.get("max_batch"),
         "max_seq": est.get("max_seq"),
         "tokens_per_s": t.get("tokens_per_s"),
+        "step_s": t.get("step_s"),
         "mfu": t.get("mfu"),
         "bound": t.get("bound"),
         "hours_per_100m": None if hours is None or scale is None else hours * scale,
@@ -268,6 +285,7 @@ def row(result: dict) -> dict:
         "measured_capped": bool(prov and prov.emulated_gpu == case["gpu"] and prov.device_gpu != case["gpu"]),
         "other_run": other_run(result),
         "env_id": environment_id(env) if env else None,
+        "compare": comparison(result),
     }
 
 
@@ -329,15 +347,20 @@ def anchor(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
 
-def site_rows(site: SiteData) -> list[dict]:
-    """Every case once (a case in several sweeps: the copy with a measurement that counts for it,
-    else the first sweep), in site order."""
+def site_results(site: SiteData) -> dict[str, dict]:
+    """Every case once, by id: a case in several sweeps is the copy with a measurement that counts
+    for it (``counts``: an out-of-memory run on the case's card too), else the first sweep's."""
     chosen: dict[str, dict] = {}
     for result in site.all_results():
         cid = result["id"]
-        if cid not in chosen or (measured_values(result) and not measured_values(chosen[cid])):
+        if cid not in chosen or (counts(result) and not counts(chosen[cid])):
             chosen[cid] = result
-    return sorted((row(r) for r in chosen.values()), key=sort_key)
+    return chosen
+
+
+def site_rows(site: SiteData) -> list[dict]:
+    """``row`` of every case once (``site_results``), in site order."""
+    return sorted((row(r) for r in site_results(site).values()), key=sort_key)
 
 
 def best_fit(rows: Iterable[dict]) -> dict | None:
