@@ -79,6 +79,21 @@ def test_adamw_8bit_about_two_bytes_per_param():
     assert managed == 0
 
 
+def test_adamw_8bit_states_worked_to_the_byte():
+    """bitsandbytes' blockwise 8-bit AdamW (``Optimizer2State``): two uint8 states and one fp32
+    absmax per 256 values each, fp32 states for tensors under ``min_8bit_size`` (4,096 elements), and
+    the two shared 256-entry fp32 quantization maps (qmap1, qmap2: 2,048 bytes).
+
+    * Llama-2-7B: every tensor has at least 4,096 elements (the norms exactly 4,096) and a multiple of
+      256: 2 x 6,738,415,616 + 8 x 6,738,415,616 / 256 + 2,048 = 13,687,408,768 bytes.
+    * Llama-3.2-1B (hidden 2,048): its 33 norm vectors (2 x 16 layers + the final one, 67,584
+      values) keep fp32 states, 540,672 bytes; the other 1,235,746,816 values 2 + 8/256 bytes each:
+      2,471,493,632 + 38,617,088 + 540,672 + 2,048 = 2,510,653,440 bytes."""
+    setup = s(method="full", optimizer="adamw-8bit")
+    assert P.optimizer_state_bytes(L2, setup, dtypes_for(setup)) == (13_687_408_768, 0)
+    assert P.optimizer_state_bytes(catalog.load_model("llama-3.2-1b"), setup, dtypes_for(setup)) == (2_510_653_440, 0)
+
+
 def test_paged_optimizer_states_leave_the_torch_allocator():
     setup = s(method="full", optimizer="paged-adamw-8bit")
     torch_bytes, managed = P.optimizer_state_bytes(L2, setup, dtypes_for(setup))
