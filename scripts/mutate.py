@@ -43,9 +43,9 @@ TESTS = {
                  "tests/test_recipe_dtypes.py", "tests/test_family_activations.py", "tests/test_logits_published.py",
                  "tests/test_dora.py", "tests/test_memory_timeline.py", "tests/test_published.py",
                  "tests/test_gpu_memory.py", "tests/test_activations_vs_torch.py"],
-    "time": ["tests/test_time_physics.py", "tests/test_accuracy.py", "tests/test_estimate_speed.py",
+    "time": ["tests/test_time_physics.py", "tests/test_terms.py", "tests/test_accuracy.py", "tests/test_estimate_speed.py",
              "tests/test_comm_terms.py", "tests/test_memory_timeline.py", "tests/test_compile.py",
-             "tests/test_dora.py", "tests/test_published_speed.py"],
+             "tests/test_dora.py", "tests/test_published_speed.py", "tests/test_cli.py"],
     "verdict": ["tests/test_verdict.py", "tests/test_error_band.py", "tests/test_memory_timeline.py",
                 "tests/test_context_limit.py", "tests/test_one_answer.py", "tests/test_cards.py"],
     "format": ["tests/test_format.py", "tests/test_cli.py", "tests/test_one_answer.py", "tests/test_render.py",
@@ -406,7 +406,8 @@ def summary(results: list[tuple[Mutant, str, str, float]]) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--area", choices=sorted(TESTS), action="append", help="only these areas (repeatable)")
-    ap.add_argument("--match", help="only the mutants whose description contains this text")
+    ap.add_argument("--match", action="append",
+                    help="only the mutants whose description contains this text (repeatable: any of them)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds one test run may take (default 900)")
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="also write the summary table (Markdown) here")
     args = ap.parse_args(argv)
     mutants = [mu for mu in MUTANTS if (not args.area or mu.area in args.area)
-               and (not args.match or args.match in mu.what)]
+               and (not args.match or any(t in mu.what for t in args.match))]
     bad = check_applies(mutants)
     if bad:
         print("mutants that no longer apply (update MUTANTS in scripts/mutate.py):\n  " + "\n  ".join(bad),
