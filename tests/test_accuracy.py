@@ -30,7 +30,7 @@ import pytest
 from reportgen import catalog, store
 from reportgen.estimate import estimate
 from reportgen.provenance import provenance_of
-from reportgen.published.compare import compare
+from reportgen.published.compare import compare, source_key
 from reportgen.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,22 +93,53 @@ def published():
     return compare(CSV)
 
 
-def test_published_memory_per_source(published):
-    """Median |error| and signed median of the published memory rows, overall and per source (today:
-    all 35 rows 3.14 % / +0.41 %; fsdp_qlora 19 rows, signed +3.14 %; litgpt 14 rows, -1.01 %)."""
+def _by_source(rows: list[dict]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(source_key(r["source"]), []).append(r["rel_error"])
+    return out
+
+
+#: published memory rows per source: (rows, median |error|, |signed median|, worst |error|) bounds, a
+#: little above today's (fsdp_qlora 19 rows 3.66 % / +3.14 % / 25.9 %, the reserved figures of 2-8 GPUs
+#: with what loading and FSDP wrapping cached; litgpt 14 rows 2.56 % / -1.01 % / 6.4 %;
+#: ml-cross-entropy's two loss-only rows exact)
+PUBLISHED_MEMORY = {"AnswerDotAI/fsdp_qlora": (19, 0.04, 0.035, 0.27), "Lightning-AI/litgpt": (14, 0.03, 0.015, 0.07),
+                    "apple/ml-cross-entropy": (2, 0.001, 0.001, 0.001)}
+
+
+def test_published_memory_overall_and_per_source(published):
+    """Median |error|, signed median and worst |error| of the published memory rows, overall (today:
+    35 rows, 3.14 % / +0.41 % / 25.9 %), per source, and on the multi-GPU rows (19 rows, 3.66 % /
+    +3.14 %)."""
+    assert len(published["rows"]) == 35
     assert published["median_abs_rel_error"] <= 0.035
     assert abs(published["median_rel_error"]) <= 0.01
-    by = published["by_source"]
-    assert by["AnswerDotAI/fsdp_qlora"]["rows"] == 19 and abs(by["AnswerDotAI/fsdp_qlora"]["median_rel_error"]) <= 0.035
-    assert by["Lightning-AI/litgpt"]["rows"] == 14 and abs(by["Lightning-AI/litgpt"]["median_rel_error"]) <= 0.015
-    assert abs(by["apple/ml-cross-entropy"]["median_rel_error"]) <= 0.001
+    assert max(abs(r["rel_error"]) for r in published["rows"]) <= 0.27
+    by = _by_source(published["rows"])
+    assert set(by) == set(PUBLISHED_MEMORY)
+    for source, (n, med, signed, worst) in PUBLISHED_MEMORY.items():
+        errors = by[source]
+        assert len(errors) == n, source
+        assert statistics.median(abs(e) for e in errors) <= med, source
+        assert abs(statistics.median(errors)) <= signed, source
+        assert max(abs(e) for e in errors) <= worst, source
+        assert published["by_source"][source]["median_rel_error"] == pytest.approx(statistics.median(errors), abs=1e-4)
     multi = published["multi_gpu"]
+    assert multi["memory_rows"] == 19
     assert multi["memory_median_abs_rel_error"] <= 0.04 and abs(multi["memory_median_rel_error"]) <= 0.035
 
 
 def test_published_tokens_per_second(published):
-    """The 30 published rows with a rate (fsdp_qlora; today median |error| 11.7 %, signed +2.0 %)."""
+    """The 30 published rows with a rate (all fsdp_qlora, all on 2-8 GPUs; today median |error|
+    11.7 %, signed +2.0 %, worst +764 %: R003, LoRA with FSDP on two RTX 3090s at 202 tokens/s, where
+    the model says 1,743; R001 and R004, the same runs' neighbours, +271 % and +236 %)."""
     speed = published["speed"]
-    assert len(speed["rows"]) == 30
+    errors = [r["rel_error"] for r in speed["rows"]]
+    assert len(errors) == 30
     assert speed["median_abs_rel_error"] <= 0.125
     assert abs(speed["median_rel_error"]) <= 0.03
+    assert max(abs(e) for e in errors) <= 7.7
+    assert sorted(abs(e) for e in errors)[-4] <= 0.95  # beyond the three rows above, within 95 %
+    multi = published["multi_gpu"]
+    assert multi["speed_rows"] == 30 and multi["speed_median_abs_rel_error"] <= 0.125

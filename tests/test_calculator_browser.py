@@ -36,8 +36,9 @@ from reportgen.report import pyodide
 from tests.fixtures.site_data import build_results
 from tests.test_render import build_site
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+#: REPORTGEN_CHROMIUM / REPORTGEN_CHROMEDRIVER: another browser and its driver (CI's Chrome for Testing)
+CHROMIUM = os.environ.get("REPORTGEN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = os.environ.get("REPORTGEN_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
 TRL_QLORA = (Path(__file__).parent / "fixtures" / "configs" / "trl_qlora.yaml").read_text()

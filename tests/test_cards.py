@@ -108,3 +108,53 @@ def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path
     path.write_text(json.dumps({**stored, "estimator_hash": "0" * 16}))
     assert _load_cards(path)["gpus"] == stored["gpus"]
     assert "run `reportgen cards`" in capsys.readouterr().err
+
+
+def test_stored_answers_obey_the_physics_of_each_method():
+    """The numbers in data/cards_needed.json judged from outside the estimator (its currency is the
+    test above):
+
+    * every answer fits its card: the device total it names is within the card's memory;
+    * no answer beats the parameter side: full fine-tuning with mixed-precision AdamW keeps 16 bytes a
+      parameter (fp32 weights, gradients, two states; ZeRO's paper, section 3), LoRA the 16-bit base
+      (2 bytes), QLoRA the packed 4-bit base (0.5 byte), each divided at best over the cards;
+    * LoRA never needs more cards than full fine-tuning; QLoRA no more than LoRA where LoRA fits one
+      machine (beyond it the 4-bit quantization state, which FSDP does not shard, is on every card);
+      MoE models excepted (peft's k-bit preparation upcasts their 16-bit experts to fp32);
+    * a card with more memory (of the same precision) never needs more cards."""
+    import math
+    from pathlib import Path
+
+    from reportgen.estimate.search import default_precision
+
+    data = json.loads(Path("data/cards_needed.json").read_text())
+    gib, per_param = 2**30, {"full": 16, "lora": 2, "qlora": 0.5}
+
+    def count(gpu, model, method):
+        fit = data["gpus"][gpu][model][method]["fit"]
+        return fit["gpus"] if fit else math.inf
+
+    for gpu, per_model in data["gpus"].items():
+        card = catalog.load_gpu(gpu)
+        for model, answers in per_model.items():
+            spec = catalog.load_model(model)
+            for method, answer in answers.items():
+                fit = answer["fit"]
+                if fit is None:
+                    continue
+                assert fit["gpus"] in data["counts"]
+                assert fit["device_total_gib"] * gib <= card.memory_bytes * 1.0001, (gpu, model, method)
+                floor = per_param[method] * spec.total_params / fit["gpus"]
+                assert fit["device_total_gib"] * gib >= floor, (gpu, model, method, fit)
+            assert count(gpu, model, "lora") <= count(gpu, model, "full"), (gpu, model)
+            if not spec.num_experts and count(gpu, model, "lora") <= 8:
+                assert count(gpu, model, "qlora") <= count(gpu, model, "lora"), (gpu, model)
+    gpus = list(data["gpus"])
+    for a in gpus:
+        for b in gpus:
+            small, large = catalog.load_gpu(a), catalog.load_gpu(b)
+            if default_precision(small) != default_precision(large) or small.memory_bytes > large.memory_bytes:
+                continue
+            for model in data["gpus"][a]:
+                for method in per_param:
+                    assert count(b, model, method) <= count(a, model, method), (a, b, model, method)

@@ -16,16 +16,31 @@ def run_json(capsys, *args):
 
 
 def test_estimate_json_contract(capsys):
+    """Llama 3.1 8B QLoRA (all-linear r16) with checkpointing on an RTX 4090, worked by hand:
+
+    * trainable: 16 x (4,096 + 4,096) for q and o, 16 x (4,096 + 1,024) for k and v, 16 x (4,096 +
+      14,336) for gate, up and down: 1,310,720 per layer, 41,943,040 in 32 layers;
+    * weights: the 6,979,321,856 decoder-layer linear weights packed two per byte (3,489,660,928
+      bytes) and the rest, the untied embedding and head (2 x 128,256 x 4,096) and the norms (65 x
+      4,096), 1,050,939,392 parameters in fp32 (peft's k-bit preparation upcasts them): 4,203,757,568;
+      7,693,418,496 bytes;
+    * model FLOPs per token (PaLM): 4 x 7,504,658,432 matmul weights + 6 x 41,943,040 adapters + 12 x
+      32 layers x 32 heads x 128 x 2,048 = 33,491,517,440; MFU that over the card's 165.2 TFLOP/s."""
     d = run_json(capsys, "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--method", "qlora", "--grad-ckpt")
-    assert set(d["params"]) >= {"total", "trainable"}
-    assert d["params"]["total"] == 8_030_261_248
+    assert d["params"] == {"total": 8_030_261_248, "trainable": 41_943_040}
+    assert d["memory"]["weights"] == 7_693_418_496
     for key in ("weights", "gradients", "optimizer", "activations", "logits", "peak_allocated", "peak_reserved",
                 "device_total"):
         assert isinstance(d["memory"][key], int), key
-    for key in ("model_flops_per_token", "hardware_flops_per_token", "step_s", "tokens_per_s", "mfu", "hfu", "parts"):
-        assert key in d["time"]
-    assert isinstance(d["fits"], bool)
-    assert "max_batch" in d and "max_seq" in d
+    t = d["time"]
+    assert t["model_flops_per_token"] == 33_491_517_440
+    assert t["tokens_per_s"] == pytest.approx(2048 / t["step_s"], rel=1e-12)
+    assert t["mfu"] == pytest.approx(33_491_517_440 * t["tokens_per_s"] / 165.2e12, rel=1e-12)
+    assert {"hardware_flops_per_token", "hfu", "parts"} <= set(t)
+    # the verdict reads the band's high end against the card
+    assert d["capacity"] == 24_564 * 2**20  # nvidia-smi's total of an RTX 4090 (GPU catalog)
+    assert d["verdict"] == "fits" and d["fits"] is True and d["band"]["demand_range"][1] <= d["capacity"]
+    assert d["max_batch"] >= 1 and d["max_seq"] >= 2048
 
 
 def test_every_setup_flag_reaches_the_setup(capsys):
@@ -66,10 +81,33 @@ def test_model_path_accepted(capsys, tmp_path):
     assert d["params"]["total"] == 1_100_048_384
 
 
-def test_table_output_mentions_the_totals(capsys):
+def test_table_shows_the_estimates_numbers(capsys):
+    """The terminal table prints the estimate's own figures, in GiB of 2^30 bytes, ms, % and tokens/s
+    with thousands separators (formatted here by hand, not with the code's formatters)."""
+    from reportgen import catalog
+    from reportgen.estimate import estimate
+    from reportgen.setup import TrainingSetup
+
     assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-3060", "--method", "lora"]) == 0
     out = capsys.readouterr().out
-    assert "peak allocated" in out and "nvidia-smi" in out and "tokens/s" in out
+    est = estimate(catalog.load_model("llama-3.2-1b"), catalog.load_gpu("rtx-3060"), TrainingSetup(method="lora"))
+    rows = [(cells[0].strip(), cells[1].strip()) for line in out.splitlines()
+            if line.startswith("│") and len(cells := line.split("│")[1:-1]) >= 2]
+
+    def shown(label: str) -> str:  # the value beside the first row whose label starts so (rich wraps labels)
+        return next(value for name, value in rows if name.startswith(label))
+
+    m, t = est.memory, est.time
+    assert shown("peak allocated") == f"{m.peak_allocated / 2**30:.2f}"
+    assert shown("peak reserved") == f"{m.peak_reserved / 2**30:.2f}"
+    assert shown("device total") == f"{m.device_total / 2**30:.2f}"
+    assert shown("activations") == f"{m.terms['activations'] / 2**30:.2f}"
+    assert shown("verdict") == est.verdict
+    assert shown("step time") == f"{t.step_s * 1000:.0f} ms" and t.step_s < 1
+    assert shown("tokens/s") == f"{t.tokens_per_s:,.0f}" and t.tokens_per_s >= 1000
+    assert shown("MFU") == f"{100 * t.mfu:.1f}%"
+    lo, hi = est.judgement.range
+    assert f"{lo / 2**30:.2f}-{hi / 2**30:.2f}" in out
 
 
 @pytest.mark.parametrize("args,needle", [

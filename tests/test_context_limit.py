@@ -3,7 +3,7 @@
 
 from reportgen import catalog
 from reportgen.estimate import estimate
-from reportgen.estimate.search import context_limit, max_seq
+from reportgen.estimate.search import context_limit, fits, max_seq
 from reportgen.setup import TrainingSetup
 
 
@@ -18,8 +18,12 @@ def test_longest_sequence_never_passes_max_position_embeddings():
 def test_memory_still_limits_below_the_context():
     llama = catalog.load_model("llama-3.1-8b")
     assert llama.max_position_embeddings == 131072  # rope_scaling llama3, factor 8 over 8,192
-    got = max_seq(llama, TrainingSetup(method="qlora", grad_ckpt=True), catalog.load_gpu("rtx-4090"))
-    assert got is not None and 2048 < got < 131072 and got % 128 == 0
+    setup, gpu = TrainingSetup(method="qlora", grad_ckpt=True), catalog.load_gpu("rtx-4090")
+    got = max_seq(llama, setup, gpu)
+    # memory stops it, not the context: the next multiple of 128 does not fit
+    assert got % 128 == 0 and got + 128 <= 131072
+    assert fits(llama, setup.model_copy(update={"seq": got}), gpu)
+    assert not fits(llama, setup.model_copy(update={"seq": got + 128}), gpu)
 
 
 def test_a_sequence_past_the_context_is_estimated_and_says_so():

@@ -35,18 +35,66 @@ def test_stored_band_is_what_the_current_code_computes():
 
 
 def test_every_estimate_carries_its_band_and_verdict():
+    """Llama 3.1 8B QLoRA with checkpointing on a 4090, read against the stored band itself
+    (error_band.json's reserved QLoRA group, which the device total takes) and worked by hand: the
+    expected range is the demand times (1 + lo) and (1 + hi), and the run fits when the high end is
+    within the card."""
+    import json
+
     est = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_gpu("rtx-4090"),
                    TrainingSetup(method="qlora", grad_ckpt=True), reverse=False)
     d = est.as_dict()
-    assert d["verdict"] in ("fits", "tight", "does not fit") and d["capacity"] == catalog.load_gpu("rtx-4090").memory_bytes
-    b = band_for("device_total", "qlora")
-    assert b is not None and d["band"]["n"] == b.n and d["band"]["quantity"] == "device_total"
-    lo, hi = d["band"]["demand_range"]  # the band is applied to what the step asks of the card
+    stored = json.loads((Path(__file__).resolve().parent.parent / "reportgen" / "estimate" / "error_band.json")
+                        .read_text())["bands"]["reserved"]["qlora"]
+    assert stored["n"] >= 5  # enough comparisons for its own band
+    assert (d["band"]["lo"], d["band"]["hi"], d["band"]["n"], d["band"]["quantity"]) == (
+        stored["lo"], stored["hi"], stored["n"], "device_total")
     demand = est.memory.card_demand
-    assert d["demand"] == demand and d["margin"] == d["capacity"] - demand
-    assert lo == int(demand * (1 + b.lo)) and hi == int(demand * (1 + b.hi))
-    assert d["verdict"] == verdict(demand, d["capacity"], b) and d["fits"] == (d["verdict"] == "fits")
-    assert d["verdict_text"].startswith(d["verdict"] + ":")
+    assert d["demand"] == demand and d["capacity"] == 24_564 * 2**20 and d["margin"] == d["capacity"] - demand
+    lo, hi = d["band"]["demand_range"]  # the band is applied to what the step asks of the card
+    assert (lo, hi) == (int(demand * (1 + stored["lo"])), int(demand * (1 + stored["hi"])))
+    assert d["verdict"] == ("fits" if hi <= d["capacity"] else "does not fit" if lo > d["capacity"] else "tight")
+    assert d["verdict"] == "fits" and d["fits"] is True
+    assert d["verdict_text"].startswith("fits: needs ")
+
+
+#: (lo, hi) width of each stored band, a little above today's: a worse estimator widens its band
+BAND_WIDTH = {("allocated", "all"): 0.02, ("allocated", "full"): 0.002, ("allocated", "lora"): 0.016,
+              ("allocated", "qlora"): 0.028, ("reserved", "all"): 0.08, ("reserved", "full"): 0.06,
+              ("reserved", "lora"): 0.045, ("reserved", "qlora"): 0.10}
+
+
+def test_stored_band_is_narrow_and_covers_the_h100_measurements():
+    """The numbers in error_band.json judged from outside (its currency is the test above): every
+    band is narrow (today's widths: allocated 0.07-2.5 %, reserved 3.9-9.0 %), its leave-one-out
+    coverage is at least 65 % (today 69-76 % for a 10th-90th percentile band), and applied to
+    today's estimates it holds the device total nvidia-smi showed for at least 85 % of our H100
+    measurements of each technique (today 88-92 %)."""
+    import json
+
+    from reportgen import store
+    from reportgen.provenance import provenance_of
+
+    root = Path(__file__).resolve().parent.parent
+    bands = json.loads((root / "reportgen" / "estimate" / "error_band.json").read_text())["bands"]
+    assert {(q, t) for q in bands for t in bands[q]} == set(BAND_WIDTH)
+    for (quantity, technique), width in BAND_WIDTH.items():
+        b = bands[quantity][technique]
+        assert b["lo"] <= b["median"] <= b["hi"] and b["hi"] - b["lo"] <= width, (quantity, technique, b)
+        assert b["coverage"] >= 0.65, (quantity, technique)
+    inside: dict[str, list[bool]] = {}
+    for r in store.load_measured(root / "results" / "validation", warn=lambda m: None):
+        m, case = r["measurement"], r["case"]
+        if m["status"] != "ok" or not provenance_of(m).memory_counts_for(case["gpu"]):
+            continue
+        setup = TrainingSetup.model_validate(case["setup"])
+        e = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
+        b = bands["reserved"][setup.method.value]
+        ratio = m["measurement"]["device_used"] / e.memory.device_total - 1
+        inside.setdefault(setup.method.value, []).append(b["lo"] <= ratio <= b["hi"])
+    assert set(inside) == {"full", "lora", "qlora"}
+    for technique, hits in inside.items():
+        assert sum(hits) / len(hits) >= 0.85, (technique, sum(hits), len(hits))
 
 
 def test_a_technique_with_few_comparisons_borrows_the_measure_band(monkeypatch):

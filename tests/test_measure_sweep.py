@@ -32,7 +32,25 @@ def sweep(path, results_dir, *extra):
     return main(["sweep", str(path), "--measure", "--no-render", "--results", str(results_dir), *extra])
 
 
-def test_measure_shard_resume_force(sweep_file, tmp_path):
+def _stub_worker(monkeypatch) -> list[str]:
+    """The measuring subprocess replaced by one that answers "ok" at once; the methods it was asked for."""
+    from reportgen.measure import runner
+    from reportgen.measure.protocol import answer, empty_measurement
+
+    calls = []
+
+    def run_case(request, timeout_s):
+        calls.append(request.setup["method"])
+        return answer(request, "ok", measurement=empty_measurement(), environment={"device": "cpu"})
+
+    monkeypatch.setattr(runner, "run_case", run_case)
+    return calls
+
+
+def test_measure_shard_resume_force(sweep_file, tmp_path, monkeypatch):
+    """Shard 0 measures its case for real (the worker subprocess on the CPU); the other shard, the
+    rerun and --force run with the worker stubbed: which cases they measure and which files they
+    leave alone is the sweep loop's, not the worker's."""
     out = tmp_path / "results"
     assert sweep(sweep_file, out, "--shard", "0/2") == 0
     r = results(out)
@@ -54,8 +72,10 @@ def test_measure_shard_resume_force(sweep_file, tmp_path):
     assert estimate["memory"]["peak_allocated"] > 0 and r[first]["status"] == "ok"
 
     # the other shard measures the other case and leaves every existing file alone
+    calls = _stub_worker(monkeypatch)
     before = snapshot(out)
     assert sweep(sweep_file, out, "--shard", "1/2") == 0
+    assert calls == [r[second]["case"]["setup"]["method"]]
     after = snapshot(out)
     assert {k: v for k, v in after.items() if k in before and "_advice" not in k} == {
         k: v for k, v in before.items() if "_advice" not in k}
@@ -63,11 +83,13 @@ def test_measure_shard_resume_force(sweep_file, tmp_path):
     assert r2[second]["measurement"]["status"] == "ok"
 
     # a rerun measures nothing: no file changes
+    calls.clear()
     assert sweep(sweep_file, out) == 0
-    assert snapshot(out) == after
+    assert snapshot(out) == after and calls == []
 
     # --force measures again (here only shard 0's case) as a NEW attempt: the first one is kept
     assert sweep(sweep_file, out, "--force", "--shard", "0/2") == 0
+    assert calls == [r[first]["case"]["setup"]["method"]]
     r3 = results(out)
     assert len(r3[first]["measurements"]) == 2 and len(r3[second]["measurements"]) == 1
     assert r3[first]["measurement"] is r3[first]["measurements"][-1]  # the newest is shown

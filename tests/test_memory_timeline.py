@@ -115,7 +115,8 @@ def test_time_fields_and_consistency():
     est = estimate(SMALL, H100, TrainingSetup(method="full", batch=4, seq=2048))
     t = est.time
     assert t.tokens_per_s == pytest.approx(4 * 2048 / t.step_s)
-    assert 0 < t.mfu < 1
+    # MFU is PaLM's model FLOPs at the estimated rate over the card's bf16 datasheet peak
+    assert t.mfu == pytest.approx(t.model_flops_per_token * t.tokens_per_s / H100.peak_flops("bf16"), rel=1e-12)
     assert t.train_hours == pytest.approx(1e8 / t.tokens_per_s / 3600)
     assert t.train_dollars == pytest.approx(t.train_hours * H100.price_usd_per_hour)
 

@@ -27,7 +27,6 @@ from reportgen.advise.store import write_advice
 from reportgen.cli import main
 from reportgen.estimate import estimate
 from reportgen.estimate.search import default_precision
-from reportgen.estimate.verdict import margin_label
 from reportgen.report.pages import gpu_pages, home_pages, model_pages
 from reportgen.report.render import load_site, render_page
 from reportgen.report.show import setup_flags
@@ -157,6 +156,17 @@ def test_every_page_gives_the_walks_answer(consumer, model, gpu):
             assert setup_label(training_setup({**rec["setup"], "accum": 1}), any_mixed=True) in text_of(c)
         else:
             assert "nothing fits" in c and "no swept setup fits" not in c, c
+    if best is not None:
+        # the tokens/s shown on the home grid and the model page is the highest of the result files'
+        # estimates that fit on one card at the primary sequence (what reportgen estimate printed),
+        # chosen and formatted here without the pages' view models
+        fitting = [x for x in consumer["site"].all_results() if x["case"]["model"] == model
+                   and x["case"]["gpu"] == gpu and x["case"]["setup"]["seq"] == PRIMARY_SEQ
+                   and x["case"]["setup"].get("gpus", 1) == 1 and x["estimate"]["verdict"] == "fits"]
+        top = max(x["estimate"]["time"]["tokens_per_s"] for x in fitting)
+        shown = f"{top:,.0f}" if top >= 100 else f"{top:.1f}"
+        assert f"{shown} tok/s" in text_of(home), (home, shown)
+        assert f"| {shown} |" in cells[2], (cells[2], shown)
 
 
 def catalog_label(gpu: str) -> str:
@@ -178,36 +188,48 @@ def _case_rows(page: str):
             yield cid, cells[2], cells[header.index("Fits")]
 
 
+def _stored(consumer) -> dict[str, dict]:
+    """Each case's estimate as its result file holds it (what ``reportgen estimate --format json``
+    printed for the case), read without the site's view models."""
+    return {x["id"]: x["estimate"] for x in consumer["site"].all_results()}
+
+
 def test_every_case_row_shows_its_own_verdict_and_device_total(consumer):
-    """Every case of the sweep on the GPU pages: the memory column is the estimate's device total and
-    the Fits column its verdict with the margin (``yes`` only for "fits"); every 97th case is also
-    estimated again, so the stored verdict is the estimator's."""
-    by_id = {r["id"]: r for r in consumer["rows"]}
-    seen = 0
+    """Every case of the sweep on the GPU pages: the memory column is the estimate's device total
+    (GiB of 2^30 bytes, one decimal) and the Fits column its verdict with the margin (``yes`` only for
+    "fits"), both read from the result file, not from the pages' view models; every 97th case is also
+    estimated again, so the stored figures are the estimator's."""
+    stored, seen = _stored(consumer), 0
     for gpu in {r["gpu"] for r in consumer["rows"]}:
         for cid, memory, verdict in _case_rows(consumer["pages"][f"gpus/{gpu}.md"]):
-            r = by_id[cid]
-            assert text_of(memory.split("<br>")[0]) == f"{r['device_total'] / GIB:,.1f}", cid
-            expected = "yes" if r["verdict"] == "fits" else margin_label(r["verdict"], r["margin"])
+            est = stored[cid]
+            assert text_of(memory.split("<br>")[0]) == f"{est['memory']['device_total'] / GIB:,.1f}", cid
+            margin = (est["capacity"] - est["demand"]) / GIB
+            expected = ("yes" if est["verdict"] == "fits" else
+                        f"{'tight' if est['verdict'] == 'tight' else 'no'} ({margin:+.1f} GiB)")
             assert text_of(verdict.split("<br>")[0]) == expected, cid
-            assert r["fits"] == (r["verdict"] == "fits")
             if seen % 97 == 0:
-                result = next(x for x in consumer["site"].all_results() if x["id"] == cid)
-                case = result["case"]
+                case = next(x for x in consumer["site"].all_results() if x["id"] == cid)["case"]
                 fresh = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]),
-                                 TrainingSetup(**case["setup"]), reverse=False)
-                assert (fresh.verdict, fresh.judgement.margin) == (r["verdict"], r["margin"]), cid
+                                 TrainingSetup(**case["setup"]))
+                d = json.loads(json.dumps(fresh.as_dict()))
+                assert {k: d[k] for k in est} == est, cid
             seen += 1
     assert seen == len(consumer["rows"])
 
 
 def test_csv_downloads_carry_the_same_verdict(consumer):
-    by_id = {r["id"]: r for r in consumer["rows"]}
+    """The CSV files' verdict, memory and speed columns are the result file's estimate."""
+    stored = _stored(consumer)
     for name, text in consumer["files"].items():
         for row in csv.DictReader(io.StringIO(text)):
-            r = by_id[row["case_id"]]
-            assert row["verdict"] == r["verdict"] and row["fits"] == ("true" if r["verdict"] == "fits" else "false")
-            assert float(row["est_device_total_gib"]) == pytest.approx(r["device_total"] / GIB, abs=5e-4, rel=1e-5), name
+            est = stored[row["case_id"]]
+            assert row["verdict"] == est["verdict"] and row["fits"] == ("true" if est["verdict"] == "fits" else "false")
+            for column, key in (("est_device_total_gib", "device_total"), ("est_peak_allocated_gib", "peak_allocated")):
+                assert float(row[column]) == pytest.approx(est["memory"][key] / GIB, abs=5e-4, rel=1e-5), (name, column)
+            tps = est["time"]["tokens_per_s"]
+            assert (row["est_tokens_per_s"] == "") if tps is None else float(row["est_tokens_per_s"]) == pytest.approx(
+                tps, rel=1e-3, abs=0.05), name
 
 
 def test_the_searches_agree_with_the_verdict_on_every_case(consumer):

@@ -2,6 +2,7 @@
 estimate predicts the same measure the row reports."""
 
 import json
+import statistics
 
 import pytest
 from pathlib import Path
@@ -111,16 +112,21 @@ def test_cli_table_cells_are_not_cut_inside_words(tmp_path, capsys):
 
 
 def test_compare_summary_and_cli_json(tmp_path):
+    """The headline figures are the medians of the rows the table lists (the error against the
+    published rows themselves is bounded in test_accuracy.py), each row's error is its own published
+    and estimated figures', and the CLI writes that comparison."""
     summary = compare(CSV)
-    assert len(summary["rows"]) >= 35
-    assert summary["median_abs_error_gb"] > 0
-    ids = {r["id"] for r in summary["rows"]}
+    rows = summary["rows"]
+    assert len(rows) == 35
+    assert summary["median_abs_error_gb"] == round(statistics.median(r["abs_error_gb"] for r in rows), 4)
+    assert summary["median_rel_error"] == round(statistics.median(r["rel_error"] for r in rows), 4)
+    for r in rows:
+        assert r["rel_error"] == pytest.approx(r["estimated"] / r["published"] - 1, abs=1e-4), r["id"]
+    ids = {r["id"] for r in rows}
     assert {"R003a", "R004a"} <= ids  # the allocated figures quoted in fsdp_qlora's text
     out = tmp_path / "cmp.json"
     assert main(["compare-published", "--out", str(out)]) == 0
-    data = json.loads(out.read_text())
-    assert data["median_abs_error_gb"] == summary["median_abs_error_gb"]
-    assert {"id", "published_gb", "estimated_gb", "abs_error_gb", "rel_error"} <= set(data["rows"][0])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(summary))
 
 
 def test_litgpt_rows_take_lora_settings_and_library_versions_from_their_configs():
@@ -150,15 +156,6 @@ def test_fsdp_qlora_hardware_table_runs_reach_an_effective_batch_of_32():
     assert (r031.gpu, r031.setup.gpus, r031.setup.accum) == ("a100-40gb", 4, 2)
     assert isinstance(map_speed_row(rows["R070"]), Unmapped)  # litgpt states runtime per epoch, not tokens
     assert isinstance(map_speed_row(rows["R026"]), Unmapped)  # A5000 not in the catalog
-
-
-def test_multi_gpu_errors_meet_issue_13():
-    """Issue 13's bar on the multi-GPU published rows: per-GPU memory median |error| <= 10%,
-    tokens/s <= 20% (like with like; physics and the recipes' documented defaults only)."""
-    multi = compare(CSV)["multi_gpu"]
-    assert multi["memory_rows"] >= 15 and multi["speed_rows"] >= 25
-    assert multi["memory_median_abs_rel_error"] <= 0.10
-    assert multi["speed_median_abs_rel_error"] <= 0.20
 
 
 def test_a_catalog_model_is_never_called_an_unsupported_architecture():

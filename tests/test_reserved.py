@@ -126,32 +126,41 @@ def test_a_step_whose_allocated_peak_does_not_fit_keeps_its_reserved():
     assert mem.cache_released == 0 and mem.peak_reserved > mem.peak_allocated
 
 
-def test_estimated_reserved_agrees_with_the_allocator_simulation_of_every_traced_case():
-    """The committed traced cases (sweeps/traced.yaml, replayed through trace/allocator.py): the
-    estimate's reserved lies a median 2 % or less from the simulation's, without a lean either way.
-    (It was a median 3.9 % low, up to 16 % low, with a fixed 10 % share of the transient bytes.)"""
-    from reportgen.traced_results import load_traced
-
-    gaps = []
-    for doc in load_traced(ROOT / "results").values():
-        case, sim = doc["case"], doc["memory"]
-        est = estimate_memory(catalog.load_model(case["model"]), TrainingSetup.model_validate(case["setup"]),
-                              catalog.load_gpu(case["gpu"]))
-        if est.cache_released:
-            continue
-        gaps.append((est.peak_reserved - sim["peak_reserved"]) / sim["peak_reserved"])
-    assert len(gaps) >= 100
-    assert statistics.median(abs(g) for g in gaps) <= 0.02
-    assert abs(statistics.median(gaps)) <= 0.01
-
-
-def test_calibrate_recovers_the_cached_free_shares(capsys):
-    """scripts/calibrate.py's least-squares fit gets back the shares that made synthetic samples."""
+def _calibrate():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("calibrate", ROOT / "scripts" / "calibrate.py")
     cal = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cal)
+    return cal
+
+
+def test_estimated_reserved_predicts_the_allocator_simulation_of_traced_cases_it_was_not_fitted_to():
+    """The committed traced cases (sweeps/traced.yaml, replayed through trace/allocator.py), each
+    predicted with the cached-free shares fitted to all the others (leave-one-out, the constants are
+    fitted to these cases by scripts/calibrate.py): today a median 1.1 % from the simulation's
+    reserved, signed -0.3 %, worst 8.9 % (141 cases). It was a median 3.9 % low, up to 16 % low, with
+    a fixed 10 % share of the transient bytes. The figure out of sample is test_accuracy.py's: the H100
+    measurements, to which the shares were not fitted."""
+    cal = _calibrate()
+    free, _ = cal.traced_samples(ROOT / "results")
+
+    def gap(shares, s):
+        return (s["allocated"] + sum(a * v for a, v in zip(shares, s["x"])) + s["other"] - s["reserved"]) / s["reserved"]
+
+    held_out = [gap(cal.solve_cached_free(free[:i] + free[i + 1:]), s) for i, s in enumerate(free)]
+    assert len(held_out) >= 130
+    assert statistics.median(abs(g) for g in held_out) <= 0.013
+    assert abs(statistics.median(held_out)) <= 0.005
+    assert max(abs(g) for g in held_out) <= 0.095
+    # and the shipped shares are the fit (a constant edited by hand, not refitted, fails here)
+    shipped = [getattr(K, c) for c in CACHE_SHARES.values()]
+    assert shipped == pytest.approx(cal.solve_cached_free(free), abs=6e-4)
+
+
+def test_calibrate_recovers_the_cached_free_shares(capsys):
+    """scripts/calibrate.py's least-squares fit gets back the shares that made synthetic samples."""
+    cal = _calibrate()
     truth = [1.7, 0.4, 0.8, 0.9, 0.15]
     samples = []
     for i in range(9):

@@ -66,10 +66,6 @@ def test_zero3_fetches_one_module_and_a_prefetch_bucket():
     assert SH.zero3_gathered_bytes(10_000_000, 262_144_000, 2) == 272_144_000
 
 
-def test_ddp_bucket_is_a_second_gradient_copy():
-    assert SH.ddp_bucket_bytes(123) == 123
-
-
 def test_offload_params_needs_parameter_sharding_or_none():
     with pytest.raises(SetupError, match="zero3"):
         on(2, "zero2", offload="params")

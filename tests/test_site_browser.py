@@ -22,8 +22,9 @@ from reportgen.sweep import load_sweep
 from tests.fixtures.site_data import SWEEPS, build_results
 from tests.test_render import build_site
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+#: REPORTGEN_CHROMIUM / REPORTGEN_CHROMEDRIVER: another browser and its driver (CI's Chrome for Testing)
+CHROMIUM = os.environ.get("REPORTGEN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = os.environ.get("REPORTGEN_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 pytestmark = [
     pytest.mark.browser,

@@ -79,6 +79,21 @@ def test_adamw_8bit_about_two_bytes_per_param():
     assert managed == 0
 
 
+def test_adamw_8bit_states_worked_to_the_byte():
+    """bitsandbytes' blockwise 8-bit AdamW (``Optimizer2State``): two uint8 states and one fp32
+    absmax per 256 values each, fp32 states for tensors under ``min_8bit_size`` (4,096 elements), and
+    the two shared 256-entry fp32 quantization maps (qmap1, qmap2: 2,048 bytes).
+
+    * Llama-2-7B: every tensor has at least 4,096 elements (the norms exactly 4,096) and a multiple of
+      256: 2 x 6,738,415,616 + 8 x 6,738,415,616 / 256 + 2,048 = 13,687,408,768 bytes.
+    * Llama-3.2-1B (hidden 2,048): its 33 norm vectors (2 x 16 layers + the final one, 67,584
+      values) keep fp32 states, 540,672 bytes; the other 1,235,746,816 values 2 + 8/256 bytes each:
+      2,471,493,632 + 38,617,088 + 540,672 + 2,048 = 2,510,653,440 bytes."""
+    setup = s(method="full", optimizer="adamw-8bit")
+    assert P.optimizer_state_bytes(L2, setup, dtypes_for(setup)) == (13_687_408_768, 0)
+    assert P.optimizer_state_bytes(catalog.load_model("llama-3.2-1b"), setup, dtypes_for(setup)) == (2_510_653_440, 0)
+
+
 def test_paged_optimizer_states_leave_the_torch_allocator():
     setup = s(method="full", optimizer="paged-adamw-8bit")
     torch_bytes, managed = P.optimizer_state_bytes(L2, setup, dtypes_for(setup))
@@ -151,10 +166,24 @@ def test_logits_fp32_upcast_for_llama3_vocab():
     assert lm.backward_live == 12 * tv + 8 * 2048
 
 
+def test_logits_in_fp32_are_not_copied_again():
+    """Full fp32 training: the head already writes fp32 logits and ``.float()`` returns the same
+    tensor, so the forward holds them once beside the saved log-softmax output."""
+    setup = s(method="full", precision="fp32", batch=1, seq=2048)
+    lm = logits_memory(L3, dtypes_for(setup), 2048)
+    tv = 2048 * 128_256
+    assert lm.saved == 4 * tv + 8 * 2048 + 4 and lm.forward_live == lm.saved + 4 * tv
+
+
 def test_fused_cross_entropy_avoids_full_logits():
+    """Liger's chunk for Llama 3.1 8B at 2,048 tokens: ceil(128,256 / 4,096) = 32 chunks' worth,
+    next_pow2(2,048 / 32) = 64 tokens; one chunk's bf16 logits and fp32 softmax/gradient, 64 x
+    128,256 x (2 + 4) = 49,250,304 bytes, beside the hidden states' gradient, 2,048 x 4,096 x 2 =
+    16,777,216 bytes."""
     setup = s(method="lora", batch=1, seq=2048)
     fused = logits_memory(L3, dtypes_for(setup), 2048, fused=True)
     plain = logits_memory(L3, dtypes_for(setup), 2048)
+    assert (fused.saved, fused.forward_live, fused.backward_live) == (16_777_216, 66_027_520, 16_777_216)
     assert fused.backward_live < plain.backward_live / 10
 
 

@@ -11,7 +11,9 @@ Where the two disagree by more than 3%, the case is in ``DISAGREEMENTS`` with th
 (which analytic term is off, and the physical effect behind it); the grid, the list and the causes
 live in ``reportgen/trace/agreement.py``, which the site's validation page reads too. Those cases are
 ``xfail(strict=True)``: when the analytic formulas are fixed they start passing and the strict
-xfail fails, so the list must shrink with the fix. Every other case must agree.
+xfail fails, so the list must shrink with the fix. Each listed case also has its bound
+(``DISAGREEMENT_BOUNDS``: how far the known disagreement may go, in the known direction): beyond it
+the test fails outright, not as an expected failure. Every other case must agree.
 """
 
 from __future__ import annotations
@@ -27,25 +29,46 @@ from reportgen import catalog  # noqa: E402
 from reportgen.estimate.memory import estimate_memory  # noqa: E402
 from reportgen.model import from_config  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
-from reportgen.trace.agreement import (CAUSES, DISAGREEMENTS, FAMILIES, FULL_DEPTH, GPU, LAYERS,  # noqa: E402
-                                       MORE_FAMILIES, TOLERANCE, case_id, grid)
+from reportgen.trace.agreement import (CAUSES, DISAGREEMENT_BOUNDS, DISAGREEMENTS, FAMILIES,  # noqa: E402
+                                       FULL_DEPTH, GPU, LAYERS, MORE_FAMILIES, TOLERANCE, case_id, grid)
 from reportgen.trace.result import trace_case  # noqa: E402
 
 
+class KnownDisagreement(Exception):
+    """A listed case disagrees by more than TOLERANCE and within its bound: the expected failure."""
+
+
+def _marks(cid: str) -> list:
+    """A listed case expects ``KnownDisagreement`` only: any other failure (an assertion beyond its
+    bound) fails the run, and a pass (the formulas fixed) fails it as a strict XPASS."""
+    cause = DISAGREEMENTS.get(cid)
+    if cause is None:
+        return []
+    return [pytest.mark.xfail(strict=True, raises=KnownDisagreement,
+                              reason=f"{cause} (up to {DISAGREEMENT_BOUNDS[cid]:+.1%}): {CAUSES[cause]}")]
+
+
 def _params():
-    out = []
-    for fam, method, ckpt, seq, batch in grid():
-        cid = case_id(fam, method, ckpt, seq, batch)
-        cause = DISAGREEMENTS.get(cid)
-        marks = [pytest.mark.xfail(strict=True, reason=f"{cause}: {CAUSES[cause]}")] if cause else []
-        out.append(pytest.param(fam, method, ckpt, seq, batch, id=cid, marks=marks))
-    return out
+    return [pytest.param(fam, method, ckpt, seq, batch, id=case_id(fam, method, ckpt, seq, batch),
+                         marks=_marks(case_id(fam, method, ckpt, seq, batch)))
+            for fam, method, ckpt, seq, batch in grid()]
 
 
 def test_every_listed_disagreement_is_in_the_grid_and_named():
     ids = {p.id for p in _params()} | set(FULL_DEPTH)
     assert set(DISAGREEMENTS) <= ids
     assert set(DISAGREEMENTS.values()) <= set(CAUSES)
+    assert set(DISAGREEMENT_BOUNDS) == set(DISAGREEMENTS)
+    assert all(TOLERANCE < bound <= 0.15 for bound in DISAGREEMENT_BOUNDS.values())
+
+
+def _assert_agrees(cid: str, gap: float) -> None:
+    """Within TOLERANCE; a listed case between TOLERANCE and its bound raises KnownDisagreement."""
+    bound = DISAGREEMENT_BOUNDS.get(cid)
+    if bound is not None and abs(gap) > TOLERANCE:
+        assert 0 < gap <= bound, f"{cid}: {gap:+.2%}, beyond its known disagreement (up to {bound:+.1%})"
+        raise KnownDisagreement(f"{cid}: {gap:+.2%} (known, up to {bound:+.1%})")
+    assert abs(gap) <= TOLERANCE, f"{cid}: {gap:+.2%}"
 
 
 def _relative_gap(spec, setup) -> float:
@@ -68,18 +91,16 @@ def _cut(fam: str):
 def test_analytic_peak_agrees_with_trace(fam, method, ckpt, seq, batch):
     spec = _cut(fam)
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=seq, batch=batch)
-    assert abs(_relative_gap(spec, setup)) <= TOLERANCE
+    _assert_agrees(case_id(fam, method, ckpt, seq, batch), _relative_gap(spec, setup))
 
 
 def _full_depth_params():
-    return [pytest.param(model, kw, id=cid, marks=[pytest.mark.xfail(
-        strict=True, reason=f"{DISAGREEMENTS[cid]}: {CAUSES[DISAGREEMENTS[cid]]}")] if cid in DISAGREEMENTS else [])
-        for cid, (model, kw) in FULL_DEPTH.items()]
+    return [pytest.param(model, kw, cid, id=cid, marks=_marks(cid)) for cid, (model, kw) in FULL_DEPTH.items()]
 
 
-@pytest.mark.parametrize("model,kw", _full_depth_params())
-def test_analytic_peak_agrees_with_trace_at_full_depth(model, kw):
-    assert abs(_relative_gap(catalog.load_model(model), TrainingSetup(**kw))) <= TOLERANCE
+@pytest.mark.parametrize("model,kw,cid", _full_depth_params())
+def test_analytic_peak_agrees_with_trace_at_full_depth(model, kw, cid):
+    _assert_agrees(cid, _relative_gap(catalog.load_model(model), TrainingSetup(**kw)))
 
 
 #: the dtype recipes of issue 9 on a few families: QLoRA without the preparation (fsdp_qlora,

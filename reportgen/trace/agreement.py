@@ -8,7 +8,8 @@ Two sets of cases are checked against the same tolerance:
   vocabulary, cut to ``LAYERS`` decoder layers, x {full, LoRA, QLoRA} x checkpointing x two
   sequence lengths x two batch sizes (the families added later at one sequence and batch), plus two
   catalog models at full depth. A case listed in ``DISAGREEMENTS`` is an ``xfail(strict=True)``: when
-  the formulas are fixed it starts passing and the list must shrink.
+  the formulas are fixed it starts passing and the list must shrink; it fails outright when its gap
+  leaves ``DISAGREEMENT_BOUNDS`` (the known disagreement must not grow unnoticed).
 * the stored traces of ``sweeps/traced.yaml`` (whole catalog models, committed under
   ``results/traced/traced/``): a case outside the tolerance must be in ``STORED_DISAGREEMENTS``
   with its cause, and a listed case must be outside it (``tests/test_traced_results.py``).
@@ -98,6 +99,29 @@ DISAGREEMENTS = {
        for ckpt in (False, True) for seq in (512, 2048) for b in (1, 2)},  # +3.3% to +10.8%
     # +7.9%; without checkpointing the peak is in the loss backward, where the two agree (-0.7%)
     case_id("qwen3_moe", "lora", True, 512, 1): "expert_wrapper_overlap",
+}
+
+#: CI grid case listed above -> the largest gap (analytic - traced) / traced it may show: its gap when
+#: listed, rounded up to 0.5 % and 0.5 % more. Every listed gap is positive (the analytic peak is high,
+#: the safe side for "will it fit"); a listed case beyond its bound, or below zero, fails the CI check
+#: like an unlisted one: the list bounds how far the known disagreements may go, not only that they exist
+DISAGREEMENT_BOUNDS = {
+    case_id("phi3", "full", False, 512, 2): 0.060,  # +5.5 %
+    case_id("phi3", "full", False, 2048, 1): 0.060,  # +5.1 %
+    case_id("phi3", "full", True, 512, 2): 0.040,  # +3.1 %
+    case_id("phi3", "full", True, 2048, 1): 0.080,  # +7.1 %
+    case_id("phi3", "full", True, 2048, 2): 0.080,  # +7.4 %
+    case_id("mixtral", "full", False, 2048, 2): 0.045,  # +3.9 %
+    case_id("mixtral", "full", True, 2048, 2): 0.050,  # +4.0 %
+    case_id("mixtral", "lora", False, 512, 1): 0.080,  # +7.2 %
+    case_id("mixtral", "lora", False, 512, 2): 0.080,  # +7.0 %
+    case_id("mixtral", "lora", False, 2048, 1): 0.075,  # +6.7 %
+    case_id("mixtral", "lora", False, 2048, 2): 0.040,  # +3.4 %
+    case_id("mixtral", "lora", True, 512, 1): 0.100,  # +9.5 %
+    case_id("mixtral", "lora", True, 512, 2): 0.105,  # +9.6 %
+    case_id("mixtral", "lora", True, 2048, 1): 0.105,  # +9.9 %
+    case_id("mixtral", "lora", True, 2048, 2): 0.115,  # +10.8 %
+    case_id("qwen3_moe", "lora", True, 512, 1): 0.085,  # +7.9 %
 }
 
 #: stored traces of sweeps/traced.yaml (whole catalog models) outside TOLERANCE -> cause
