@@ -39,7 +39,7 @@ def _r(tool, key, status, fields, note, affects=True):
     return Row(tool, key, status, fields, note, affects)
 
 
-_PRECISION_TRL = ("TRL loads the weights in ModelConfig's dtype (default float32; `SFTTrainer` also defaults to "
+_PRECISION_TRL = ("TRL loads the weights in ModelConfig's dtype (default float32; SFTTrainer also defaults to "
                   "float32) and trains under autocast when bf16 or fp16 is set: float32 weights give fp32 master "
                   "weights (full) or fp32 frozen weights (LoRA, frozen_dtype fp32); bfloat16 weights with bf16 give "
                   "pure bf16 for full fine-tuning (precision bf16) and bf16 frozen weights for LoRA")
