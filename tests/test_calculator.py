@@ -380,3 +380,12 @@ def test_every_link_into_the_calculator_lands_on_an_element_of_it(fake_runtime):
             anchors |= set(re.findall(r"calculator/index\.md#([^)\s\"]+)", render.render_page(page)))
     assert anchors >= {"gpu=rtx-4090", "model=llama-3.1-8b"}
     assert anchors <= ids, sorted(anchors - ids)
+
+
+def test_the_verdict_row_states_the_margin_in_gib(workdir):
+    """The margin is bytes in the JSON and GiB (2^30 bytes) on the page: 1.5 GiB short reads -1.50."""
+    data = json.loads(browser.estimate_json(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090"]))
+    data["margin"] = -3 * 2**29
+    (totals,) = [s["rows"] for s in browser.view(data)["sections"] if s["id"] == "totals"]
+    (row,) = [r for r in totals if r["key"] == "verdict"]
+    assert row["note"].startswith("margin -1.50 GiB of ")

@@ -58,6 +58,15 @@ def test_a_cache_release_is_tight_never_does_not_fit():
     assert est.max_batch is None and est.max_seq is not None and est.max_seq < est.setup.seq
 
 
+def test_no_cache_to_release_and_over_the_card_does_not_fit():
+    """Llama 2 70B full fine-tuning on a 24 GiB card: about 1 TiB allocated at the peak, no cached block
+    that releasing would help with, so "does not fit" (only a cache release makes a miss tight)."""
+    est = estimate(catalog.load_model("llama-2-70b"), catalog.load_gpu("rtx-4090"), TrainingSetup(method="full"),
+                   reverse=False)
+    assert est.memory.cache_released == 0 and est.memory.peak_allocated > 40 * est.capacity
+    assert est.verdict == "does not fit"
+
+
 def test_judge_is_what_estimate_uses():
     model, gpu = catalog.load_model("llama-3.1-8b"), catalog.load_gpu("t4")
     for setup in (TrainingSetup(method="qlora", grad_ckpt=True, precision="fp16-mixed"),
