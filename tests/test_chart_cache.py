@@ -65,3 +65,36 @@ def test_a_changed_input_is_drawn_again(tmp_path, monkeypatch):
     svgs = dict(chartjobs.draw_all([a, b]))
     assert "1.0k tok/s" in svgs[a.key] and "2.0k tok/s" in svgs[b.key]
     assert svgs[a.key] == a.draw()
+
+
+def test_parallel_drawing_under_the_cli_prints_no_traceback(tmp_path):
+    """The CLI turns SIGTERM into ``cli.Terminated``; the pool that draws charts in parallel ends its
+    forked workers with SIGTERM, which must end them quietly (the quick start's sweep printed a
+    ``Terminated`` traceback per worker). Three charts, two workers, the cache off, in a subprocess so
+    the workers' own stderr is read."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import os, signal
+os.sched_setaffinity(0, {0, 1}) if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1 else None
+from reportgen import cli
+from reportgen.report import chartjobs, charts
+signal.signal(signal.SIGTERM, cli._terminated)
+cells = {("m", "g"): {"technique": "LoRA", "tokens_per_s": 1000.0, "batch": 1, "gpus": 1, "measured": False}}
+jobs = [charts.fit_grid(["m"], [("g", "G")], {("m", "g"): {**cells[("m", "g")], "tokens_per_s": 1000.0 * i}},
+                        title="t") for i in (1, 2, 3)]
+print(len(dict(chartjobs.draw_all(jobs))), chartjobs._workers(3))
+"""
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's code, whatever is installed
+    env = {**os.environ, "REPORTGEN_CHART_CACHE": "0", "PYTHONPATH": root}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    drawn, workers = map(int, proc.stdout.split())
+    assert drawn == 3
+    if workers > 1:
+        assert "Traceback" not in proc.stderr and "Terminated" not in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -146,7 +147,10 @@ def draw_all(jobs: list[ChartJob]) -> Iterator[tuple[str, str]]:
             yield item.key, svg
     n = _workers(len(todo))
     if n > 1 and sys.platform.startswith("linux"):  # fork: the workers share the parent's imports
-        with multiprocessing.get_context("fork").Pool(n) as pool:
+        # a worker ends on the pool's SIGTERM as the default action does, not through the CLI's handler
+        # (``cli.Terminated``) that it inherited with the fork, which would print a traceback
+        with multiprocessing.get_context("fork").Pool(n, initializer=signal.signal,
+                                                      initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
             for key, svg in zip(todo, pool.imap(_draw, list(todo.values()))):
                 _write(cache, key, svg)
                 yield key, svg
