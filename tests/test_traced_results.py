@@ -300,3 +300,44 @@ def test_show_finds_a_case_that_only_a_trace_stored(site, capsys):
         assert "reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --method lora" in out
     assert main(["show", "llama-3.1-8b.rtx-4090.lora.00000000", "--results", str(results / "tiny")]) == 2
     assert "unknown case id" in capsys.readouterr().err
+
+
+# ----- the traced step time ---------------------------------------------------------------------
+def _time_row(cid: str, est: float, meas: float, traced: float | None) -> dict:
+    return {"id": cid, "label": "LoRA", "model": "m", "traced": {"step_s": traced} if traced else None,
+            "compare": {"quantities": {"step_s": {"est": est, "meas": meas}}, "timing": {"steps": 5}}}
+
+
+def test_validation_compares_the_traced_step_time_with_the_measured_one():
+    """Worked example: traced 0.11 s and 0.30 s against 0.10 and 0.20 measured: errors +10 % and +50 %;
+    the analytic 0.09 and 0.20: -10 % and 0 %; a case without a traced time is left out."""
+    from reportgen.report.traced import step_time_check
+
+    check = step_time_check([_time_row("a", 0.09, 0.10, 0.11), _time_row("b", 0.20, 0.20, 0.30),
+                             _time_row("c", 0.5, 0.4, None)])
+    assert check["n"] == 2 and [c["id"] for c in check["rows"]] == ["a", "b"]
+    assert check["traced"]["median_abs"] == pytest.approx(0.30)
+    assert check["traced"]["worst"] == pytest.approx(0.50)
+    assert check["analytic"]["median_abs"] == pytest.approx(0.05)
+    assert check["analytic"]["worst"] == pytest.approx(-0.10)
+    assert check["steps"] == "5"
+    assert step_time_check([_time_row("c", 0.5, 0.4, None)]) is None
+
+
+def test_committed_validation_traces_price_their_own_step_time():
+    """The validation sweep's traced files keep the traced step's inventory, and the row the site reads
+    carries the time model priced on it (``traced_time``), not the analytic estimate's step time."""
+    from reportgen.estimate.time import estimate_time
+    from reportgen.estimate.work import StepWork
+    from reportgen.report.views import traced_values
+    from reportgen.setup import TrainingSetup
+
+    files = traced_results.traced_files(ROOT / "results" / "validation")
+    assert len(files) >= 40, "run reportgen sweep sweeps/validation.yaml --trace and commit results/validation/traced/"
+    stale = [p.name for p in files if traced_results.staleness(traced_results.read_traced(p))]
+    assert not stale, f"{len(stale)} stale, e.g. {stale[:2]}: run reportgen sweep sweeps/validation.yaml --trace"
+    doc = traced_results.read_traced(files[0])
+    case = doc["case"]
+    want = estimate_time(catalog.load_model(case["model"]), TrainingSetup.model_validate(case["setup"]),
+                         catalog.load_gpu(case["gpu"]), work=StepWork.from_dict(doc["work"])).step_s
+    assert traced_values({"traced": doc})["step_s"] == pytest.approx(want, rel=1e-12)

@@ -18,7 +18,7 @@ from reportgen.results import UnreadableResult, current_id, read_json
 from reportgen.setup import TrainingSetup
 from reportgen.report import compare
 from reportgen.report.views import verdict_fields
-from reportgen.traced_results import existing_path, find_traced
+from reportgen.traced_results import existing_path, find_traced, traced_time
 
 
 #: measurement figures that are bytes (``reportgen.measure.protocol.MEASUREMENT_KEYS``)
@@ -327,6 +327,11 @@ def _print_traced(t: dict, est: dict | None, out=print) -> None:
         e = emem.get(key)
         gap = f"   gap {100 * (e - mem[key]) / mem[key]:+.1f}%" if e is not None and mem.get(key) else ""
         out(f"  {label:<42} {gib(mem[key]):>10} {gib(e) if e is not None else '-':>10}{gap}")
+    time = traced_time(t) if not t.get("stale") else None
+    if time is not None and time.step_s:
+        e = ((est or {}).get("time") or {}).get("step_s")
+        out(f"  {'step time, s (time model, traced kernels)':<42} {time.step_s:>10.3f} "
+            f"{f'{e:.3f}' if e else '-':>10}")
     out(f"  peak at {t.get('peak_phase')} ({t.get('peak_op')}); {'fits' if t.get('fits') else 'does NOT fit'}")
     out(f"  trace code {t.get('trace_hash')}; " + ", ".join(f"{k} {v}" for k, v in sorted((t.get('environment') or {}).items())))
     out("  emulations: " + ", ".join(t.get("emulations") or []))

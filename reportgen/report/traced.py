@@ -51,6 +51,33 @@ def _gap_stats(table: list[dict]) -> dict:
             "min_reserved_gap": min(res, default=None), "max_reserved_gap": max(res, default=None)}
 
 
+def step_time_check(rows: list[dict]) -> dict | None:
+    """The second step time against the measurements: the time model priced on each traced step's own
+    inventory (``traced_results.traced_time``) and on the analytic one, for the cases with a current
+    traced file and a measured step time that counts (``compare``); signed errors (est - meas) / meas.
+    Nothing is fitted to the traced figure. None without such a case."""
+    cases = []
+    for r in rows:
+        hit = ((r.get("compare") or {}).get("quantities") or {}).get("step_s")
+        t = r.get("traced") or {}
+        if hit and hit["meas"] and t.get("step_s") and hit.get("est"):
+            cases.append({"id": r["id"], "label": r["label"], "model": r["model"], "meas": hit["meas"],
+                          "traced": t["step_s"], "est": hit["est"], "traced_err": t["step_s"] / hit["meas"] - 1,
+                          "est_err": hit["est"] / hit["meas"] - 1,
+                          "steps": ((r["compare"].get("timing") or {}).get("steps"))})
+    if not cases:
+        return None
+
+    def stats(key: str) -> dict:
+        errs = [c[key] for c in cases]
+        return {"median_abs": statistics.median(abs(e) for e in errs), "signed": statistics.median(errs),
+                "worst": max(errs, key=abs)}
+
+    steps = sorted({c["steps"] for c in cases if c["steps"]})
+    return {"n": len(cases), "traced": stats("traced_err"), "analytic": stats("est_err"), "rows": cases,
+            "steps": " to ".join(str(n) for n in steps[:1] + steps[1:][-1:])}
+
+
 def traced_view(rows: list[dict]) -> dict | None:
     """A page's traced cases (model and GPU pages): ``{rows, tolerance}``, None when none was traced."""
     table = traced_table(rows)
@@ -93,4 +120,5 @@ def validation_traced(site: SiteData) -> dict:
         "emulations": [{"name": e.name, "what": e.what, "source": e.source, "used": used.get(e.name, 0)}
                        for e in EMULATIONS.values()],
         "n_traced": len(site.traced),
+        "time": step_time_check(rows),
     }

@@ -19,7 +19,7 @@ from reportgen.provenance import QUANTITIES, Provenance, provenance_of
 from reportgen.report import compare
 from reportgen.report.page import SiteData
 from reportgen.setup import TrainingSetup
-from reportgen.traced_results import cache_limited
+from reportgen.traced_results import cache_limited, traced_time
 from reportgen.views.format import GIB
 
 #: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
@@ -213,9 +213,10 @@ def traced_values(result: dict) -> dict | None:
     if not doc:
         return None
     mem = doc.get("memory") or {}
+    time = traced_time(doc)
     return {"peak_allocated": mem.get("peak_allocated"), "peak_reserved": mem.get("peak_reserved"),
             "device_total": mem.get("device_total"), "fits": doc.get("fits"), "peak_phase": doc.get("peak_phase"),
-            "cache_limited": cache_limited(doc),
+            "cache_limited": cache_limited(doc), "step_s": time.step_s if time is not None else None,
             "title": "traced: the real training step on the meta device, its allocations replayed through a "
                      "simulation of the CUDA caching allocator (reportgen trace); not measured"}
 
