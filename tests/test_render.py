@@ -134,6 +134,12 @@ def test_csv_has_units_and_case_ids(docs, results):
     # memory of the H100 run capped to the 4090 counts for the 4090, its speed does not
     assert sorted(r["case_id"] for r in measured) == sorted(on_4090 + results[1]["capped"])
     assert sorted(r["case_id"] for r in rows if r["meas_tokens_per_s"]) == sorted(on_4090)
+    # the step time beside tokens/s: the capped run's memory counts, its step time does not
+    assert sorted(r["case_id"] for r in rows if r["meas_step_s"]) == sorted(on_4090)
+    for r in rows:
+        if r["est_step_s"] and r["est_tokens_per_s"]:  # one step's tokens over its seconds
+            tokens = int(r["batch"]) * int(r["seq_tokens"]) * int(r["gpus"])
+            assert float(r["est_tokens_per_s"]) == pytest.approx(tokens / float(r["est_step_s"]), rel=0.05)
     # the CPU run is no GPU measurement: nothing of it in the GPU's CSV
     cpu = next(r for r in rows if r["case_id"] == results[1]["cpu"][0])
     assert not any(v for k, v in cpu.items() if k.startswith("meas_")) and not cpu["environment_id"]

@@ -41,8 +41,8 @@ def _gpus(rows: list[dict]) -> list[str]:
 CSV_COLUMNS = (
     "case_id", "sweep", "model", "gpu", "technique", "setup", "gpus", "batch", "seq_tokens", "status", "fits", "verdict",
     "est_peak_allocated_gib", "est_peak_reserved_gib", "est_device_total_gib", "est_max_batch", "est_max_seq_tokens",
-    "est_tokens_per_s", "est_mfu", "est_hours_per_100m_tokens", "est_usd_per_100m_tokens",
-    "meas_peak_allocated_gib", "meas_peak_reserved_gib", "meas_device_total_gib", "meas_tokens_per_s",
+    "est_step_s", "est_tokens_per_s", "est_mfu", "est_hours_per_100m_tokens", "est_usd_per_100m_tokens",
+    "meas_peak_allocated_gib", "meas_peak_reserved_gib", "meas_device_total_gib", "meas_step_s", "meas_tokens_per_s",
     "environment_id",
 )
 
@@ -59,6 +59,7 @@ def _num(x, digits: int = 4):
 
 def csv_row(r: dict, terms: bool = False) -> dict:
     m = r["measured"] or {}
+    step = (((r.get("compare") or {}).get("quantities") or {}).get("step_s") or {}).get("meas")
     out = {
         "case_id": r["id"], "sweep": r["sweep"], "model": r["model"], "gpu": r["gpu"], "technique": r["technique"],
         "setup": r["label"], "gpus": r["gpus"], "batch": r["batch"], "seq_tokens": r["seq"], "status": r["status"],
@@ -67,13 +68,13 @@ def csv_row(r: dict, terms: bool = False) -> dict:
         "est_peak_reserved_gib": _num(gib_value(r["peak_reserved"])),
         "est_device_total_gib": _num(gib_value(r["device_total"])),
         "est_max_batch": _num(r["max_batch"]), "est_max_seq_tokens": _num(r["max_seq"]),
-        "est_tokens_per_s": _num(r["tokens_per_s"], 6), "est_mfu": _num(r["mfu"], 4),
+        "est_step_s": _num(r["step_s"], 6), "est_tokens_per_s": _num(r["tokens_per_s"], 6), "est_mfu": _num(r["mfu"], 4),
         "est_hours_per_100m_tokens": _num(r["hours_per_100m"], 6),
         "est_usd_per_100m_tokens": _num(r["dollars_per_100m"], 6),
         "meas_peak_allocated_gib": _num(gib_value(m.get("peak_allocated"))),
         "meas_peak_reserved_gib": _num(gib_value(m.get("peak_reserved"))),
         "meas_device_total_gib": _num(gib_value(m.get("device_total"))),
-        "meas_tokens_per_s": _num(m.get("tokens_per_s"), 6),
+        "meas_step_s": _num(step, 6), "meas_tokens_per_s": _num(m.get("tokens_per_s"), 6),
         "environment_id": r["env_id"] or "",
     }
     if terms:
