@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from reportgen.advise.store import write_advice
+
 from reportgen.cli import main
 from reportgen.provenance import provenance_of
 from reportgen.results import current_id, legacy_id
@@ -61,7 +63,9 @@ def measurement_files() -> list[Path]:
 def site(tmp_path_factory):
     results = tmp_path_factory.mktemp("measured") / "results"
     shutil.copytree(MEASURED, results / "validation" / "measured")
-    run_estimates(load_sweep(ROOT / "sweeps" / "validation.yaml"), results)
+    sweep = load_sweep(ROOT / "sweeps" / "validation.yaml")
+    run_estimates(sweep, results)
+    write_advice(sweep, results)  # the guides' walks, whose steps show the measured cases
     # the consumer sweep stores the OOM case too, without a measurement (views.site_rows must keep
     # the copy whose measurement counts, not the first sweep's)
     doc = json.loads((results / "validation" / f"{OOM}.json").read_text())
@@ -289,3 +293,23 @@ def test_readme_headline_is_what_reportgen_validation_prints(capsys):
                               "`reportgen validation --format markdown` prints between its markers")
     for phrase in NOTHING_MEASURED:
         assert phrase not in readme, phrase
+
+
+def test_guide_steps_show_the_measurement_with_the_error_of_the_estimate_beside_it(site):
+    """A guide step on a measured case shows the measured device total and tokens/s, each with the
+    estimate's signed error, (est. - meas.) / meas., of the numbers in the same row."""
+    _, docs = site
+    cells = 0
+    for line in (docs / "guides" / "h100-sxm.md").read_text().splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cols) != 8 or " GiB (est. " not in cols[6]:
+            continue
+        gib_est, tok_est = float(cols[3]), float(cols[5].replace(",", ""))
+        gib, gib_err = re.search(r"([\d.]+) GiB \(est\. ([+-][\d.]+)%\)", cols[6]).groups()
+        assert float(gib_err) == pytest.approx(100 * (gib_est - float(gib)) / float(gib), abs=0.6), line
+        tok = re.search(r"([\d,]+) tok/s \(est\. ([+-][\d.]+)%\)", cols[6])
+        if tok:
+            meas = float(tok.group(1).replace(",", ""))
+            assert float(tok.group(2)) == pytest.approx(100 * (tok_est - meas) / meas, abs=0.1), line
+        cells += 1
+    assert cells >= 3
