@@ -112,8 +112,9 @@ def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["activation_offloading"] = True
     if s.compile:
         d["torch_compile"] = True
-    if s.loss.value != "fused":
-        k.notes.append(f"loss {s.loss.value}: TRL 1.16 always computes the loss with its fused LM head (loss fused)")
+    if s.loss.value != "standard" or s.recipe.value != "trl-sft":
+        k.notes.append(f"TRL 1.16 always computes the loss with its fused LM head (recipe trl-sft, loss standard), "
+                       f"not this setup's {s.recipe.value} recipe with loss {s.loss.value}")
     if s.sharding.value in _FSDP_WORDS:
         d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
     elif s.sharding.value.startswith("zero"):
