@@ -346,7 +346,7 @@ class TrainingSetup:
         d["autocast"] = self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
         # the preparation the QLoRA recipe applies (kbit_prep; None = the recipe's default)
         # (TRL 1.16's SFTTrainer prepares nothing: its default is the load dtype, ``none``)
-        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed and self.recipe == Recipe.loop
+        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed and self.recipe != Recipe.trl_sft
                                         else KbitPrep.none)) if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
