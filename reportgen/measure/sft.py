@@ -5,8 +5,8 @@ the harness's step (``step.py``) still drives forward, backward and ``optimizer.
 marks, timing and memory reads are the same as the loop's.
 
 What the trainer's ``__init__`` does to the model (``trl/trainer/sft_trainer.py``): on a 4-bit
-model (``is_loaded_in_4bit``, which ``from_pretrained`` sets and the harness's own QLoRA build
-sets too) the trainable parameters but DoRA's magnitudes are cast to bf16 (904-911); with PEFT and
+model (``is_loaded_in_4bit``, which ``from_pretrained`` sets and the harness's QLoRA build,
+``build.py``, sets too) the trainable parameters but DoRA's magnitudes are cast to bf16 (904-911); with PEFT and
 checkpointing ``enable_input_require_grads`` (899-900); ``add_fused_lm_head`` (1143-1147). Its
 ``compute_loss`` is called on the batch the TRL collator makes for unpadded samples: ``input_ids``,
 an all-ones ``attention_mask`` and ``labels`` equal to the ids. Its optimizer is
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.setup import Method, Optimizer, Recipe, TrainingSetup
+from reportgen.setup import Optimizer, Recipe, TrainingSetup
 
 #: ``TrainingArguments.optim`` for the setup's optimizer, where Trainer builds the same one
 OPTIM = {Optimizer.adamw: "adamw_torch_fused", Optimizer.sgd: "sgd"}
@@ -61,8 +61,6 @@ def make_trainer(model, setup: TrainingSetup, device: str, output_dir: str) -> T
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if device == "meta":
         base.hf_device_map = {"": "meta"}  # the trainer leaves the model where it is (module docstring)
-    if setup.method == Method.qlora:
-        base.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=...) sets
     common = dict(output_dir=output_dir, use_cpu=device != "cuda", bf16=setup.precision.value == "bf16-mixed",
                   fp16=setup.precision.value == "fp16-mixed", gradient_checkpointing=False,
                   per_device_train_batch_size=setup.batch, gradient_accumulation_steps=setup.accum,
