@@ -297,10 +297,10 @@ class TrainingSetup:
                              "RoPE; off by default, as HF Trainer's torch_compile=False)"),
         "recipe": FieldSpec(Recipe, description="the training code around the model: loop (the harness's plain "
                             "PyTorch loop, the default), trainer (transformers' Trainer, as Axolotl runs it: the "
-                            "same memory as the loop, term by term) or trl-sft (TRL 1.16's SFTTrainer on transformers' Trainer, "
-                            "as trl sft and Axolotl run it: its fused LM head computes the loss, entropy and token "
-                            "accuracy in tiles without the full logits, and it casts a 4-bit model's adapters to "
-                            "bf16; reportgen/estimate/recipes.py)"),
+                            "same memory as the loop, term by term) or trl-sft (TRL 1.16's SFTTrainer on "
+                            "transformers' Trainer, as trl sft runs it: its fused LM head computes the loss, "
+                            "entropy and token accuracy in tiles without the full logits, and it casts a 4-bit "
+                            "model's adapters to bf16; reportgen/estimate/recipes.py)"),
     }
 
     def __post_init__(self) -> None:

@@ -76,7 +76,8 @@ def _trl_on_meta(use):
         acc.add_(torch.empty_like(acc)) if acc.device.type == "meta" else saved["addmm"](acc, a, b)
 
     saved = {"tu": TU._use_triton, "cl": CL._use_triton, "fwd": getattr(CL, "_forward_kernel", None),
-             "bwd": getattr(CL, "_backward_kernel", None), "addmm": CL._addmm_fp32, "triton": getattr(CL, "triton", None)}
+             "bwd": getattr(CL, "_backward_kernel", None), "addmm": CL._addmm_fp32,
+             "triton": getattr(CL, "triton", None)}
     class TorchMetaAsCuda:  # the kernel asks autocast about its tensors' device: meta stands for cuda
         def __getattr__(self, name):
             return getattr(torch, name)
