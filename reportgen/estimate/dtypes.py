@@ -12,9 +12,9 @@ Source: the recipes in ``reportgen/setup.py`` and what the libraries do with the
 * Frozen weights: in the compute dtype (transformers' ``from_pretrained(torch_dtype=bfloat16)``)
   unless ``frozen_dtype=fp32`` (Lightning's ``bf16-mixed`` keeps parameters fp32) or the QLoRA
   preparation upcasts them: ``peft.prepare_model_for_kbit_training`` casts every 16-bit parameter
-  that is not ``Params4bit`` to fp32 (peft ``utils/other.py``); TRL's ``SFTTrainer`` with ``bf16``
-  then casts ``lm_head`` and ``embed_tokens`` back to bf16 and the norms to fp32
-  (``trl.trainer.utils.peft_module_casting_to_bf16``). autocast does not cache the cast of a weight
+  that is not ``Params4bit`` to fp32 (peft ``utils/other.py``); older TRL's ``SFTTrainer`` with
+  ``bf16`` then cast ``lm_head`` and ``embed_tokens`` back to bf16 and the norms to fp32
+  (``peft_module_casting_to_bf16``, ``kbit_prep trl``; TRL 1.16 calls neither, ``recipes.py``). autocast does not cache the cast of a weight
   that does not require grad (``autocast_mode.cpp``: ``arg.requires_grad()``), so each use makes a
   new 16-bit copy, which the matmul saves for the backward when its input requires grad.
 
