@@ -17,7 +17,7 @@ from reportgen.setup import TrainingSetup  # noqa: E402
 from reportgen import catalog  # noqa: E402
 from reportgen.trace.agreement import GPU as GPU_KEY, TOLERANCE  # noqa: E402
 from reportgen.trace.result import trace_case  # noqa: E402
-from reportgen.trace.sft import recipe_trace  # noqa: E402
+from reportgen.trace.sft import recipe_dict, recipe_trace  # noqa: E402
 from tests.test_trace_agreement import _cut  # noqa: E402
 
 GPU = catalog.load_gpu(GPU_KEY)
@@ -36,7 +36,7 @@ CASES = [("llama", dict(method="lora", grad_ckpt=True)), ("llama", dict(method="
 def _trace(spec, setup):
     with recipe_trace(setup):
         trace = trace_case(spec, GPU, setup)
-        return trace, trace.as_dict()
+        return trace, recipe_dict(setup, trace.as_dict())
 
 
 def _id(case) -> str:

@@ -56,7 +56,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
                 progress: Callable[[list[Case]], Iterable[Case]] = lambda xs: xs,
                 warn: Warn = stderr_warn) -> TraceStats:
     from reportgen.trace.result import trace_case
-    from reportgen.trace.sft import recipe_trace
+    from reportgen.trace.sft import recipe_dict, recipe_trace
     from reportgen.trace.step import check_traceable
 
     check_installed("qlora" if any(c.setup.method.value == "qlora" for c in sweep.cases) else None)
@@ -87,7 +87,8 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
                 stats.failed.append(case.id)
                 warn(f"{case.id}: trace failed ({type(exc).__name__}: {exc}); nothing written")
                 continue
-            traced_results.write_traced(sweep_dir, case.id, case.as_dict(), trace.as_dict(), ihash)
+            traced_results.write_traced(sweep_dir, case.id, case.as_dict(), recipe_dict(case.setup, trace.as_dict()),
+                                        ihash)
         stats.written += 1
         del trace
         gc.collect()

@@ -7,7 +7,8 @@ Kept apart from the loop's tracer: ``fingerprint.trace_hash(recipe)`` covers thi
 loop current. ``recipe_trace(setup)`` is entered around ``trace_case`` and the result's ``as_dict`` by
 their callers (``cli.py``, ``runner.py``, the tests); it hands ``run_trace`` the trainer through the
 three functions it imports when it runs (``measure.build.build``, ``measure.optimizers.make_optimizer``,
-``measure.step.train_step``), and the result this recipe's ``trace_hash`` and TRL's version.
+``measure.step.train_step``); ``recipe_dict`` gives the result this recipe's ``trace_hash`` and TRL's
+version.
 
 Emulations (what CUDA does that meta cannot, each as the CUDA path behaves):
 
@@ -120,9 +121,7 @@ def recipe_trace(setup: TrainingSetup):
     import reportgen.measure.step as S
     from reportgen.measure.sft import make_trainer, trainer_optimizer
     import reportgen.trace.emulations as E
-    import reportgen.trace.result as R
     import reportgen.trace.step as T
-    from reportgen.fingerprint import trace_hash
 
     state: dict = {"applied": []}
 
@@ -130,18 +129,6 @@ def recipe_trace(setup: TrainingSetup):
         def __init__(self):
             super().__init__()
             state["applied"].append(self)
-
-    environment = R._environment
-
-    def with_trl() -> dict:  # the trainer's library, recorded like the others
-        from importlib.metadata import PackageNotFoundError, version
-
-        env = environment()
-        try:
-            env["trl"] = version("trl")
-        except PackageNotFoundError:
-            env["trl"] = None
-        return env
 
     def use(name: str) -> None:
         for a in state["applied"]:
@@ -172,9 +159,23 @@ def recipe_trace(setup: TrainingSetup):
             _trl_on_meta(use) if setup.recipe == Recipe.trl_sft else contextlib.nullcontext():
         state["dir"] = out
         B.build, O.make_optimizer, S.train_step, T.Applied = built, optimizer, step, Applied
-        R.trace_hash, R._environment = (lambda: trace_hash(setup.recipe.value)), with_trl
         try:
             yield
         finally:
             B.build, O.make_optimizer, S.train_step, T.Applied = build, make_optimizer, train_step, E.Applied
-            R.trace_hash, R._environment = trace_hash, environment
+
+
+def recipe_dict(setup: TrainingSetup, d: dict) -> dict:
+    """A trace's ``as_dict()`` with its recipe's ``trace_hash`` and TRL's version (the loop's as it is)."""
+    if setup.recipe == Recipe.loop:
+        return d
+    from importlib.metadata import PackageNotFoundError, version
+
+    from reportgen.fingerprint import trace_hash
+
+    try:
+        trl = version("trl")
+    except PackageNotFoundError:
+        trl = None
+    return {**d, "trace_hash": trace_hash(setup.recipe.value), "environment": {**(d.get("environment") or {}),
+                                                                                "trl": trl}}
