@@ -30,6 +30,10 @@ TRACE_SOURCES = ("trace/*.py", "measure/step.py", "measure/build.py", "measure/d
 #: of known disagreements, the terminal view, the sweep loop) does not make stored traces stale. A new
 #: module under trace/ counts as a source until it is named here.
 TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py", "trace/view.py")
+#: the sources only a recipe's trace runs (``setup.recipe``, ``trace/sft.py``): hashed into the traces of
+#: that recipe and left out of the plain loop's, so editing them leaves every stored loop trace current
+RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py")}
+_RECIPE_ONLY = tuple(sorted({p for paths in RECIPE_TRACE_SOURCES.values() for p in paths if p.startswith("trace/")}))
 
 
 def source_hash(patterns: tuple[str, ...], root: Path = PACKAGE, n: int = 16, exclude: tuple[str, ...] = ()) -> str:
@@ -56,6 +60,10 @@ def advice_hash() -> str:
     return source_hash(ADVICE_SOURCES)
 
 
-@lru_cache(maxsize=1)
-def trace_hash() -> str:
-    return source_hash(TRACE_SOURCES, exclude=TRACE_NOT_SOURCES)
+@lru_cache(maxsize=4)
+def trace_hash(recipe: str = "loop") -> str:
+    """The tracer's code; for a recipe other than the loop, also the code only its trace runs."""
+    loop = source_hash(TRACE_SOURCES, exclude=TRACE_NOT_SOURCES + _RECIPE_ONLY)
+    if recipe not in RECIPE_TRACE_SOURCES:
+        return loop
+    return hashlib.sha256(f"{loop}:{recipe}:{source_hash(RECIPE_TRACE_SOURCES[recipe])}".encode()).hexdigest()[:16]

@@ -55,7 +55,7 @@ def short_hash(obj: Any, n: int = 10) -> str:
 ADDED_SETUP_FIELDS = {"lora_dropout": 0.0, "padding": "longest", "seq_mean": None, "keep_outputs": "none",
                       "optimizer_in_backward": False, "act_offload": False, "quant_head": False,
                       "frozen_dtype": "compute", "kbit_prep": None,
-                      "compile": False, "dora": False}
+                      "compile": False, "dora": False, "recipe": "loop"}
 
 
 #: hex digits of the setup hash in a case id: 12 (48 bits) keeps a sweep of a million cases free of

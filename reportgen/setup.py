@@ -108,6 +108,12 @@ class Padding(str, Enum):
     packed = "packed"
 
 
+class Recipe(str, Enum):
+    loop = "loop"
+    trainer = "trainer"
+    trl_sft = "trl-sft"
+
+
 class SetupError(ValueError):
     """A value a setup cannot take: ``field`` names it (None for a rule across fields)."""
 
@@ -213,6 +219,11 @@ class TrainingSetup:
     frozen_dtype: FrozenDtype = FrozenDtype.compute
     kbit_prep: KbitPrep | None = None
     compile: bool = False
+    recipe: Recipe = Recipe.loop
+
+    #: fields ``model_dump`` leaves out while they hold this value: added after result files were
+    #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
+    DUMPED_ONLY_WHEN_SET: ClassVar[dict[str, Any]] = {"recipe": Recipe.loop}
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -277,11 +288,19 @@ class TrainingSetup:
         "kbit_prep": FieldSpec(KbitPrep, optional=True, description="QLoRA: the Hugging Face recipe's "
                                "preparation of the 4-bit model: peft (prepare_model_for_kbit_training: every "
                                "parameter that is not 4-bit, embeddings, norms and LM head, upcast to fp32), trl "
-                               "(peft's, then TRL SFTTrainer's bf16 cast back of embeddings and head, norms "
-                               "kept fp32) or none (fsdp_qlora, litgpt, torchtune); default: peft under mixed "
-                               "precision, none under pure bf16 and fp32"),
+                               "(older TRL SFTTrainer: peft's, then peft_module_casting_to_bf16's bf16 cast back "
+                               "of embeddings and head, norms kept fp32; TRL 1.16's SFTTrainer calls neither, "
+                               "see recipe trl-sft) or none (fsdp_qlora, litgpt, torchtune, TRL 1.16 on a "
+                               "16-bit load); default: peft under mixed precision (none with recipe trl-sft), "
+                               "none under pure bf16 and fp32"),
         "compile": FieldSpec(bool, description="torch.compile the model (Inductor fuses norms, activations and "
                              "RoPE; off by default, as HF Trainer's torch_compile=False)"),
+        "recipe": FieldSpec(Recipe, description="the training code around the model: loop (the harness's plain "
+                            "PyTorch loop, the default), trainer (transformers' Trainer, as Axolotl runs it: the "
+                            "same memory as the loop, term by term) or trl-sft (TRL 1.16's SFTTrainer on "
+                            "transformers' Trainer, as trl sft runs it: its fused LM head computes the loss, "
+                            "entropy and token accuracy in tiles without the full logits, and it casts a 4-bit "
+                            "model's adapters to bf16; reportgen/estimate/recipes.py)"),
     }
 
     def __post_init__(self) -> None:
@@ -314,6 +333,10 @@ class TrainingSetup:
         if self.kbit_prep not in (None, KbitPrep.none) and not peft_mixed:
             raise SetupError("kbit_prep", f"{self.kbit_prep.value!r} is the mixed-precision recipe (TRL/Trainer "
                              "bf16=True); with precision bf16 or fp32 use 'none'")
+        if self.recipe != Recipe.loop:
+            self._check_trainer()
+        if self.recipe == Recipe.trl_sft:
+            self._check_trl_sft()
         if self.seq_mean is not None and self.seq_mean > self.seq:
             raise SetupError("seq_mean", f"the mean sample length ({self.seq_mean}) cannot exceed seq, the longest "
                              f"({self.seq})")
@@ -322,10 +345,42 @@ class TrainingSetup:
         d["is_peft"] = self.method in (Method.lora, Method.qlora)
         d["autocast"] = self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
         # the preparation the QLoRA recipe applies (kbit_prep; None = the recipe's default)
-        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed else KbitPrep.none)) \
-            if self.method == Method.qlora else KbitPrep.none
+        # (TRL 1.16's SFTTrainer prepares nothing: its default is the load dtype, ``none``)
+        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed and self.recipe != Recipe.trl_sft
+                                        else KbitPrep.none)) if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
+
+    def _check_trainer(self) -> None:
+        """What transformers' ``Trainer`` (and so ``SFTTrainer``) does not do: ``training_step``
+        returns the loss only (``trainer.py``: ``compute_loss`` drops the outputs), and the optimizer
+        steps after the backward."""
+        if self.keep_outputs != KeepOutputs.none:
+            raise SetupError("keep_outputs", f"transformers' Trainer keeps only the loss: use none with recipe "
+                             f"{self.recipe.value}")
+        if self.optimizer_in_backward:
+            raise SetupError("optimizer_in_backward", "transformers' Trainer steps the optimizer after the "
+                             f"backward: not with recipe {self.recipe.value}")
+
+    def _check_trl_sft(self) -> None:
+        """What TRL 1.16's ``SFTTrainer`` cannot run (``trl/trainer/sft_trainer.py``)."""
+        if self.loss != Loss.standard:
+            raise SetupError("loss", f"{self.loss.value!r} with recipe trl-sft: SFTTrainer computes its loss with its "
+                             "own fused LM head (add_fused_lm_head) and refuses Liger's fused_linear_cross_entropy; "
+                             "use loss standard (the recipe's own loss)")
+        if self.kbit_prep == KbitPrep.trl:
+            raise SetupError("kbit_prep", "'trl' is older TRL's preparation; TRL 1.16's SFTTrainer (recipe trl-sft) "
+                             "calls neither prepare_model_for_kbit_training nor peft_module_casting_to_bf16: use "
+                             "none (16-bit load) or peft (a float32 load leaves the same fp32 weights)")
+        if self.quant_head:
+            raise SetupError("quant_head", "transformers' 4-bit loading keeps lm_head in 16 bit: not with recipe "
+                             "trl-sft")
+        if self.is_peft_targets_head():
+            raise SetupError("lora_targets", "SFTTrainer refuses a LoRA adapter on lm_head (its fused LM head "
+                             "reads lm_head.weight directly); remove lm_head")
+
+    def is_peft_targets_head(self) -> bool:
+        return self.method != Method.full and "lm_head" in self.lora_targets.split(",")
 
     # ----- the pydantic-style API the rest of the code uses -------------------------------------
     @classmethod
@@ -346,10 +401,18 @@ class TrainingSetup:
 
     def model_dump(self, mode: str = "python") -> dict:
         """Field values; ``mode="json"``: enums as their string values."""
-        out = {name: getattr(self, name) for name in self.model_fields}
+        out = {name: getattr(self, name) for name in self.model_fields
+               if name not in self.DUMPED_ONLY_WHEN_SET or getattr(self, name) != self.DUMPED_ONLY_WHEN_SET[name]}
         if mode == "json":
             out = {k: v.value if isinstance(v, Enum) else v for k, v in out.items()}
         return out
+
+    @classmethod
+    def defaults_json(cls) -> dict:
+        """Every field's default, enums as their string values (``model_dump`` of the default setup
+        leaves out the fields of ``DUMPED_ONLY_WHEN_SET``)."""
+        return {name: v.value if isinstance(v, Enum) else v
+                for name, v in ((f.name, f.default) for f in dataclasses.fields(cls))}
 
     def model_dump_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -422,6 +485,8 @@ class TrainingSetup:
             parts.append(f"kbit-prep-{self.kbit_prep.value}")
         if self.compile:
             parts.append("compile")
+        if self.recipe != Recipe.loop:
+            parts.append(self.recipe.value)
         return " ".join(parts)
 
     def technique(self) -> str:

@@ -478,7 +478,7 @@ def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, g
 
 def _describe(case: Case) -> str:
     setup = case.setup.model_dump(mode="json")
-    default = TrainingSetup().model_dump(mode="json")
+    default = TrainingSetup.defaults_json()
     changed = ", ".join(f"{k}={v}" for k, v in setup.items() if v != default[k])
     return f"({case.model} on {case.gpu}: {changed or 'the default setup'})"
 

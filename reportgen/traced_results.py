@@ -55,7 +55,7 @@ def inputs_hash(case: dict) -> str:
              if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
     return short_hash({"case": {**case, "setup": setup}, "model_config": catalog.load_model(case["model"]).config,
                        "gpu": catalog.gpu_entry(case["gpu"]), "constants": _constants(case["gpu"]),
-                       "trace": trace_hash()}, 16)
+                       "trace": trace_hash(case["setup"].get("recipe", "loop"))}, 16)
 
 
 def traced_path(sweep_dir: Path, cid: str) -> Path:

@@ -62,12 +62,15 @@ def test_every_setup_flag_reaches_the_setup(capsys):
     from reportgen.setup import TrainingSetup
 
     default = TrainingSetup().model_dump(mode="json")
-    assert set(expected) == set(TrainingSetup.model_fields)  # every field has a flag, tested here
+    # every field has a flag, tested here (recipe below: trl-sft refuses a fused loss and kept outputs)
+    assert set(expected) | {"recipe"} == set(TrainingSetup.model_fields)
     # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload,
     # frozen_dtype fp32 pure bf16: both are checked below)
     assert all(expected[k] != default[k] for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--frozen-dtype", "fp32")
     assert d["setup"]["frozen_dtype"] == "fp32"
+    d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--recipe", "trl-sft")
+    assert d["setup"]["recipe"] == "trl-sft"
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--optimizer-in-backward")
     assert d["setup"]["optimizer_in_backward"] is True
 

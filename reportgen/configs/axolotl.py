@@ -120,6 +120,7 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     if compile_ == "auto":
         t.approx("torch_compile", "auto: read as true")
     optimizer(r, "optimizer", t)
+    t.set("recipe", "trainer", "base_model")  # Axolotl's trainers are transformers' Trainer (estimate/recipes.py)
     _attention(r, t)
     liger = bool(r.boolean("liger_fused_linear_cross_entropy", False))
     cce = r.get("cut_cross_entropy")

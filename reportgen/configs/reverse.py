@@ -112,8 +112,9 @@ def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["activation_offloading"] = True
     if s.compile:
         d["torch_compile"] = True
-    if s.loss.value != "fused":
-        k.notes.append(f"loss {s.loss.value}: TRL 1.16 always computes the loss with its fused LM head (loss fused)")
+    if s.loss.value != "standard" or s.recipe.value != "trl-sft":
+        k.notes.append("TRL 1.16's SFTTrainer computes the loss with its own fused LM head (recipe trl-sft): these "
+                       f"keys run that recipe, not this setup's (recipe {s.recipe.value}, loss {s.loss.value})")
     if s.sharding.value in _FSDP_WORDS:
         d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
     elif s.sharding.value.startswith("zero"):
@@ -131,6 +132,9 @@ def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     k = Keys()
     d = k.keys
     d["base_model"] = hub_id(model)
+    if s.recipe.value == "trl-sft":
+        k.notes.append("Axolotl trains with transformers' Trainer (recipe trainer), not TRL's SFTTrainer (recipe "
+                       "trl-sft): its loss is the model's own, or the fused one of its Liger/CCE keys")
     m, p = s.method.value, s.precision.value
     if s.is_peft:
         d["adapter"] = m

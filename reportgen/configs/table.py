@@ -51,9 +51,9 @@ _ATTN = ("sdpa (transformers' default), eager; flash_attention_2/3 and Hub kerne
 
 ROWS: tuple[Row, ...] = (
     # ----- TRL: ModelConfig ---------------------------------------------------------------------
-    _r("trl", "model_name_or_path", HONOURED, "model", "a catalog model whose config.json names this Hub id, or a "
-       "local directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it "
-       "(same shapes)"),
+    _r("trl", "model_name_or_path", HONOURED, "model, recipe", "a catalog model whose config.json names this Hub id, "
+       "or a local directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by "
+       "it (same shapes); a TRL file runs SFTTrainer: recipe trl-sft"),
     _r("trl", "dtype", HONOURED, "precision, frozen_dtype, kbit_prep", _PRECISION_TRL),
     _r("trl", "model_init_kwargs", APPROXIMATED, "precision, attn", "its dtype (or torch_dtype) and "
        "attn_implementation are read like dtype and attn_implementation; its other entries are ignored"),
@@ -97,10 +97,11 @@ ROWS: tuple[Row, ...] = (
     _r("trl", "gradient_checkpointing_kwargs", IGNORED, "", "use_reentrant: the same saved tensors", affects=False),
     _r("trl", "activation_offloading", HONOURED, "act_offload", "saved activations offloaded to host RAM (TRL's "
        "context manager is torchtune's)"),
-    _r("trl", "loss_type", APPROXIMATED, "loss", "nll and dft (TRL 1.16) run TRL's fused LM head: log-probabilities "
-       "in tiles of tokens, never the full logits; modelled as loss fused (Liger's chunked linear + cross-entropy)"),
+    _r("trl", "loss_type", HONOURED, "recipe, loss", "nll and dft (TRL 1.16) run TRL's fused LM head: "
+       "log-probabilities, entropy and token accuracy in tiles of tokens, never the full logits (recipe trl-sft, "
+       "loss standard: the recipe's own loss)"),
     _r("trl", "use_liger_kernel", APPROXIMATED, "loss", "TRL 1.16 applies Liger's layer kernels only (RMSNorm, RoPE, "
-       "SwiGLU: not modelled) and keeps its own fused LM head (loss fused)"),
+       "SwiGLU: not modelled) and keeps its own fused LM head (recipe trl-sft)"),
     _r("trl", "liger_kernel_config", IGNORED, "", "which Liger layer kernels: not modelled"),
     _r("trl", "label_smoothing_factor", IGNORED, "", "above 0 TRL computes the loss from the full logits: not "
        "modelled"),
@@ -115,8 +116,9 @@ ROWS: tuple[Row, ...] = (
     _r("trl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
     _r("trl", "eval_strategy", IGNORED, "", "evaluation passes between steps: not modelled"),
     # ----- Axolotl -----------------------------------------------------------------------------------
-    _r("axolotl", "base_model", HONOURED, "model", "a catalog model whose config.json names this Hub id, or a local "
-       "directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it"),
+    _r("axolotl", "base_model", HONOURED, "model, recipe", "a catalog model whose config.json names this Hub id, or a "
+       "local directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it; an "
+       "Axolotl file runs transformers' Trainer: recipe trainer"),
     _r("axolotl", "adapter", HONOURED, "method", "lora, qlora (with load_in_4bit), or unset: full fine-tuning"),
     _r("axolotl", "load_in_4bit", HONOURED, "method", "4-bit base linears; Axolotl quantizes only with adapter qlora"),
     _r("axolotl", "load_in_8bit", HONOURED, "method", "false only: 8-bit LoRA is not modelled, true is refused"),

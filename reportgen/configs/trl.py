@@ -14,7 +14,8 @@ What TRL 1.16.0 does with each key, from its source (``trl/scripts/sft.py`` ``ma
   ``adamw_torch_fused``;
 * no ``prepare_model_for_kbit_training``: the trainable adapters of a quantized model are cast to
   bf16 (``SFTTrainer.__init__``), and the loss runs TRL's fused LM head (``add_fused_lm_head``:
-  log-probabilities in tiles, never the full logits).
+  log-probabilities in tiles, never the full logits): the setup's ``recipe`` is ``trl-sft``, which
+  models both (``estimate/recipes.py``), with ``loss`` standard (the recipe's own loss).
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ def translate(r: Reader) -> Translation:
     loss_type = str(r.get("loss_type", "nll"))
     if loss_type not in ("nll", "dft", "chunked_nll"):
         raise r.error("loss_type", f"{loss_type!r} is not a TRL 1.16 loss type", hint="nll, dft")
-    t.set("loss", "fused", "loss_type")
-    t.approx("loss_type", "TRL's fused LM head (log-probabilities in tiles of tokens, never the full logits): "
-             "modelled as loss fused (Liger's chunked linear + cross-entropy)")
+    # the recipe: SFTTrainer's own loss (its fused LM head), adapters and optimizer (estimate/recipes.py)
+    t.set("recipe", "trl-sft", "model_name_or_path")
+    t.set("loss", "standard", "loss_type")
     if r.boolean("use_liger_kernel", False):
         t.approx("use_liger_kernel", "Liger's RMSNorm, RoPE and SwiGLU kernels are not modelled; the loss stays TRL's "
                  "fused LM head")
@@ -168,4 +169,4 @@ def _precision(r: Reader, t: Translation, init: dict, method: str) -> None:
         t.set("kbit_prep", "peft" if weights == "fp32" else "none", key)
         t.approx(key, f"QLoRA with {raw} weights: embeddings, norms and head in {raw} "
                  + ("(as peft's prepare_model_for_kbit_training leaves them, kbit_prep peft)" if weights == "fp32"
-                    else "(kbit_prep none)") + "; TRL casts the adapters to bf16, modelled in fp32")
+                    else "(kbit_prep none)") + "; TRL casts the adapters to bf16 (recipe trl-sft)")

@@ -411,8 +411,10 @@ def _moe(model: ModelSpec, dt: Dtypes) -> int:
     return saved + k * per_route
 
 
-def fixed_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+def fixed_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, head_module: bool = True) -> int:
     """Saved tensors outside the decoder layers, excluding the loss (see ``logits.py``).
+    ``head_module=False``: the loss never calls ``lm_head`` (TRL's fused LM head, ``recipes.py``,
+    which saves its own copy of the head's input).
 
     Embedding backward saves the int64 token ids when the embedding is trainable; Gemma's scaled
     embedding (``GemmaTextScaledWordEmbedding``: ``embedding * embed_scale``) saves the 0-d scale;
@@ -432,7 +434,7 @@ def fixed_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int
     else:
         saved += _norm(model, h, dt.stream, dt, True) * t + _norm_const(model, h)
         head_in = dt.stream
-    if dt.trainable_base:  # lm_head input
+    if dt.trainable_base and head_module:  # lm_head input
         saved += (dt.compute if dt.autocast and head_in != dt.compute else head_in) * h * t
     elif dt.quant_holds_input and setup.quant_head and not model.tie_word_embeddings:
         # a 4-bit head under bitsandbytes <= 0.43.1 keeps its input like the other 4-bit linears

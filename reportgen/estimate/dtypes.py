@@ -3,16 +3,18 @@
 Source: the recipes in ``reportgen/setup.py`` and what the libraries do with them:
 * ``torch.autocast`` casts matmul inputs to the 16-bit dtype and caches the casts of leaf fp32
   weights (PyTorch docs, "Automatic Mixed Precision"; ``aten/src/ATen/autocast_mode.cpp``).
-* peft keeps adapters in fp32 unless ``autocast_adapter_dtype=False`` (peft ``get_peft_model``).
+* peft keeps adapters in fp32 unless ``autocast_adapter_dtype=False`` (peft ``get_peft_model``);
+  TRL 1.16's ``SFTTrainer`` (recipe ``trl-sft``) casts a 4-bit model's adapters to bf16
+  (``trl/trainer/sft_trainer.py`` 904-911).
 * transformers runs the residual stream in the dtype of the embedding weight; a norm whose weight
   is fp32 returns fp32 (``LlamaRMSNorm``: ``weight * hidden_states.to(input_dtype)``), so fp32 norms
   make the stream fp32 from the first layer on.
 * Frozen weights: in the compute dtype (transformers' ``from_pretrained(torch_dtype=bfloat16)``)
   unless ``frozen_dtype=fp32`` (Lightning's ``bf16-mixed`` keeps parameters fp32) or the QLoRA
   preparation upcasts them: ``peft.prepare_model_for_kbit_training`` casts every 16-bit parameter
-  that is not ``Params4bit`` to fp32 (peft ``utils/other.py``); TRL's ``SFTTrainer`` with ``bf16``
-  then casts ``lm_head`` and ``embed_tokens`` back to bf16 and the norms to fp32
-  (``trl.trainer.utils.peft_module_casting_to_bf16``). autocast does not cache the cast of a weight
+  that is not ``Params4bit`` to fp32 (peft ``utils/other.py``); older TRL's ``SFTTrainer`` with
+  ``bf16`` then cast ``lm_head`` and ``embed_tokens`` back to bf16 and the norms to fp32
+  (``peft_module_casting_to_bf16``, ``kbit_prep trl``; TRL 1.16 calls neither, ``recipes.py``). autocast does not cache the cast of a weight
   that does not require grad (``autocast_mode.cpp``: ``arg.requires_grad()``), so each use makes a
   new 16-bit copy, which the matmul saves for the backward when its input requires grad.
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.setup import FrozenDtype, KbitPrep, Method, Precision, TrainingSetup
+from reportgen.setup import FrozenDtype, KbitPrep, Method, Precision, Recipe, TrainingSetup
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "uint8": 1, "int64": 8}
 
@@ -66,7 +68,9 @@ def dtypes_for(setup: TrainingSetup, libs: Libraries = CURRENT) -> Dtypes:
         # Frozen base weights need no fp32 master copy: stored in the 16-bit dtype unless fp32.
         upcast = setup.frozen_dtype == FrozenDtype.fp32 or setup.kbit in (KbitPrep.peft, KbitPrep.trl)
         base = 4 if setup.precision == Precision.fp32 or upcast else 2
-    adapter = 2 if setup.precision == Precision.bf16 else 4
+    # TRL 1.16's SFTTrainer casts a quantized model's trainable parameters to bf16 (recipes.py)
+    adapter = 2 if setup.precision == Precision.bf16 or (
+        setup.recipe == Recipe.trl_sft and setup.method == Method.qlora) else 4
     quantized = setup.method == Method.qlora
     embed = c if setup.kbit == KbitPrep.trl and setup.frozen_dtype != FrozenDtype.fp32 else 0
     cast = setup.is_peft and setup.autocast and base == 4

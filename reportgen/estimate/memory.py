@@ -43,6 +43,7 @@ from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
+from reportgen.estimate import recipes as RC
 from reportgen.estimate import sharding as SH
 from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
@@ -410,13 +411,15 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
 
     # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
     mask = sdpa_mask_bytes(model, setup, attn)  # alive during the forward only
-    fixed = act.fixed_activations(model, setup, dt)
+    fixed = act.fixed_activations(model, setup, dt, head_module=not RC.fused_head(setup))
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
-    lm = logits_memory(model, dt, tokens, fused=setup.loss.value == "fused", chunked=setup.loss.value == "chunked")
+    trl_head = RC.fused_head(setup)  # TRL's fused LM head computes the loss (recipes.py)
+    lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else logits_memory(
+        model, dt, tokens, fused=setup.loss.value == "fused", chunked=setup.loss.value == "chunked")
     kept = 0 if setup.keep_outputs.value == "none" else kept_output_bytes(
         model, dt, tokens, libs.returned_logits_fp32, setup.loss.value == "fused")
     # the previous step's 4-bit inputs held on ctx (a kept graph; with checkpointing no graph holds them)
@@ -434,8 +437,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
     # backward), so it is not held during the layers' backward
-    h_cast = 0 if gathered else P.frozen_head_cast_bytes(model, setup, dt)
-    c_head = 0 if gathered else P.autocast_copy_bytes_head(model, setup, dt) + h_cast
+    # (TRL's fused head casts the weight one vocabulary chunk at a time instead: in ``lm``)
+    h_cast = 0 if gathered or trl_head else P.frozen_head_cast_bytes(model, setup, dt)
+    c_head = 0 if gathered or trl_head else P.autocast_copy_bytes_head(model, setup, dt) + h_cast
     # frozen fp32 weights' copies are saved by their matmuls, not cached: gone with checkpointing
     f_layer = 0 if gathered else P.frozen_cast_bytes_per_layer(model, dt)
     f_held = 0 if setup.grad_ckpt else model.num_layers * f_layer
@@ -502,7 +506,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     working = max(bwd_work - bwd_scores, fwd_work + dora_fwd + (recompute if setup.grad_ckpt else 0))
     logits = max(lm.forward_live, lm.backward_live)
     cache = cache_inputs(model, setup, dt, attn, setup.method == Method.full and not place.sharded_params
-                         and place.grads == 1, working, setup.loss.value == "standard")
+                         and place.grads == 1, working, setup.loss.value == "standard" and not trl_head)
     # the segments added after the loss (the embedding's gradient, Adafactor's copies) are counted in
     # cached_free_bytes whole, on top of the step before them; where they make the allocated peak
     # themselves (phases 'embedding-backward', 'optimizer-step'), that peak already holds them

@@ -212,6 +212,8 @@ def autocast_copy_bytes_per_layer(model: ModelSpec, setup: TrainingSetup, dt: Dt
         # weights only: bias casts are cached too but not saved, and the MoE grouped matmul of
         # transformers >= 5 is a custom op autocast leaves in fp32
         return sum(lin.weight_params for lin in model.layer_linears() if lin.count == 1) * dt.compute
+    if dt.adapter == 2 and setup.compute_dtype == "bf16":
+        return 0  # bf16 adapters (TRL's cast, recipes.py) under bf16 autocast: nothing to cast
     r = setup.lora_rank
     sel = targeted(model, setup)
     return sum(lin.lora_rank(r) * (lin.in_features + lin.out_features) * lin.count

@@ -33,7 +33,8 @@ CUDA_ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_L
                  "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
 
 #: distributions whose versions every measured result records (null when not installed)
-PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "torchao", "nvidia-ml-py", "liger-kernel")
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "torchao", "nvidia-ml-py", "liger-kernel",
+            "trl")
 
 
 def package_versions() -> dict[str, str | None]:

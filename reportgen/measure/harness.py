@@ -138,6 +138,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1) -> N
                                 "harness yet")
     if setup.loss.value == "fused" and device != "cuda":
         raise SetupNotSupported("loss='fused' uses Liger-Kernel's Triton kernels, which need a CUDA device")
+    if setup.recipe.value != "loop" and setup.gpus > 1:
+        raise SetupNotSupported(f"recipe {setup.recipe.value}: the trainer is measured on one GPU (its accelerate "
+                                "launch on several is not run by the harness)")
 
 
 def _inject(fault: str | None, where: str) -> None:
@@ -279,6 +282,20 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         else:
             built = build(spec, setup, device, quant_storage=dist.quant_storage(setup))
         model = built.model
+        trainer = None  # recipes trainer and trl-sft: the real Trainer / SFTTrainer around the model (sft.py)
+        if setup.recipe.value != "loop":
+            import tempfile
+
+            from reportgen.measure.sft import make_trainer
+
+            trainer_dir = tempfile.TemporaryDirectory(prefix="reportgen-trainer-")
+            trainer = make_trainer(model, setup, device, trainer_dir.name)
+            model = trainer.model
+            if setup.is_peft:  # as the trainer left them (SFTTrainer casts a 4-bit model's adapters to bf16)
+                dtype = next(p.dtype for p in model.parameters() if p.requires_grad)
+                built.adapter_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+            built.notes.append("measured through " + ("TRL SFTTrainer" if setup.recipe.value == "trl-sft"
+                                                      else "transformers Trainer"))
         if dist is not None:
             phase.name = "wrap"
             model = dist.wrap(model, setup, device, built.notes)
@@ -299,7 +316,12 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
 
         # ----- optimizer and data ---------------------------------------------------------------
         phase.name = "optimizer"
-        optimizer = make_optimizer(trainable, setup, device)
+        optimizer = None
+        if trainer is not None:
+            from reportgen.measure.sft import trainer_optimizer
+
+            optimizer = trainer_optimizer(trainer, setup)  # Trainer.create_optimizer where optim names it
+        optimizer = optimizer if optimizer is not None else make_optimizer(trainable, setup, device)
         scaler = torch.amp.GradScaler(device) if setup.precision == Precision.fp16_mixed else None
         amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(setup.compute_dtype)
 
@@ -320,6 +342,8 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         offload = torch.autograd.graph.save_on_cpu(pin_memory=cuda) if setup.act_offload else contextlib.nullcontext()
 
         def forward(ids, mask, labels):
+            if trainer is not None:
+                return trainer.forward(ids, mask, labels)  # the trainer's compute_loss
             if setup.loss.value == "chunked":
                 return chunked_loss(model, ids, mask, labels, spec)
             out = model(input_ids=ids, attention_mask=mask, labels=labels)

@@ -59,7 +59,7 @@ GROUPS = (
     ("QLoRA", ("quant", "double_quant", "quant_head", "kbit_prep")),
     ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean")),
     ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
-    ("Training loop", ("keep_outputs", "optimizer_in_backward", "compile")),
+    ("Training loop", ("recipe", "keep_outputs", "optimizer_in_backward", "compile")),
     ("GPUs", ("gpus", "sharding")),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)

@@ -32,6 +32,7 @@ MODULES = (
     "reportgen.estimate.params",
     "reportgen.estimate.activations",
     "reportgen.estimate.logits",
+    "reportgen.estimate.recipes",
     "reportgen.estimate.memory",
     "reportgen.estimate.time",
     "reportgen.estimate.work",

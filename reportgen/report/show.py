@@ -100,7 +100,7 @@ def setup_flags(setup: dict) -> list[str]:
     """The ``reportgen estimate`` flags that set this setup (defaults left out)."""
     from reportgen.flags import SETUP_FIELDS
 
-    default = TrainingSetup().model_dump(mode="json")
+    default = TrainingSetup.defaults_json()
     flags = []
     for key in SETUP_FIELDS:  # the CLI's order: method first
         value = setup.get(key, default[key])

@@ -91,12 +91,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise UserError(f"--method qlora: tracing needs bitsandbytes ({exc})", hint=MEASURE_EXTRA) from None
     from reportgen.trace.result import trace_case
+    from reportgen.trace.sft import recipe_dict, recipe_trace
 
-    result = trace_case(spec, gpu, setup, warmup=args.warmup)
-    if args.format == "json":
-        print(json.dumps(with_verdict_fields(result.as_dict()), indent=2, sort_keys=True))
-        return 0
-    from reportgen.trace.view import print_trace
+    with recipe_trace(setup):  # the trainer's step for recipes trainer and trl-sft
+        result = trace_case(spec, gpu, setup, warmup=args.warmup)
+        if args.format == "json":
+            print(json.dumps(with_verdict_fields(recipe_dict(setup, result.as_dict())), indent=2, sort_keys=True))
+            return 0
+        from reportgen.trace.view import print_trace
 
-    print_trace(result, gpu)
+        print_trace(result, gpu)
     return 0

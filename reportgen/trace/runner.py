@@ -56,6 +56,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
                 progress: Callable[[list[Case]], Iterable[Case]] = lambda xs: xs,
                 warn: Warn = stderr_warn) -> TraceStats:
     from reportgen.trace.result import trace_case
+    from reportgen.trace.sft import recipe_dict, recipe_trace
     from reportgen.trace.step import check_traceable
 
     check_installed("qlora" if any(c.setup.method.value == "qlora" for c in sweep.cases) else None)
@@ -77,15 +78,17 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
     for case in progress(todo):
         ihash = traced_results.inputs_hash(case.as_dict())
         spec = catalog.load_model(case.model)  # measure/build.py hf_config copies what transformers edits
-        try:
-            trace = trace_case(spec, catalog.load_gpu(case.gpu), case.setup)
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one case failing is reported, the others go on
-            stats.failed.append(case.id)
-            warn(f"{case.id}: trace failed ({type(exc).__name__}: {exc}); nothing written")
-            continue
-        traced_results.write_traced(sweep_dir, case.id, case.as_dict(), trace.as_dict(), ihash)
+        with recipe_trace(case.setup):  # the trainer's step for recipes trainer and trl-sft
+            try:
+                trace = trace_case(spec, catalog.load_gpu(case.gpu), case.setup)
+            except (KeyboardInterrupt, MemoryError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - one case failing is reported, the others go on
+                stats.failed.append(case.id)
+                warn(f"{case.id}: trace failed ({type(exc).__name__}: {exc}); nothing written")
+                continue
+            traced_results.write_traced(sweep_dir, case.id, case.as_dict(), recipe_dict(case.setup, trace.as_dict()),
+                                        ihash)
         stats.written += 1
         del trace
         gc.collect()

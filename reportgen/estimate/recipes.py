@@ -1,0 +1,100 @@
+"""What the training code around the model adds to the step (``TrainingSetup.recipe``).
+
+``loop`` is the measuring harness's plain PyTorch loop (``measure/step.py``), which every other
+module models. ``trainer`` is transformers' ``Trainer`` (5.x, as Axolotl runs it) and ``trl-sft``
+TRL 1.16.0's ``SFTTrainer`` on top of it. Term by term, from their source:
+
+* **Loss and logits** (``trl-sft`` only). ``SFTTrainer.__init__`` patches the model with
+  ``add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))``
+  (``trl/trainer/sft_trainer.py`` 1143-1147) and ``compute_loss`` calls
+  ``model(**inputs, fused_lm_head=True)`` (1604): the backbone's last hidden state is shifted, the
+  positions whose label is not -100 are gathered (``hidden_states[mask]``, the compact path on
+  CUDA, ``trl/trainer/utils.py`` ``_fused_forward``) and ``ChunkedLogProbFunction``
+  (``trl/kernels/chunked_logprob.py``) projects them through ``lm_head.weight`` in tiles of
+  ``TOKEN_CHUNK_SIZE = 4096`` tokens x ``chunk_size = 32768`` vocabulary entries
+  (``_CHUNKED_LOGPROB_CHUNK_SIZE``) into one reused buffer ``mm_buf`` in the compute dtype, folding
+  each tile into per-token fp32 statistics (a Triton kernel on CUDA, allocating nothing). The full
+  ``tokens x vocab`` logits never exist, so none of ``logits.py``'s fp32 terms do. What does
+  (``trl_head_memory``): the gathered hidden states (saved for backward, in the residual stream's
+  dtype), the int64 targets, seven fp32 per-token accumulators in the forward, the saved
+  ``log_z`` and ``entropy`` (fp32), the tile buffer, a compute-dtype copy of each token chunk and
+  of each vocabulary chunk of the weight when their dtypes differ from the compute dtype
+  (``.to(compute_dtype)``, not autocast's cached cast: ``P.autocast_copy_bytes_head`` and the
+  frozen head's cast are gone), and in the backward an fp32 ``grad_hidden`` (and, when the head is
+  trained, an fp32 ``grad_weight`` that becomes its gradient), the tile buffer again, then
+  ``grad_hidden.to(hidden.dtype)``. The entropy and token-accuracy metrics (``compute_loss``
+  1638-1644) come out of the same pass (``entropy`` is saved, ``is_top1`` one byte per token); their
+  ``.item()`` calls add no device memory. ``lm_head``'s module is never called, so its input is not
+  saved (``activations.fixed_activations(head_module=False)``).
+* **QLoRA adapters in bf16** (``trl-sft``): on a quantized model every trainable parameter but DoRA's
+  magnitude is cast to bf16 (``sft_trainer.py`` 904-911), so adapters, their gradients and AdamW's
+  states are 2 bytes (``dtypes.py``). No ``prepare_model_for_kbit_training`` and no
+  ``peft_module_casting_to_bf16`` in TRL 1.16 (neither is called by ``trl/trainer/sft_trainer.py``;
+  only ``trl/experimental/orpo`` still imports them): the unquantized weights stay in the dtype the
+  model was loaded in (``setup.kbit`` defaults to ``none`` under ``trl-sft``).
+* **No term (the same as the loop)**: gradient checkpointing is non-reentrant in both (transformers
+  >= 5 ``activation_checkpointing_enable`` defaults to ``{"use_reentrant": False}``,
+  ``modeling_utils.py``; TRL sets it only for transformers < 5, ``sft_trainer.py`` 1079-1081); PEFT +
+  checkpointing calls ``enable_input_require_grads`` as the harness does (``sft_trainer.py`` 899-900);
+  ``Trainer.create_optimizer`` splits the trainable parameters into a weight-decay and a no-decay
+  group (``trainer.py``) of ``adamw_torch_fused`` (the default ``optim`` for torch >= 2.8): the same
+  states per parameter, one fused kernel per group; ``training_step`` returns the loss only (the
+  outputs die before the backward: ``keep_outputs`` none) and ``zero_grad`` sets gradients to None.
+  Packing and padding-free batches are ``padding``/``seq_mean`` (``lengths.py``), for every recipe.
+
+Torch-free, like the rest of the estimator.
+"""
+
+from __future__ import annotations
+
+from reportgen.estimate.dtypes import Dtypes
+from reportgen.estimate.logits import LogitsMemory
+from reportgen.model import ModelSpec
+from reportgen.setup import Method, Recipe, TrainingSetup
+
+#: ``trl/kernels/chunked_logprob.py`` ``TOKEN_CHUNK_SIZE``: tokens per tile
+TRL_TOKEN_CHUNK = 4096
+#: ``trl/trainer/utils.py`` ``_CHUNKED_LOGPROB_CHUNK_SIZE``: vocabulary entries per tile
+TRL_VOCAB_CHUNK = 32768
+#: the per-token fp32 accumulators ``ChunkedLogProbFunction.forward`` allocates before its loop
+#: (running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target, target_logit)
+TRL_ACCUMULATORS = 7
+
+
+def fused_head(setup: TrainingSetup) -> bool:
+    """Whether the recipe computes the loss with TRL's fused LM head instead of the model's."""
+    return setup.recipe == Recipe.trl_sft
+
+
+def trl_scored_tokens(setup: TrainingSetup, tokens: int) -> int:
+    """Positions the fused head scores: each row's last token has no next-token label (``labels[:, 1:]``);
+    every other label is valid in the worst case (no -100 besides padding)."""
+    return max(0, tokens - setup.batch)
+
+
+def trl_head_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: int) -> LogitsMemory:
+    """TRL 1.16's fused LM head (``add_fused_lm_head`` + ``ChunkedLogProbFunction``), see the module
+    docstring. ``saved``: what the function keeps for backward; ``forward_live``: its live memory in
+    the tile loop (or right after it, whichever is larger); ``backward_live``: in the backward's tile
+    loop (or at the final ``grad_hidden.to(hidden.dtype)``)."""
+    n, h, v, c = trl_scored_tokens(setup, tokens), model.hidden_size, model.vocab_size, dt.compute
+    hb = dt.stream  # the last hidden state: the final norm returns the residual stream's dtype
+    wb = dt.embed_bytes if setup.method != Method.full else dt.base  # lm_head.weight (or the tied embedding)
+    tile_rows = min(n, TRL_TOKEN_CHUNK)
+    tile = tile_rows * min(v, TRL_VOCAB_CHUNK) * c  # mm_buf
+    casts = (tile_rows * h * c if hb != c else 0) + (min(v, TRL_VOCAB_CHUNK) * h * c if wb != c else 0)
+    mask = tokens - setup.batch  # the bool label mask, kept by masked_scatter's backward
+    gathered = n * h * hb + 8 * n  # hidden_states[mask] and labels[mask], saved by ctx
+    saved = gathered + 4 * n + 4 * n + mask  # + log_z and entropy
+    accumulators = TRL_ACCUMULATORS * 4 * n
+    # after the loop: log_z, logprobs, entropy (fp32) and is_top1 (bool) beside the accumulators
+    forward_live = gathered + mask + accumulators + max(tile + casts, 13 * n)
+    grad_weight = v * h * 4 if setup.method == Method.full else 0  # fp32 zeros, the head's gradient
+    grad_hidden = n * h * 4
+    loop = tile + casts + 4 * n  # + the fp32 incoming gradient of log_probs
+    back = grad_hidden + grad_weight + max(loop, n * h * hb if hb != 4 else 0)
+    return LogitsMemory(saved=saved, forward_live=forward_live, backward_live=saved + back)
+
+
+__all__ = ["TRL_ACCUMULATORS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK", "fused_head", "trl_head_memory",
+           "trl_scored_tokens"]
