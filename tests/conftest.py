@@ -11,8 +11,19 @@ wrong on CI. The CUDA tests are not listed: CI has no GPU.
 from __future__ import annotations
 
 import os
+import sys
 
-import pytest
+# One intra-op thread for torch (and numpy's BLAS): the tests' models are tiny (hidden size 64), so a
+# second thread only adds synchronisation, and on a loaded two-core machine OpenMP's spinning threads
+# made each small matmul wait for a core (a DoRA saved-bytes test: 9 s with two threads, 1.3 s with
+# one). Read once, when torch loads, so it is set before any test module imports it; subprocesses
+# that tests start inherit it. A value already set in the environment wins.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+if "torch" in sys.modules:  # a plugin loaded it first
+    sys.modules["torch"].set_num_threads(1)
+
+import pytest  # noqa: E402
 
 #: test modules that must run in full where ``REPORTGEN_REQUIRE_ALL`` is set (CI)
 MUST_RUN = ("test_trace_agreement.py", "test_site_browser.py", "test_calculator_browser.py", "test_calculator.py",
