@@ -70,3 +70,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.line(f"{nodeid}: {reason}")
     terminalreporter.line(f"these modules must run in full here: install what they need (README, Quick start) "
                           f"or unset {REQUIRE_ENV}")
+
+
+@pytest.fixture(scope="session")
+def fixture_site_built(tmp_path_factory):
+    """The fixture sweeps' results with their FAKE measurements (``tests/fixtures/site_data.py``),
+    rendered and built with ``mkdocs build --strict`` (``tests/test_render.py`` ``build_site``):
+    ``(site folder, the ids build_results returned)``. Built once per run: it is the same site for
+    every module that reads it (the strict build, provenance, the calculator in a browser), and
+    each build takes a mkdocs run. Nothing may write into it."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    from tests.fixtures.site_data import build_results
+    from tests.test_render import build_site
+
+    work = tmp_path_factory.mktemp("fixture-site")
+    ids = build_results(work / "results")
+    return build_site(work / "results", work), ids
