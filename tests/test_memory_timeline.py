@@ -46,6 +46,23 @@ def test_gradient_accumulation_keeps_gradients_through_forward():
     assert acc.phases["forward-end"] - one.phases["forward-end"] == pytest.approx(2 * M.total_params, rel=1e-6)
 
 
+def test_the_top_layers_backward_holds_the_heads_and_its_own_gradients():
+    """Without accumulation the gradients appear as autograd reaches each parameter (AccumulateGrad):
+    during the top layer's backward the head's gradient (made by the loss backward) and the top
+    layer's own exist, nothing else. With accumulation every gradient is there from the start. So
+    the two timelines differ at the forward's end by all gradients and at the top layer's backward
+    by all gradients but those two. Llama-3.2-1B, full fine-tuning under bf16-mixed (fp32
+    gradients), worked by hand from its config: a layer is q, o 2048 x 2048, k, v 2048 x 512,
+    gate, up, down 2048 x 8192 and two 2048 norms = 60,821,504 parameters; the (tied) head
+    128,256 x 2048 = 262,668,288."""
+    one = mem(model=SMALL, method="full", precision="bf16-mixed", batch=1, seq=512)
+    acc = mem(model=SMALL, method="full", precision="bf16-mixed", batch=1, seq=512, accum=2)
+    all_grads = acc.phases["forward-end"] - one.phases["forward-end"]
+    assert all_grads == 4 * SMALL.total_params
+    at_top = all_grads - (acc.phases["backward-top"] - one.phases["backward-top"])
+    assert at_top == 4 * (262_668_288 + 60_821_504)
+
+
 def test_checkpointing_trades_activations():
     plain = mem(method="lora", batch=4, seq=4096)
     ckpt = mem(method="lora", batch=4, seq=4096, grad_ckpt=True)
