@@ -63,6 +63,20 @@ def test_the_top_layers_backward_holds_the_heads_and_its_own_gradients():
     assert at_top == 4 * (262_668_288 + 60_821_504)
 
 
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_from_the_forwards_end_to_the_loss_backward_only_the_logits_change(method):
+    """Between the forward's end and the loss backward nothing is freed or made but the loss's own
+    tensors: the layers' saved activations and the embedding side's (its output, the mask, the
+    positions) are held at both moments. Pure bf16 (no autocast copies), outputs not kept."""
+    from reportgen.estimate.dtypes import dtypes_for
+    from reportgen.estimate.logits import logits_memory
+
+    setup = TrainingSetup(method=method, precision="bf16", batch=2, seq=1024)
+    e = estimate_memory(SMALL, setup, H100)
+    lm = logits_memory(SMALL, dtypes_for(setup), 2 * 1024)
+    assert e.phases["forward-end"] - e.phases["loss-backward"] == lm.forward_live - lm.backward_live
+
+
 def test_checkpointing_trades_activations():
     plain = mem(method="lora", batch=4, seq=4096)
     ckpt = mem(method="lora", batch=4, seq=4096, grad_ckpt=True)
