@@ -37,6 +37,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes a minute or more; opt in with REPORTGEN_SLOW_TESTS=1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (``-n 2 --dist loadgroup``, the README's test command) the browser tests
+    share one worker: one Chromium at a time, each module's browser and served site started once."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 def _must_run(nodeid: str) -> bool:
     return nodeid.split("::")[0].rsplit("/", 1)[-1] in MUST_RUN
 
@@ -87,3 +95,25 @@ def fixture_site_built(tmp_path_factory):
     work = tmp_path_factory.mktemp("fixture-site")
     ids = build_results(work / "results")
     return build_site(work / "results", work), ids
+
+
+@pytest.fixture(scope="session")
+def consumer_walks(tmp_path_factory):
+    """``write_advice`` of ``sweeps/consumer.yaml`` (the README's sweep: 144 decision-tree walks),
+    once per run. A walk depends on its (model, GPU, seq) alone, not on the results beside it, so a
+    test copies the stored walks into its own results folder (``copy_into``) instead of walking
+    again; ``stats`` is what ``write_advice`` returned."""
+    import shutil
+    from types import SimpleNamespace
+
+    from reportgen.advise.store import ADVICE_DIR, write_advice
+    from reportgen.sweep import load_sweep
+
+    sweep = load_sweep(os.path.join(os.path.dirname(__file__), "..", "sweeps", "consumer.yaml"))
+    walked = tmp_path_factory.mktemp("consumer-walks")
+    stats = write_advice(sweep, walked)
+
+    def copy_into(results) -> None:
+        shutil.copytree(walked / sweep.name / ADVICE_DIR, results / sweep.name / ADVICE_DIR)
+
+    return SimpleNamespace(sweep=sweep, stats=stats, copy_into=copy_into)
