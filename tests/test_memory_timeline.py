@@ -114,7 +114,8 @@ def test_ddp_adds_gradient_buckets():
 def test_optimizer_offload_moves_states_to_host():
     """torchao's CPUOffloadOptimizer (and ZeRO-Offload) keep AdamW's two fp32 states and an fp32
     copy of each trainable parameter on the host (``torchao/optim/cpu_offload.py``: the base
-    optimizer steps a CPU copy of each parameter, fp32 under mixed precision, then copies it back): 8 + 4 bytes per parameter of a full fine-tune."""
+    optimizer steps a CPU copy of each parameter, fp32 under mixed precision, then copies it back):
+    8 + 4 bytes per parameter of a full fine-tune."""
     e = mem(method="full", precision="bf16-mixed", grad_ckpt=True, offload="optimizer")
     assert e.terms["optimizer"] == 0 and e.host_ram == 12 * M.total_params
 
