@@ -11,8 +11,19 @@ wrong on CI. The CUDA tests are not listed: CI has no GPU.
 from __future__ import annotations
 
 import os
+import sys
 
-import pytest
+# One intra-op thread for torch (and numpy's BLAS): the tests' models are tiny (hidden size 64), so a
+# second thread only adds synchronisation, and on a loaded two-core machine OpenMP's spinning threads
+# made each small matmul wait for a core (a DoRA saved-bytes test: 9 s with two threads, 1.3 s with
+# one). Read once, when torch loads, so it is set before any test module imports it; subprocesses
+# that tests start inherit it. A value already set in the environment wins.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+if "torch" in sys.modules:  # a plugin loaded it first
+    sys.modules["torch"].set_num_threads(1)
+
+import pytest  # noqa: E402
 
 #: test modules that must run in full where ``REPORTGEN_REQUIRE_ALL`` is set (CI)
 MUST_RUN = ("test_trace_agreement.py", "test_site_browser.py", "test_calculator_browser.py", "test_calculator.py",
@@ -24,6 +35,14 @@ _skipped: dict[str, str] = {}  # node id -> reason
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes a minute or more; opt in with REPORTGEN_SLOW_TESTS=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (``-n 2 --dist loadgroup``, the README's test command) the browser tests
+    share one worker: one Chromium at a time, each module's browser and served site started once."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
 
 
 def _must_run(nodeid: str) -> bool:
@@ -59,3 +78,42 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.line(f"{nodeid}: {reason}")
     terminalreporter.line(f"these modules must run in full here: install what they need (README, Quick start) "
                           f"or unset {REQUIRE_ENV}")
+
+
+@pytest.fixture(scope="session")
+def fixture_site_built(tmp_path_factory):
+    """The fixture sweeps' results with their FAKE measurements (``tests/fixtures/site_data.py``),
+    rendered and built with ``mkdocs build --strict`` (``tests/test_render.py`` ``build_site``):
+    ``(site folder, the ids build_results returned)``. Built once per run: it is the same site for
+    every module that reads it (the strict build, provenance, the calculator in a browser), and
+    each build takes a mkdocs run. Nothing may write into it."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    from tests.fixtures.site_data import build_results
+    from tests.test_render import build_site
+
+    work = tmp_path_factory.mktemp("fixture-site")
+    ids = build_results(work / "results")
+    return build_site(work / "results", work), ids
+
+
+@pytest.fixture(scope="session")
+def consumer_walks(tmp_path_factory):
+    """``write_advice`` of ``sweeps/consumer.yaml`` (the README's sweep: 144 decision-tree walks),
+    once per run. A walk depends on its (model, GPU, seq) alone, not on the results beside it, so a
+    test copies the stored walks into its own results folder (``copy_into``) instead of walking
+    again; ``stats`` is what ``write_advice`` returned."""
+    import shutil
+    from types import SimpleNamespace
+
+    from reportgen.advise.store import ADVICE_DIR, write_advice
+    from reportgen.sweep import load_sweep
+
+    sweep = load_sweep(os.path.join(os.path.dirname(__file__), "..", "sweeps", "consumer.yaml"))
+    walked = tmp_path_factory.mktemp("consumer-walks")
+    stats = write_advice(sweep, walked)
+
+    def copy_into(results) -> None:
+        shutil.copytree(walked / sweep.name / ADVICE_DIR, results / sweep.name / ADVICE_DIR)
+
+    return SimpleNamespace(sweep=sweep, stats=stats, copy_into=copy_into)

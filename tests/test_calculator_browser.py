@@ -33,8 +33,6 @@ import pytest
 
 from reportgen.browser import view
 from reportgen.report import pyodide
-from tests.fixtures.site_data import build_results
-from tests.test_render import build_site
 
 #: REPORTGEN_CHROMIUM / REPORTGEN_CHROMEDRIVER: another browser and its driver (CI's Chrome for Testing)
 CHROMIUM = os.environ.get("REPORTGEN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -132,16 +130,12 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def served_site(tmp_path_factory):
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
+def served_site(fixture_site_built):
     try:
         pyodide.runtime_files()
     except pyodide.RuntimeUnavailable as exc:
         pytest.skip(f"the calculator's Pyodide runtime is unavailable ({exc})")
-    work = tmp_path_factory.mktemp("calculator-site")
-    build_results(work / "results")
-    site = build_site(work / "results", work)
+    site, _ = fixture_site_built  # tests/conftest.py: the fixture sweeps built once per run
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"

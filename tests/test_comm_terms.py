@@ -88,3 +88,19 @@ def test_step_time_adds_the_exposed_communication():
     busy = phases[0][1] + phases[1][1]
     assert t.parts["transfer"] == pytest.approx(C.communication(L2, setup, g4090, busy).exposed_s)
     assert t.parts["transfer"] > 0
+
+
+def test_no_shard_all_reduces_every_micro_batch_and_ddp_once_per_step():
+    """FSDP NO_SHARD all-reduces each unit's gradients in every micro-batch's backward (comm.py: the
+    training loops do not wrap FSDP's micro-batches in ``no_sync``), DDP only in the micro-batch that
+    syncs (``no_sync`` on the others, as HF Trainer/Accelerate do). Four
+    micro-batches of Llama-2-7B on two H100s: NO_SHARD moves four ring all-reduces of the gradients,
+    DDP one; with one micro-batch the two move the same."""
+    h100 = catalog.load_gpu("h100-sxm")
+    bw = 450e9 * C.PEER_LINK_EFFICIENCY
+    ar = C.ring_all_reduce_s(C.gradient_reduce_bytes(L2, full(2, "no-shard")), 2, bw)
+    four = C.communication(L2, full(2, "no-shard", accum=4), h100, 1.0)
+    one = C.communication(L2, full(2, "no-shard"), h100, 1.0)
+    assert four.total_s == pytest.approx(4 * ar) and one.total_s == pytest.approx(ar)
+    assert four.exposed_s == pytest.approx(4 * one.exposed_s)
+    assert C.communication(L2, full(2, "ddp", accum=4), h100, 1.0).total_s == pytest.approx(ar)

@@ -23,7 +23,6 @@ import pytest
 from reportgen import browser, catalog
 from reportgen.advise.cards import method_setups, smallest_fit
 from reportgen.advise.pages import guide_pages
-from reportgen.advise.store import write_advice
 from reportgen.cli import main
 from reportgen.estimate import estimate
 from reportgen.estimate.search import default_precision
@@ -50,11 +49,11 @@ def text_of(html: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def consumer(tmp_path_factory):
+def consumer(tmp_path_factory, consumer_walks):
     results = tmp_path_factory.mktemp("one-answer") / "results"
     sweep = load_sweep(ROOT / "sweeps" / "consumer.yaml")
     run_estimates(sweep, results)
-    write_advice(sweep, results)
+    consumer_walks.copy_into(results)  # write_advice(sweep, results), done once per run (conftest.py)
     site = load_site(results, warn=lambda _: None)
     pages, files = {}, {}
     for provider in (home_pages, gpu_pages, model_pages, guide_pages):

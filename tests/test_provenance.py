@@ -65,16 +65,11 @@ def test_an_oom_counts_as_a_verdict_only_where_memory_counts():
 
 # ----- on the site ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(fixture_site_built):
     """The fixture sweeps with FAKE measurements (tests/fixtures/fake_measurements.json): runs on
-    the case's card, one CPU run and one H100 run capped to the RTX 4090, built into HTML."""
-    pytest.importorskip("mkdocs")
-    from tests.fixtures.site_data import build_results
-    from tests.test_render import build_site
-
-    work = tmp_path_factory.mktemp("provenance-site")
-    ids = build_results(work / "results")
-    return build_site(work / "results", work), ids
+    the case's card, one CPU run and one H100 run capped to the RTX 4090, built into HTML
+    (``fixture_site_built`` in tests/conftest.py)."""
+    return fixture_site_built
 
 
 def row_html(html: str, cid: str) -> str:

@@ -388,10 +388,8 @@ def build_site(results_dir: Path, work: Path, providers=None) -> Path:
     return work / "site"
 
 
-def test_mkdocs_build_strict(results, tmp_path):
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
-    site = build_site(results[0], tmp_path)
+def test_mkdocs_build_strict(fixture_site_built):
+    site, _ = fixture_site_built  # build_site of the fixture results: the strict build passed, or it errors
     assert (site / "index.html").is_file()
     assert (site / "gpus" / "rtx-4090" / "index.html").is_file()
     assert (site / "validation" / "index.html").is_file()

@@ -9,8 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from reportgen.advise.store import advice_keys, write_advice
-from reportgen.sweep import load_sweep
+from reportgen.advise.store import advice_keys
 from tests.fixtures.site_data import build_results
 from tests.test_render import ROOT, build_site
 
@@ -29,14 +28,15 @@ def _local_targets(html: str):
         yield unquote(parts.path)
 
 
-def test_site_after_the_readme_command_has_no_empty_guide_and_no_dead_link(tmp_path):
+def test_site_after_the_readme_command_has_no_empty_guide_and_no_dead_link(tmp_path, consumer_walks):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     results = tmp_path / "results"
     build_results(results, measured=False)  # the data pages: the fixture sweeps' estimates
-    consumer = load_sweep(ROOT / "sweeps" / "consumer.yaml")
-    stats = write_advice(consumer, results)  # the guides: the walks the README's command stores
-    assert stats.failed == 0
+    consumer = consumer_walks.sweep
+    # the guides: the walks the README's command stores (write_advice, once per run: conftest.py)
+    assert consumer_walks.stats.failed == 0 and consumer_walks.stats.written == len(list(advice_keys(consumer)))
+    consumer_walks.copy_into(results)
     site = build_site(results, tmp_path / "work")
     docs = tmp_path / "work" / "docs"
 

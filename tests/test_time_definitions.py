@@ -36,3 +36,16 @@ def test_mfu_is_against_the_peak_of_both_gpus(t):
 def test_dollars_pay_for_both_gpus(t):
     assert t.train_hours == pytest.approx(t.train_tokens / t.tokens_per_s / 3600, rel=1e-9)
     assert t.train_dollars == pytest.approx(t.train_hours * H100.price_usd_per_hour * 2, rel=1e-9)
+
+
+def test_moe_multiplies_only_the_routed_experts():
+    """A mixture-of-experts layer sends each token through ``experts_per_token`` of its experts
+    (Mixtral: 2 of 8, Jiang et al. 2024, "Mixtral of Experts", section 2.1): its FLOPs count the
+    active parameters, about 12.9B of Mixtral 8x7B's 46.7B with the embeddings. By hand per layer:
+    q, o 4096 x 4096, k, v 4096 x 1024, two experts' gate, up, down 3 x 4096 x 14336 each and the
+    router 4096 x 8: 394,297,344, times 32 layers."""
+    from reportgen.estimate.time import layer_matmul_params_per_token
+
+    mixtral = catalog.load_model("mixtral-8x7b")
+    assert layer_matmul_params_per_token(mixtral) == 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024
+                                                           + 2 * 3 * 4096 * 14336 + 4096 * 8)

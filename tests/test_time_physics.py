@@ -78,3 +78,17 @@ def test_optimizer_offload_overlaps_the_copies_as_torchao_does(monkeypatch):
     assert _transfer_s(m1, s, H100, [], backward_s=1.0) == pytest.approx(max(cpu, copies))  # fully hidden
     monkeypatch.setattr(K, "CPU_ADAM_PARAMS_PER_S", 1e15)  # an instant host step: the copies back remain
     assert _transfer_s(m1, s, H100, [], backward_s=1.0) == pytest.approx(copies)
+
+
+def test_a_gemms_arithmetic_intensity_counts_bytes_not_elements():
+    """The roofline (Williams, Waterman and Patterson 2009): a GEMM is compute-bound when its FLOPs
+    per byte moved exceed the ridge R (``work.GEMM_RIDGE_FLOPS_PER_BYTE``, 128 today). A square
+    GEMM of side 4R does 2 (4R)^3 FLOPs over 3 (4R)^2 elements: 4R/3 FLOPs per byte in bf16 (above
+    the ridge: its FLOPs count) and 2R/3 in fp32 (below it: its bytes count). With R = 128: side
+    512, 170.7 and 85.3 FLOPs per byte."""
+    from reportgen.estimate.work import GEMM_RIDGE_FLOPS_PER_BYTE, gemm
+
+    n = 4 * GEMM_RIDGE_FLOPS_PER_BYTE
+    bf16, fp32 = gemm(n, n, n, 2), gemm(n, n, n, 4)
+    assert bf16.matmul_flops == 2 * n**3 and bf16.bytes == 0
+    assert fp32.matmul_flops == 0 and fp32.bytes == 4 * 3 * n**2
