@@ -236,6 +236,7 @@ def expected_shown(cli_json: str) -> list[list[str]]:
 
 
 # ----- the tests ---------------------------------------------------------------------------------
+@pytest.mark.timing  # its 5 s bound is a wall-clock time: measured alone, after the parallel run
 def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, shots):
     """A reader's first visit (empty cache) and later visits: the time to the first answer, and
     every request the page makes goes to the site."""
