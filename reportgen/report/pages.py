@@ -1,7 +1,7 @@
 """The site's data pages as providers (``provider(site) -> list[Page]``, see ``page.py``):
 home, one page per catalog GPU, one per catalog model, validation, and the CSV downloads.
 
-Providers only read result dicts (through ``views.row``) and catalog facts; charts are drawn here
+Providers only read result dicts (through ``rows.row``) and catalog facts; charts are drawn here
 (SVG text in ``Page.files``), tables are view models for the templates.
 """
 
@@ -21,7 +21,7 @@ from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
-from reportgen.report.views import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
+from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
                                     reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
 from reportgen.views.format import GIB, TERM_LABELS
