@@ -26,7 +26,7 @@ LAYERS = [
     (5, ("reportgen.report", "reportgen.advise.pages")),
     (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
          "reportgen.trace.runner", "reportgen.advise.store")),
-    (3, ("reportgen.store", "reportgen.traced_results", "reportgen.measured", "reportgen.sweep")),
+    (3, ("reportgen.store", "reportgen.artifacts", "reportgen.traced_results", "reportgen.measured", "reportgen.sweep")),
     (2, ("reportgen.trace", "reportgen.measure", "reportgen.advise", "reportgen.published")),
     (1, ("reportgen.estimate",)),
     (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",

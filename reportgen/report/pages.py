@@ -16,7 +16,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from reportgen import catalog, store
-from reportgen.fingerprint import estimator_hash
+from reportgen.artifacts import Artifact
 from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
@@ -265,13 +265,16 @@ def cards_view(data: dict | None, key: str) -> dict | None:
 
 
 def _load_cards(path: Path | None) -> dict | None:
-    """``reportgen cards``'s answers, with a warning when another estimator code computed them."""
+    """``reportgen cards``'s answers, with a warning when they are stale: computed by other code or
+    from other catalog entries than this checkout's (``advise.cards.cards_inputs_hash``)."""
+    from reportgen.advise.cards import cards_inputs_hash
+
     if path is None or not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if data.get("estimator_hash") != estimator_hash():
-        print(f"warning: {path} was computed by other estimator code than this checkout's: the GPU pages' "
-              "'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
+    if not Artifact("cards", path, cards_inputs_hash(data.get("seq", 2048))).is_current(data):
+        print(f"warning: {path} was computed by other code or catalog entries than this checkout's: the GPU "
+              "pages' 'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
     return data
 
 
