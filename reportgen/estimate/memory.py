@@ -501,15 +501,16 @@ class Timeline:
 
 
 def timeline(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, libs: Libraries,
-             place: SH.Placement, pb: ParameterBytes, dev: DevicePlacement, a: StepActivations) -> Timeline:
-    """The step's moments, each the sum of what is live then."""
+             place: SH.Placement, gathered: bool, pb: ParameterBytes, dev: DevicePlacement,
+             a: StepActivations) -> Timeline:
+    """The step's moments, each the sum of what is live then (``gathered``: FSDP gathers the layers,
+    in the compute dtype, so they need no autocast copies)."""
     g_head, g_layer = pb.g_head, pb.g_layer
     w_dev, g_dev, s_dev, gathered_bytes = dev.w_dev, dev.g_dev, dev.s_dev, dev.gathered_bytes
     workspace, ddp_buckets = dev.workspace, dev.ddp_buckets
     mask, fixed, stack, recompute, lm = a.mask, a.fixed, a.stack, a.recompute, a.lm
     bottom_layer, kept, held_prev = a.bottom_layer, a.kept, a.held_prev
     tokens = setup.batch * setup.seq
-    gathered = SH.gathers_layers(setup)
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
     # backward), so it is not held during the layers' backward
@@ -585,13 +586,12 @@ def working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Atte
 
 
 def reserved_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, gpu: GpuSpec, attn: Attention,
-                    place: SH.Placement, phases: dict[str, int], working: int,
+                    place: SH.Placement, gathered: bool, phases: dict[str, int], peak: int, working: int,
                     layer_weight_bytes: int) -> tuple[int, int, dict[str, int]]:
     """``(reserved, released, cache inputs)``: the caching allocator's reserve over the allocated
-    peak (``cached_free_bytes``), its segments, FSDP's stream pool, and what it releases when the
-    card cannot hold it (``allocator_limited_reserved``)."""
-    peak = max(phases.values())
-    gathered = SH.gathers_layers(setup)
+    ``peak`` of the ``phases`` (``cached_free_bytes``), its segments, FSDP's stream pool
+    (``gathered``: FSDP gathers the layers), and what it releases when the card cannot hold it
+    (``allocator_limited_reserved``)."""
     cache = cache_inputs(model, setup, dt, attn, setup.method == Method.full and not place.sharded_params
                          and place.grads == 1, working, setup.loss.value == "standard")
     # the segments added after the loss (the embedding's gradient, Adafactor's copies) are counted in
@@ -620,14 +620,15 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     dev = device_placement(model, setup, dt, gpu, place, pb)
     a = step_activations(model, setup, dt, attn, libs)
     host = dev.host + a.offloaded
-    tl = timeline(model, setup, dt, attn, libs, place, pb, dev, a)
+    gathered = SH.gathers_layers(setup)
+    tl = timeline(model, setup, dt, attn, libs, place, gathered, pb, dev, a)
     phases = tl.phases
-    phase = max(phases, key=lambda k: phases[k])
+    phase = max(phases, key=phases.__getitem__)  # the first of the largest, in the timeline's order
     peak = phases[phase]
 
     working = working_bytes(model, setup, dt, attn, tl, a.recompute)
     logits = max(a.lm.forward_live, a.lm.backward_live)
-    reserved, released, cache = reserved_memory(model, setup, dt, gpu, attn, place, phases, working,
+    reserved, released, cache = reserved_memory(model, setup, dt, gpu, attn, place, gathered, phases, peak, working,
                                                 dev.layer_weight_bytes)
     if released:
         notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} can hold: it "
