@@ -93,7 +93,7 @@ def qlora_pairs(cases: Iterable[dict]) -> list[dict]:
 
 
 def cases_from_results(results: Iterable[dict]) -> list[dict]:
-    """``qlora_pairs``' input from result documents (``store.load_sweep``: case, estimate and the
+    """``qlora_pairs``' input from result documents (``store.load_results``: case, estimate and the
     current measurement joined), with the provenance rule applied to the measured speed."""
     out = []
     for r in results:

@@ -21,7 +21,7 @@ larger card). A case is always for one catalog card, its ``gpu``. The rule:
   describes a 2-GPU case, nor a 2-process block a 1-GPU or 4-GPU one (when the block names its
   case).
 
-The renderer (``report/views.py``), the validation page, ``reportgen show`` and
+The renderer (``report/rows.py``), the validation page, ``reportgen show`` and
 ``scripts/calibrate.py`` all ask ``provenance_of(block).valid_quantities(case_gpu)``; nothing else
 decides.
 """

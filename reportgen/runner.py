@@ -1,4 +1,5 @@
-"""Run a sweep's estimates and store one estimate file per case (layout: ``reportgen/store.py``).
+"""Run a sweep's estimates and store one estimate file per case (layout: ``reportgen/store.py``; each
+an ``artifacts.Artifact`` of kind ``estimate``).
 
 Estimates are instant and need no torch. A rerun skips cases whose ``inputs_hash`` (case, model
 config, GPU entry, the estimator's code hash, training tokens) is unchanged; ``force`` redoes them.
@@ -16,11 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from reportgen import __version__, catalog, store
+from reportgen.artifacts import Artifact, prune
 from reportgen.estimate import estimate
 from reportgen.estimate.search import max_batch, max_seq
 from reportgen.fingerprint import estimator_hash
-from reportgen.results import SCHEMA_VERSION, UnreadableResult, canonical, read_result, result_path, short_hash
-from reportgen.results import write_json_atomic
+from reportgen.results import SCHEMA_VERSION, canonical, read_result, result_path, short_hash
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import Case, Sweep
 
@@ -116,24 +117,20 @@ def run_estimates(sweep: Sweep, results_dir: Path, force: bool = False,
     stats.orphans = len(orphans)
     listed = {c.id for c in sweep.cases}
     for case in progress(list(sweep.cases) + orphans):
-        path = result_path(results_dir, sweep.name, case.id)
-        ihash = inputs_hash(case, sweep.spec.train_tokens)
+        artifact = Artifact("estimate", result_path(results_dir, sweep.name, case.id),
+                            inputs_hash(case, sweep.spec.train_tokens))
         in_sweep = case.id in listed
-        try:
-            old = read_result(path) if path.exists() else None
-        except UnreadableResult:
-            old = None  # prepare() set unusable files aside; one that appeared since is only an estimate
-        if (old and not force and old.get("inputs_hash") == ihash and old.get("status") == "ok"
+        # prepare() set unusable files aside; one that appeared since is only an estimate
+        old = artifact.stored(read_result)
+        if (not force and artifact.is_current(old) and old.get("status") == "ok"
                 and old.get("in_sweep", True) == in_sweep):
             stats.skipped += 1
             continue
-        result = compute_result(sweep, case, ihash, in_sweep)
+        result = compute_result(sweep, case, artifact.inputs_hash, in_sweep)
         stats.failed += result["status"] == "error"
-        write_json_atomic(path, result)
+        artifact.write(result)
         stats.written += 1
     keep = listed | {c.id for c in orphans}
-    for path in store.estimate_files(sweep_dir):
-        if path.stem not in keep:  # an estimate of a case nobody lists or measured: recomputable, drop it
-            path.unlink()
-            stats.removed += 1
+    # an estimate of a case nobody lists or measured: recomputable, drop it
+    stats.removed = prune(store.estimate_files(sweep_dir), lambda path: path.stem in keep)
     return stats

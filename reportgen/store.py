@@ -17,7 +17,7 @@ Rules:
   files of an older schema (an embedded v1 measurement becomes its own measurement file first) and
   sets aside what it cannot use (invalid JSON, a newer schema), with a warning naming the file and
   what to do. Nothing is deleted that is not an estimate this version can recompute.
-* Readers (``load_sweep``: the renderer, ``show``) never write: they migrate in memory and skip what
+* Readers (``load_results``: the renderer, ``show``) never write: they migrate in memory and skip what
   they cannot read, with the same warnings.
 """
 
@@ -205,7 +205,7 @@ def _join(doc: dict, legacy: list[dict], measured: list[dict], path: Path) -> di
     return {**doc, "measurement": current_measurement(attempts), "measurements": attempts}
 
 
-def load_sweep(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
+def load_results(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
     """Every case of a sweep directory, sorted by id: its estimate document (current schema) with
     ``measurement`` (the current attempt, or None) and ``measurements`` (all attempts) joined in.
     Measurements embedded in older files count too. Never writes."""
@@ -225,10 +225,14 @@ def load_sweep(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
     return sorted(results, key=lambda r: r["id"])
 
 
+#: the former name, for scripts outside the package; ``sweep.load_sweep`` reads a sweep file
+load_sweep = load_results
+
+
 def load_measured(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
     """Every measured case of a sweep directory from its measurement files alone (no estimate file
     needed: a fresh clone has only the committed measurements), sorted by id:
-    ``{"id", "case", "measurement", "measurements"}`` as ``load_sweep`` joins them. For the scripts
+    ``{"id", "case", "measurement", "measurements"}`` as ``load_results`` joins them. For the scripts
     that compare measurements with the current code's estimates (calibration, the error band)."""
     out = []
     for cid, attempts in sorted(load_measurements(Path(sweep_dir), warn).items()):
@@ -238,7 +242,7 @@ def load_measured(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
 
 
 def load_case(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> dict:
-    """One case of a sweep directory, joined like ``load_sweep``. Raises ``UnreadableResult``."""
+    """One case of a sweep directory, joined like ``load_results``. Raises ``UnreadableResult``."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / f"{cid}.json"
     doc, blocks = migrate(read_json(path), path)

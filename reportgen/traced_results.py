@@ -3,11 +3,12 @@
 A traced figure (``reportgen trace``: the real step on the meta device, replayed through the
 caching-allocator simulation) is recomputable like an estimate but costs seconds per case, so it is
 stored like a measurement: written by ``reportgen sweep FILE --trace`` only, never by the estimate
-pass, and committed. Each file records ``inputs_hash``: the case, the model's config, the GPU's
-catalog entry, the estimator constants the trace injects (cuBLAS workspaces, CUDA context) and
-``fingerprint.trace_hash()`` (the tracer's code). A file whose hash is not the current one is
-**stale**: readers skip it with a warning (the site never shows a stale traced figure) and the next
-``--trace`` run redoes it. Library versions are recorded (``environment``), not hashed.
+pass, and committed (an ``artifacts.Artifact`` of kind ``trace``). Each file records
+``inputs_hash``: the case, the model's config, the GPU's catalog entry, the estimator constants the
+trace injects (cuBLAS workspaces, CUDA context) and ``fingerprint.trace_hash()`` (the tracer's code).
+A file whose hash is not the current one is **stale**: readers skip it with a warning (the site
+never shows a stale traced figure) and the next ``--trace`` run redoes it. Library versions are
+recorded (``environment``), not hashed.
 
 Only the fields the site and ``reportgen show`` use are kept (memory terms and totals, fits, the
 peak's phase and op, the names of the emulations applied, notes), a few KB per case.
@@ -20,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reportgen import catalog
+from reportgen.artifacts import Artifact, is_current
 from reportgen.results import (ADDED_SETUP_FIELDS, UnreadableResult, current_id, legacy_id, read_versioned, short_hash,
                                write_json_atomic)
 from reportgen.store import Warn, stderr_warn
@@ -122,9 +124,8 @@ def traced_time(doc: dict):
 
 
 def write_traced(sweep_dir: Path, cid: str, case: dict, trace: dict, ihash: str | None = None) -> Path:
-    path = traced_path(sweep_dir, cid)
-    write_json_atomic(path, traced_document(cid, Path(sweep_dir).name, case, trace, ihash))
-    return path
+    doc = traced_document(cid, Path(sweep_dir).name, case, trace, ihash)
+    return Artifact("trace", traced_path(sweep_dir, cid), doc["inputs_hash"]).write(doc)
 
 
 def read_traced(path: Path) -> dict:
@@ -139,7 +140,7 @@ def staleness(doc: dict) -> str | None:
         current = inputs_hash(doc["case"])
     except Exception as exc:  # noqa: BLE001 - a model or card no longer in the catalog
         return f"its case cannot be read by this version ({exc})"
-    if doc.get("inputs_hash") != current:
+    if not is_current(doc, current):
         return "traced by other trace code, constants or catalog entries than this reportgen's"
     return None
 

@@ -19,7 +19,7 @@ from reportgen.advise.walk import PREDICATES, walk
 from reportgen.cli import main
 from reportgen.estimate import estimate
 from reportgen.report.page import SiteData
-from reportgen.store import load_sweep as iter_results
+from reportgen.store import load_results as iter_results
 from reportgen.runner import run_estimates
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import load_sweep

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from reportgen import browser, catalog, flags
+from reportgen import browser, catalog, flags, layers
 from reportgen.cli import main
 from reportgen.errors import UserError
+from reportgen.fingerprint import ESTIMATOR_SOURCES
 from reportgen.report import calculator, pyodide, render
 from reportgen.report.page import SiteData
 from reportgen.setup import TrainingSetup
@@ -257,6 +258,28 @@ def test_the_bundle_lists_its_sources_and_pyyaml_license():
         assert rel in files, rel
     assert all(f"reportgen/catalog/models/{m}.json" in files for m in catalog.model_names())
     assert not any(".so" in f or "__pycache__" in f for f in files)
+
+
+def test_the_bundle_is_what_the_browser_imports_from_the_core_and_formulas():
+    """The file list is derived from the import graph: every module a shipped module imports is
+    shipped (the entries' imports into layers 0 and 1, the CLI's other commands excepted), and nothing
+    is shipped above the formulas but the two entries and the estimator hash's sources, which the
+    browser reads as text and never imports (``runner.py``)."""
+    paths = set(calculator.bundle_paths())
+    shipped = {layers.module_name(layers.ROOT / p) for p in paths if p.endswith(".py")}
+    hashed = {layers.module_name(p) for pattern in ESTIMATOR_SOURCES for p in layers.PACKAGE.glob(pattern)
+              if p.suffix == ".py"}
+    entries = set(calculator.ENTRIES)
+    text_only = {m for m in hashed if layers.layer_of(m) > calculator.SHIPPED_LAYER}
+    assert text_only == {"reportgen.runner"}, text_only
+    outside = sorted(m for m in shipped - entries - text_only if layers.layer_of(m) > calculator.SHIPPED_LAYER)
+    assert not outside, f"the calculator ships modules above the core and the formulas: {outside}"
+    g = layers.graph()
+    missing = sorted(f"{m} -> {i}" for m in shipped - text_only for i in g[m] if i not in shipped
+                     and (m not in entries or layers.layer_of(i) <= calculator.SHIPPED_LAYER))
+    assert not missing, f"the calculator misses modules its files import: {missing}"
+    assert entries <= shipped and "reportgen/configs/keys.json" in paths and "reportgen/catalog/gpus.yaml" in paths
+    assert "reportgen.configs.reverse" not in shipped  # the site's reverse table: nothing the browser imports
 
 
 # ----- the page ----------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def add_fake(results: Path, device: str = "h100-sxm", capped: str | None = None,
     from reportgen.estimate import constants as K
     from reportgen.setup import TrainingSetup
 
-    for r in store.load_sweep(results / "cal"):
+    for r in store.load_results(results / "cal"):
         case = r["case"]
         setup = TrainingSetup.model_validate(case["setup"])
         e = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)

@@ -94,7 +94,7 @@ def test_one_card_here_is_one_card_in_the_walk():
     assert CN.method_setups("qlora", 2048)[0].loss.value == "fused" and len(CN.method_setups("qlora", 2048)) == 3
 
 
-def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path, capsys):
+def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path, capsys, monkeypatch):
     from pathlib import Path
 
     from reportgen.fingerprint import estimator_hash
@@ -102,11 +102,19 @@ def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path
 
     stored = json.loads(Path("data/cards_needed.json").read_text())
     assert stored["estimator_hash"] == estimator_hash()  # the committed file is this code's: no warning
+    assert stored["inputs_hash"] == CN.cards_inputs_hash(stored["seq"])
     path = tmp_path / "cards.json"
     path.write_text(json.dumps(stored))
     assert _load_cards(path) == stored and capsys.readouterr().err == ""
-    path.write_text(json.dumps({**stored, "estimator_hash": "0" * 16}))
+    path.write_text(json.dumps({**stored, "inputs_hash": "0" * 16}))
     assert _load_cards(path)["gpus"] == stored["gpus"]
+    assert "run `reportgen cards`" in capsys.readouterr().err
+    # a catalog entry edited since the table was written makes it stale too, not only the estimator's code
+    path.write_text(json.dumps(stored))
+    entry = catalog.gpu_entry
+    monkeypatch.setattr(catalog, "gpu_entry", lambda key: {**entry(key), "memory_gib": 1} if key == "rtx-4090"
+                        else entry(key))
+    _load_cards(path)
     assert "run `reportgen cards`" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """How numbers are written for a reader (``reportgen/views/format.py``, the pages' Jinja filters in
-``report/render.py``, the view-model values of ``report/views.py``): worked examples, each string
+``report/render.py``, the view-model values of ``report/rows.py``): worked examples, each string
 written out by hand, so a wrong unit, a lost sign or a dropped separator fails here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from reportgen.report import render
-from reportgen.report.views import error_stats, gib_value, verdict_fields
+from reportgen.report.rows import error_stats, gib_value, verdict_fields
 from reportgen.views.format import demand_note, gib, money, pct, rate, seconds
 
 GIB = 2**30

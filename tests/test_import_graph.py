@@ -1,46 +1,11 @@
 """The import graph of ``reportgen`` (ARCHITECTURE.md): no module imports, directly or through others,
 a module that imports it back, counting the imports inside functions too (a lazy import is still a
-dependency). Read from the source with ``ast``; nothing is imported."""
+dependency), and every import runs down or across the layers of ``reportgen.layers.LAYERS``. Read
+from the source with ``ast`` (``reportgen.layers.graph``); nothing is imported."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "reportgen"
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The ``reportgen`` modules a file imports (``from reportgen.x import y`` counts ``reportgen.x.y``
-    when that is a module, else ``reportgen.x``); a package's ``__init__`` is not counted as the package's
-    modules."""
-    me = module_name(path)
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = me.split(".")[: len(me.split(".")) - node.level + (path.name == "__init__.py")]
-                base = ".".join(pkg + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        else:
-            continue
-        out |= {n for n in names if n in modules and n != me}
-    return out
-
-
-def graph() -> dict[str, set[str]]:
-    files = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(p) for p in files}
-    return {module_name(p): imports_of(p, modules) for p in files}
+from reportgen.layers import graph, layer_of
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -95,32 +60,10 @@ def test_no_import_cycle():
     assert not found, "modules that import each other (ARCHITECTURE.md): " + "; ".join(" <-> ".join(c) for c in found)
 
 
-#: ARCHITECTURE.md's layers: the first prefix a module starts with names its layer
-LAYERS = [
-    (6, ("reportgen.cli", "reportgen.__main__", "reportgen.measure.cli", "reportgen.trace.cli", "reportgen.advise.cli",
-         "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show", "reportgen.browser")),
-    (5, ("reportgen.report", "reportgen.advise.pages")),
-    (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
-         "reportgen.trace.runner", "reportgen.advise.store")),
-    (3, ("reportgen.store", "reportgen.traced_results", "reportgen.measured", "reportgen.sweep")),
-    (2, ("reportgen.trace", "reportgen.measure", "reportgen.advise", "reportgen.published")),
-    (1, ("reportgen.estimate",)),
-    (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
-         "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.views",
-         "reportgen.configs", "reportgen.flags", "reportgen")),
-]
-
 #: imports that run up today, each with the move that removes it (issue 18): keep this list shrinking
 KNOWN_UP = {
     ("reportgen.trace.spec", "reportgen.trace.cli"): "the install hint: see KNOWN_CYCLES",
 }
-
-
-def layer_of(module: str) -> int:
-    for layer, prefixes in LAYERS:
-        if any(module == p or (p != "reportgen" and module.startswith(p + ".")) for p in prefixes):
-            return layer
-    raise AssertionError(f"{module} is in no layer of ARCHITECTURE.md: add it there and to LAYERS")
 
 
 def test_every_module_has_a_layer():

@@ -13,7 +13,7 @@ import pytest
 from reportgen.cli import main
 from reportgen.measure.cluster import CLUSTER_ENV, POLL_ENV, SLURM_DIR, parse_time_limit
 from reportgen.measure.runner import DEADLINE_ENV, DEVICE_ENV
-from reportgen.store import load_sweep, measurement_files
+from reportgen.store import load_results, measurement_files
 from tests.measure_helpers import tiny_sweep
 
 submitit = pytest.importorskip("submitit")
@@ -43,7 +43,7 @@ def test_a_sweep_measured_as_a_job_array_on_submitits_local_executor(sweep_file,
     assert sweep(sweep_file, out) == 0
     err = capsys.readouterr().err
     assert "submitted 2 task(s) for 2 case(s)" in err and "2/2 task(s) completed, 2 case(s) measured (2 ok)" in err
-    results = {r["id"]: r for r in load_sweep(out / SWEEP)}
+    results = {r["id"]: r for r in load_results(out / SWEEP)}
     assert len(results) == 2 and all(r["measurement"]["status"] == "ok" for r in results.values())
     assert all(r["measurement"]["environment"]["device"] == "cpu" for r in results.values())
     logs = sorted(p.name for p in (out / SWEEP / SLURM_DIR).iterdir())

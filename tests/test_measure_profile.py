@@ -153,7 +153,7 @@ def test_profile_in_a_sweep_stores_the_trace_beside_the_measurements(tmp_path, m
     relative to the sweep directory; a rerun with profile asked for keeps it (same settings)."""
     from reportgen.cli import main
     from reportgen.measure.runner import DEVICE_ENV
-    from reportgen.store import load_sweep
+    from reportgen.store import load_results
 
     monkeypatch.setenv(DEVICE_ENV, "cpu")
     spec = tmp_path / "p.yaml"
@@ -168,11 +168,11 @@ measure: {{warmup: 1, steps: 1, max_steps: 1, timeout_s: 120, profile: true, pro
 """)
     out = tmp_path / "results"
     assert main(["sweep", str(spec), "--measure", "--no-render", "--results", str(out)]) == 0
-    (r,) = load_sweep(out / "prof")
+    (r,) = load_results(out / "prof")
     block = r["measurement"]
     assert block["settings"]["profile"] is True and block["settings"]["profile_steps"] == 1
     profile = block["measurement"]["profile"]
     assert profile["trace"].startswith("profiles/") and (out / "prof" / profile["trace"]).is_file()
     assert len(profile["steps"]) == 1 and profile["steps"][0]["cpu_ops"] > 0
     assert main(["sweep", str(spec), "--measure", "--no-render", "--results", str(out)]) == 0
-    assert len(load_sweep(out / "prof")[0]["measurements"]) == 1  # settled: not measured again
+    assert len(load_results(out / "prof")[0]["measurements"]) == 1  # settled: not measured again

@@ -8,7 +8,7 @@ import pytest
 
 from reportgen.cli import main
 from reportgen.measure.runner import DEVICE_ENV
-from reportgen.store import load_sweep, measurement_files
+from reportgen.store import load_results, measurement_files
 from tests.measure_helpers import tiny_sweep
 from tests.torch_saved import TINY
 
@@ -20,7 +20,7 @@ def sweep_file(tmp_path, monkeypatch):
 
 
 def results(results_dir):
-    return {r["id"]: r for r in load_sweep(results_dir / "tiny-measure")}
+    return {r["id"]: r for r in load_results(results_dir / "tiny-measure")}
 
 
 def snapshot(results_dir):

@@ -29,7 +29,7 @@ from reportgen.estimate.search import default_precision
 from reportgen.report.pages import gpu_pages, home_pages, model_pages
 from reportgen.report.render import load_site, render_page
 from reportgen.report.show import setup_flags
-from reportgen.report.views import PRIMARY_SEQ, best_fit, setup_label, site_rows, training_setup
+from reportgen.report.rows import PRIMARY_SEQ, best_fit, setup_label, site_rows, training_setup
 from reportgen.runner import run_estimates
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import load_sweep
@@ -169,7 +169,7 @@ def test_every_page_gives_the_walks_answer(consumer, model, gpu):
 
 
 def catalog_label(gpu: str) -> str:
-    from reportgen.report.views import gpu_label
+    from reportgen.report.rows import gpu_label
 
     return gpu_label(gpu)
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from reportgen.provenance import MEMORY_QUANTITIES, QUANTITIES, SPEED_QUANTITIES, provenance_of
-from reportgen.report import views
+from reportgen.report import rows
 
 
 def block(device="cuda", key="h100-sxm", cap=None, applied=True, env=True, status="ok"):
@@ -44,8 +44,8 @@ def test_rule(what, b, gpu, valid):
     assert p.memory_counts_for(gpu) == bool(set(valid) & set(MEMORY_QUANTITIES))
     assert p.speed_counts_for(gpu) == bool(set(valid) & set(SPEED_QUANTITIES))
     result = {"id": "x", "case": {"gpu": gpu}, "measurement": b}
-    assert set(views.measured_values(result)) == set(valid)
-    assert (views.other_run(result) is None) == bool(valid)  # either it counts, or it is labelled apart
+    assert set(rows.measured_values(result)) == set(valid)
+    assert (rows.other_run(result) is None) == bool(valid)  # either it counts, or it is labelled apart
 
 
 def test_labels_say_what_the_run_is():
@@ -58,9 +58,9 @@ def test_labels_say_what_the_run_is():
 
 def test_an_oom_counts_as_a_verdict_only_where_memory_counts():
     oom = {"id": "x", "case": {"gpu": "rtx-4090"}}
-    assert views.measured_verdict({**oom, "measurement": block(cap="rtx-4090", status="oom")}) == "oom"
-    assert views.measured_verdict({**oom, "measurement": block(device="cpu", status="oom")}) is None
-    assert views.measured_verdict({**oom, "measurement": block(status="oom")}) is None  # H100, uncapped
+    assert rows.measured_verdict({**oom, "measurement": block(cap="rtx-4090", status="oom")}) == "oom"
+    assert rows.measured_verdict({**oom, "measurement": block(device="cpu", status="oom")}) is None
+    assert rows.measured_verdict({**oom, "measurement": block(status="oom")}) is None  # H100, uncapped
 
 
 # ----- on the site ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from reportgen.cli import main
 from reportgen.provenance import provenance_of
 from reportgen.results import current_id, legacy_id
 from reportgen.report import render
-from reportgen.report.views import site_rows
+from reportgen.report.rows import site_rows
 from reportgen.runner import run_estimates
 from reportgen.sweep import load_sweep
 

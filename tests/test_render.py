@@ -21,7 +21,7 @@ from reportgen import catalog
 from reportgen.cli import main
 from reportgen.report import render
 from reportgen.report.page import Page
-from reportgen.report.views import TECHNIQUE_COLORS
+from reportgen.report.rows import TECHNIQUE_COLORS
 from tests.fixtures.site_data import PUBLISHED, build_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -415,7 +415,7 @@ def test_pages_workflow_tests_before_it_deploys():
 def test_setup_labels_tell_every_recipe_field_apart():
     """The site's setup label names each choice that changes the numbers, so two rows of one table
     never read the same (the validation sweep has dropout pairs; issue 9's recipe fields)."""
-    from reportgen.report.views import setup_label
+    from reportgen.report.rows import setup_label
     from reportgen.setup import TrainingSetup
 
     variants = [dict(method="lora"), dict(method="lora", lora_dropout=0.05), dict(method="lora", dora=True),

@@ -60,7 +60,7 @@ def test_every_earlier_schema_round_trips(tmp_path, version):
     work = copy_v1(tmp_path)
     original = {p.stem: json.loads(p.read_text()) for p in (work / "v1").glob("*.json")}
     assert {d["schema_version"] for d in original.values()} == {version}
-    in_memory = {r["id"]: r for r in store.load_sweep(work / "v1", quiet)}  # a reader migrates in memory
+    in_memory = {r["id"]: r for r in store.load_results(work / "v1", quiet)}  # a reader migrates in memory
 
     store.prepare(work / "v1", quiet)
     after = files(work)
@@ -69,7 +69,7 @@ def test_every_earlier_schema_round_trips(tmp_path, version):
     measured = store.measurement_files(work / "v1")
     assert len(measured) == 1 and measured[0].name.startswith(V1_MEASURED + ".")
 
-    loaded = {r["id"]: r for r in store.load_sweep(work / "v1", quiet)}
+    loaded = {r["id"]: r for r in store.load_results(work / "v1", quiet)}
     for cid, old in original.items():
         new = json.loads((work / "v1" / f"{cid}.json").read_text())
         assert new["schema_version"] == SCHEMA_VERSION and "measurement" not in new
@@ -98,7 +98,7 @@ def test_a_sweep_over_v1_files_keeps_the_measurement(tmp_path, monkeypatch):
     work = copy_v1(tmp_path)
     monkeypatch.chdir(work)
     run_estimates(load_sweep("v1.yaml"), Path("."), warn=quiet)
-    loaded = store.load_sweep(work / "v1", quiet)
+    loaded = store.load_results(work / "v1", quiet)
     # the case is stored under its current id now; the measurement, filed under the old one, joins it
     [case] = [r for r in loaded if r["measurements"]]
     assert case["measurement"]["status"] == "ok" and case["measurement"]["stored_id"] == V1_MEASURED
@@ -150,7 +150,7 @@ def test_render_reads_around_unusable_files_without_moving_them(tmp_path):
     bad = work / "v1" / f"{V1_PLAIN}.json"
     bad.write_text(CONFLICT)
     warnings: list[str] = []
-    loaded = store.load_sweep(work / "v1", warnings.append)
+    loaded = store.load_results(work / "v1", warnings.append)
     assert [r["id"] for r in loaded] == [V1_MEASURED_NOW] and bad.read_text() == CONFLICT
     assert any(str(bad) in w for w in warnings)
 

@@ -329,7 +329,7 @@ def test_committed_validation_traces_price_their_own_step_time():
     carries the time model priced on it (``traced_time``), not the analytic estimate's step time."""
     from reportgen.estimate.time import estimate_time
     from reportgen.estimate.work import StepWork
-    from reportgen.report.views import traced_values
+    from reportgen.report.rows import traced_values
     from reportgen.setup import TrainingSetup
 
     files = traced_results.traced_files(ROOT / "results" / "validation")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from reportgen.report import pages, render
-from reportgen.report.views import site_rows
+from reportgen.report.rows import site_rows
 from tests.fixtures.site_data import PUBLISHED, build_results
 
 

@@ -116,13 +116,31 @@ def cards_needed(model: ModelSpec, gpu: GpuSpec, method: str, seq: int = 2048) -
     return CardsNeeded(method, fit, smallest_fit(model, gpu, method, seq, "params", fewer) if fewer else None)
 
 
+#: this module's code and the tree's, whose recipe it applies
+CODE = ("advise/cards.py", "advise/tree.py")
+
+
+def cards_inputs_hash(seq: int) -> str:
+    """What the whole table depends on, hashed: the estimator's code, the code of this module and of
+    the tree, every catalog model's config and GPU entry, and the sequence length."""
+    from reportgen import catalog
+    from reportgen.fingerprint import estimator_hash, source_hash
+    from reportgen.results import short_hash
+
+    return short_hash({"estimator": estimator_hash(), "code": source_hash(CODE), "seq": seq,
+                       "models": {name: catalog.load_model(name).config for name in catalog.model_names()},
+                       "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}, 16)
+
+
 def all_cards_needed(seq: int = 2048) -> dict:
     """``{gpu: {model: {method: CardsNeeded.as_dict()}}}`` for every catalog GPU and model, with the
-    hash of the estimator code that computed them (the GPU pages warn when it is not this code's)."""
+    hash of the estimator code that computed them and ``inputs_hash`` (``cards_inputs_hash``: the GPU
+    pages warn when it is not this checkout's)."""
     from reportgen import catalog
     from reportgen.fingerprint import estimator_hash
 
-    out: dict = {"seq": seq, "counts": list(COUNTS), "estimator_hash": estimator_hash(), "gpus": {}}
+    out: dict = {"seq": seq, "counts": list(COUNTS), "estimator_hash": estimator_hash(),
+                 "inputs_hash": cards_inputs_hash(seq), "gpus": {}}
     models = {name: catalog.load_model(name) for name in catalog.model_names()}
     for key in catalog.gpu_names():
         gpu = catalog.load_gpu(key)

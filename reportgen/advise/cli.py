@@ -50,13 +50,13 @@ def register(sub) -> None:
 
 def run_cards(args: argparse.Namespace) -> int:
     from reportgen.advise.cards import all_cards_needed
+    from reportgen.artifacts import Artifact
     from reportgen.errors import UserError
-    from reportgen.results import write_json_atomic
 
     if args.seq < 8:
         raise UserError(f"--seq {args.seq}: a sequence is at least 8 tokens")
     data = all_cards_needed(args.seq)
-    write_json_atomic(args.out, data)
+    Artifact("cards", args.out, data["inputs_hash"]).write(data)
     print(f"wrote {args.out}: {len(data['gpus'])} GPUs x {len(next(iter(data['gpus'].values())))} models")
     return 0
 

@@ -18,7 +18,7 @@ from reportgen import catalog
 from reportgen.advise import tree as T
 from reportgen.advise.diagrams import stage_diagrams
 from reportgen.report.page import Page, SiteData
-from reportgen.report.views import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, rel, setup_label,
+from reportgen.report.rows import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, rel, setup_label,
                                     training_setup)
 
 INDEX = "guides/index.md"

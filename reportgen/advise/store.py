@@ -3,7 +3,7 @@
 Computing never renders and rendering never computes: a guide page needs a walk per model, GPU
 and sequence length, and a walk is estimator work. So ``write_advice`` walks every (model, GPU,
 sequence length) a sweep covers with single-GPU cases, when the sweep runs, and writes one JSON
-file per walk next to the sweep's results::
+file per walk (an ``artifacts.Artifact`` of kind ``advice``) next to the sweep's results::
 
     results/<sweep>/_advice/<model>.<gpu>.s<seq>.json
 
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reportgen import __version__
+from reportgen.artifacts import Artifact, prune
 from reportgen.advise.tree import tree_hash
 from reportgen.advise.walk import ADVICE_SCHEMA_VERSION, walk
 from reportgen.fingerprint import advice_hash
-from reportgen.results import model_file_part, short_hash, write_json_atomic
+from reportgen.results import model_file_part, short_hash
 from reportgen.runner import inputs_hash
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import Case, Sweep
@@ -63,30 +64,23 @@ def write_advice(sweep: Sweep, results_dir: Path, force: bool = False, progress=
     keep: set[Path] = set()
     keys = list(advice_keys(sweep))
     for model, gpu, seq in progress(keys) if progress else keys:
-        path = advice_path(results_dir, sweep.name, model, gpu, seq)
-        keep.add(path)
-        ihash = advice_inputs_hash(model, gpu, seq, sweep.spec.train_tokens)
-        if path.exists() and not force:
-            try:
-                if json.loads(path.read_text()).get("inputs_hash") == ihash:
-                    stats.skipped += 1
-                    continue
-            except (ValueError, OSError):
-                pass
+        artifact = Artifact("advice", advice_path(results_dir, sweep.name, model, gpu, seq),
+                            advice_inputs_hash(model, gpu, seq, sweep.spec.train_tokens))
+        keep.add(artifact.path)
+        if not force and artifact.is_current(artifact.stored()):
+            stats.skipped += 1
+            continue
         try:
             doc = walk(model, gpu, seq, train_tokens=sweep.spec.train_tokens)
         except Exception:  # a failed walk must not stop the sweep: the guide then shows the command
             stats.failed += 1
-            path.unlink(missing_ok=True)
+            artifact.remove()
             continue
-        doc.update(sweep=sweep.name, inputs_hash=ihash, reportgen_version=__version__)
-        write_json_atomic(path, doc)
+        doc.update(sweep=sweep.name, inputs_hash=artifact.inputs_hash, reportgen_version=__version__)
+        artifact.write(doc)
         stats.written += 1
     folder = Path(results_dir) / sweep.name / ADVICE_DIR
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if path not in keep:
-            path.unlink()
-            stats.removed += 1
+    stats.removed = prune(sorted(folder.glob("*.json")) if folder.is_dir() else [], lambda path: path in keep)
     return stats
 
 

@@ -25,10 +25,24 @@ _ATTN_FLAGS = (("flash_attention", "sdpa", "FlashAttention-2: modelled as SDPA's
 
 
 def translate(r: Reader, bf16_capable: bool = True) -> Translation:
+    """An Axolotl config as a setup, read in this order (the order of the translation's lines): the
+    model, the method and quantization, precision, batch and length, the step's memory savers, the
+    loss, and the several-GPU settings."""
     t = Translation(tool="axolotl", path=str(r.path))
     resolve_model(r, "base_model", t)
+    method = _method(r, t)
+    _precision(r, t, method, bf16_capable)
+    _kbit_prep(r, t, method)
+    _batch(r, t)
+    _step(r, t)
+    _loss(r, t)
+    _gpus(r, t)
+    return finish(r, t)
 
-    # ----- method and quantization -----
+
+def _method(r: Reader, t: Translation) -> str:
+    """``adapter``, ``load_in_4bit``/``load_in_8bit``, the 4-bit quantization and the LoRA settings;
+    returns the method."""
     adapter = r.get("adapter")
     if adapter in ("", None):
         adapter = None
@@ -67,9 +81,12 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
         t.set("lora_dropout", r.number("lora_dropout", 0.0), "lora_dropout")
         _targets(r, t)
         t.set("dora", bool(r.boolean("peft_use_dora", False)), "peft_use_dora")
+    return method
 
-    # ----- precision -----
-    _precision(r, t, method, bf16_capable)
+
+def _kbit_prep(r: Reader, t: Translation, method: str) -> None:
+    """QLoRA under mixed precision: peft's ``prepare_model_for_kbit_training`` unless FSDP or
+    DeepSpeed ZeRO-3 shards the model."""
     if method == "qlora" and t.values["precision"].endswith("-mixed"):
         zero3 = False
         if r.has("deepspeed"):
@@ -79,7 +96,9 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
         fsdp = r.has("fsdp") or r.has("fsdp_config")
         t.set("kbit_prep", "none" if (fsdp or zero3) else "peft", "adapter")
 
-    # ----- batch, length, padding -----
+
+def _batch(r: Reader, t: Translation) -> None:
+    """Micro-batch, accumulation, sequence length and padding."""
     t.set("batch", r.integer("micro_batch_size", 1), "micro_batch_size")
     accum = r.integer("gradient_accumulation_steps")
     if accum is None and r.has("batch_size"):
@@ -101,7 +120,9 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     else:
         t.set("padding", "longest", "sample_packing")
 
-    # ----- the step -----
+
+def _step(r: Reader, t: Translation) -> None:
+    """Checkpointing, activation offload, ``torch.compile``, the optimizer and the attention."""
     ckpt = r.get("gradient_checkpointing", False)
     if ckpt not in (True, False, "offload", "offload_disk"):
         raise r.error("gradient_checkpointing", f"must be true, false, offload or offload_disk (got {ckpt!r})")
@@ -122,6 +143,10 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     optimizer(r, "optimizer", t)
     t.set("recipe", "trainer", "base_model")  # Axolotl's trainers are transformers' Trainer (estimate/recipes.py)
     _attention(r, t)
+
+
+def _loss(r: Reader, t: Translation) -> None:
+    """Liger's fused linear cross-entropy or Cut Cross-Entropy (a plugin), else the standard loss."""
     liger = bool(r.boolean("liger_fused_linear_cross_entropy", False))
     cce = r.get("cut_cross_entropy")
     plugins = r.get("plugins") or []
@@ -137,7 +162,9 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     else:
         t.set("loss", "standard", "liger_fused_linear_cross_entropy")
 
-    # ----- several GPUs -----
+
+def _gpus(r: Reader, t: Translation) -> None:
+    """FSDP (``fsdp`` words or ``fsdp_config``) or DeepSpeed, never both."""
     if r.has("fsdp") and r.doc["fsdp"]:
         fsdp_words(r, "fsdp", r.doc["fsdp"], t)
     if r.has("fsdp_config"):
@@ -146,7 +173,6 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
         if t.sharding_key:
             raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
         deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
-    return finish(r, t)
 
 
 def _targets(r: Reader, t: Translation) -> None:

@@ -140,6 +140,11 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
                       attn: Attention | None = None, masked: bool | None = None) -> LayerActivations:
     """Saved bytes of one decoder layer without checkpointing.
 
+    The layer in the order its forward saves: the attention block's input (``_attention_input``),
+    the q/k norms, the attention core (``_attention_core``), o_proj, and from the attention output
+    on the norms and the MLP (``_mlp_block``); then DoRA's constants and what ``torch.compile`` saves
+    less.
+
     ``first_layer``: the layer reading the embedding output, which needs no gradient when the
     embedding is frozen and input gradients are not enabled (LoRA without checkpointing).
     ``masked``: whether its SDPA call gets an attention mask (default: whether any layer's does,
@@ -147,20 +152,44 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     """
     if masked is None:
         masked = sdpa_masked_layers(model, setup) > 0
-    h, c = model.hidden_size, dt.compute
     attn = attn or setup.attn
     rank = setup.lora_rank
     lora = set(model.lora_selection(setup.lora_targets).linears) if setup.is_peft else set()
     lins = {lin.name: lin for lin in model.layer_linears()}
     input_grad = not (first_layer and setup.is_peft and not setup.grad_ckpt)
-    fam = model.family
-    four_norms = fam in ("gemma2", "gemma3")
     q_req, k_req, v_req = (True, True, True) if input_grad else _qkv_requires_grad(model, lora)
 
+    per_token, const, fc1_out = _attention_input(model, dt, lins, lora, rank, input_grad)
+    t, k = _qk_norms(model, dt, q_req, k_req)
+    per_token, const = per_token + t, const + k
+    t, per_sq, o_shared = _attention_core(model, setup, dt, attn, masked, q_req, k_req, v_req)
+    per_token += t
+    per_token += _linear_group(model.q_dim, dt.compute, [lins[model.attn_out_name]], lora, dt, rank,
+                               shared_saved=o_shared, input_grad=q_req or k_req or v_req)
+    if model.resid_dropout:  # the attention output requires a gradient (v or o_proj is trained)
+        per_token += ops.dropout_mask(model.hidden_size)
+    # does the residual stream need a gradient after the attention block? Always, except in the
+    # first layer of LoRA when no attention projection has an adapter
+    stream_grad = input_grad or q_req or k_req or v_req or model.attn_out_name in lora
+    t, k = _mlp_block(model, dt, lins, lora, rank, input_grad, stream_grad, fc1_out)
+    per_token, const = per_token + t, const + k
+    for lin in dora.adapted_linears(model, setup):  # DoRA's norm vectors (and dropout's weight copies)
+        grad = input_grad or lin.name not in model.attn_in_names()
+        const += dora.saved_constant_bytes(model, lin, dt, grad)
+    if setup.compile:  # Inductor's partitioner saves less than eager (fusion.py)
+        per_token -= fusion.saved_bytes_per_token(model, dt, input_grad)
+    return LayerActivations(per_token=per_token, per_seq_sq=per_sq, constant=const, batch=setup.batch,
+                            seq=setup.seq)
+
+
+def _attention_input(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[str], rank: int,
+                     input_grad: bool) -> tuple[int, int, int]:
+    """``(per token, constant, fc1's output dtype)``: the attention block's pre-norm and the inputs
+    its projections save (Phi-2: one LayerNorm feeds attention and ``fc1``)."""
+    h, c, fam = model.hidden_size, dt.compute, model.family
     per_token = 0
-    per_sq = 0
     const = 0
-    # --- attention block: its input ----------------------------------------------------------
+    fc1_out = c
     if fam == "phi":  # one LayerNorm feeds attention and MLP (PhiDecoderLayer, parallel block)
         attn_in = dt.stream
         if input_grad:
@@ -180,17 +209,30 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
             const += _norm_const(model, h) if input_grad else 0
         per_token += _linear_group(h, dt.stream, [lins[n] for n in model.attn_in_names()], lora, dt, rank,
                                    input_grad=input_grad)
+    return per_token, const, fc1_out
 
-    # --- q/k norms (Qwen3, Qwen3-MoE and Gemma 3 per head; OLMo 2 over the whole width) ----------
+
+def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool) -> tuple[int, int]:
+    """``(per token, constant)`` of the q/k norms (Qwen3, Qwen3-MoE and Gemma 3 per head; OLMo 2
+    over the whole width)."""
+    per_token = const = 0
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
     if model.qk_norm_widths:
-        per_head = fam != "olmo2"
-        qk_dt = dt.stream if dt.quantized else c  # a 4-bit q/k projection returns its input's dtype
+        per_head = model.family != "olmo2"
+        qk_dt = dt.stream if dt.quantized else dt.compute  # a 4-bit q/k projection returns its input's dtype
         for req, heads in ((q_req, nq), (k_req, nkv)):
             per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1)
             const += _norm_const(model, hd) if req else 0  # Gemma 3: 1 + weight over head_dim
+    return per_token, const
 
-    # --- attention core ----------------------------------------------------------------------
+
+def _attention_core(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, masked: bool,
+                    q_req: bool, k_req: bool, v_req: bool) -> tuple[int, int, bool]:
+    """``(per token, per seq^2, whether o_proj's saved input is the core's own output)`` of the
+    attention core: SDPA's kernels or eager attention."""
+    c, fam = dt.compute, model.family
+    nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
+    per_token = per_sq = 0
     if attn == Attention.sdpa and not (q_req or k_req or v_req):
         # first layer of LoRA with no adapter on q, k or v: SDPA's inputs need no gradient, so it
         # records no backward node and saves nothing
@@ -241,14 +283,16 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         if model.attn_logit_softcapping:
             per_sq += c * nq  # tanh output (Gemma 2 soft-capping)
         o_shared = False  # transpose().contiguous() is a new tensor
-    per_token += _linear_group(model.q_dim, c, [lins[model.attn_out_name]], lora, dt, rank, shared_saved=o_shared,
-                               input_grad=q_req or k_req or v_req)
-    if model.resid_dropout:  # the attention output requires a gradient (v or o_proj is trained)
-        per_token += ops.dropout_mask(h)
-    # does the residual stream need a gradient after the attention block? Always, except in the
-    # first layer of LoRA when no attention projection has an adapter
-    stream_grad = input_grad or q_req or k_req or v_req or model.attn_out_name in lora
+    return per_token, per_sq, o_shared
 
+
+def _mlp_block(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[str], rank: int,
+               input_grad: bool, stream_grad: bool, fc1_out: int) -> tuple[int, int]:
+    """``(per token, constant)`` from the attention output on: the norms between attention and MLP,
+    the MLP (dense, MoE or Phi-2's), the norm after it and MoE's offsets."""
+    h, c, fam = model.hidden_size, dt.compute, model.family
+    four_norms = fam in ("gemma2", "gemma3")
+    per_token = const = 0
     # --- between attention and MLP ------------------------------------------------------------
     if four_norms:  # post_attention_layernorm on the attention output, then pre_feedforward_layernorm
         per_token += 2 * _norm(model, h, dt.stream, dt, True)
@@ -282,13 +326,7 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
         per_token += _norm(model, h, c, dt, True)
         const += _norm_const(model, h)
     const += 4 * model.num_experts  # MoE int32 offsets
-    for lin in dora.adapted_linears(model, setup):  # DoRA's norm vectors (and dropout's weight copies)
-        grad = input_grad or lin.name not in model.attn_in_names()
-        const += dora.saved_constant_bytes(model, lin, dt, grad)
-    if setup.compile:  # Inductor's partitioner saves less than eager (fusion.py)
-        per_token -= fusion.saved_bytes_per_token(model, dt, input_grad)
-    return LayerActivations(per_token=per_token, per_seq_sq=per_sq, constant=const, batch=setup.batch,
-                            seq=setup.seq)
+    return per_token, const
 
 
 def _phi_mlp(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[str], rank: int,

@@ -48,7 +48,7 @@ from reportgen.estimate import sharding as SH
 from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.estimate.logits import kept_output_bytes, logits_memory
+from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import Attention, Method, Offload, Optimizer, Sharding, TrainingSetup
@@ -330,14 +330,12 @@ def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> 
     return adafactor_copies(setup, dt) * 4 * largest
 
 
-def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
-                    libs: Libraries = CURRENT) -> MemoryEstimate:
-    """The step's peak for the library versions the harness runs, or older ones (``libraries.py``)."""
-    dt = dtypes_for(setup, libs)
+def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | None) -> list[str]:
+    """What the estimate says about the setup before any figure: an attention fallback, and where
+    peft or bitsandbytes treat a part of the model otherwise than the formulas assume."""
     notes: list[str] = []
-    attn, note = effective_attention(model, setup)
-    if note:
-        notes.append(note)
+    if attention_note:
+        notes.append(attention_note)
     if model.num_experts and setup.method == Method.qlora:
         notes.append("MoE experts are 3-D parameters in transformers >= 5: bitsandbytes leaves them 16-bit")
     if setup.is_peft and setup.dora and (model.lora_selection(setup.lora_targets).head
@@ -351,12 +349,26 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
             lin.name in model.lora_selection(setup.lora_targets).linears for lin in model.layer_linears()
             if lin.count > 1 or lin.name == "router"):
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
+    return notes
 
-    place = SH.placement(setup)  # divisors of parameters, gradients, optimizer states (sharding.py)
-    fsdp = place.sharded_params
-    tokens = setup.batch * setup.seq
 
-    # --- parameter-side terms (whole model) --------------------------------------------------
+@dataclass(frozen=True)
+class ParameterBytes:
+    """The parameter-side terms of the whole model (``params.py``), before sharding and offload."""
+
+    weights: int
+    quant: int
+    adapters: int
+    grads: int
+    states: int
+    states_managed: int  # paged optimizer states, in CUDA managed memory
+    g_layer: int  # one decoder layer's gradients
+    g_head: int  # the head's (or tied embedding's) gradient under full fine-tuning
+
+
+def parameter_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> ParameterBytes:
+    """The whole model's weights, quantization constants, adapters, gradients and optimizer states
+    (``params.py``), one layer's gradients and the head's."""
     weights = P.weights_bytes(model, setup, dt)
     quant = P.quant_constants_bytes(model, setup)
     adapters = P.adapter_bytes(model, setup, dt)
@@ -364,8 +376,29 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     states, states_managed = P.optimizer_state_bytes(model, setup, dt)
     g_layer = layer_param_bytes(model, setup, dt)
     g_head = model.vocab_size * model.hidden_size * dt.base if setup.method == Method.full else 0
+    return ParameterBytes(weights, quant, adapters, grads, states, states_managed, g_layer, g_head)
 
-    # --- placement: sharding and offload ---------------------------------------------------
+
+@dataclass(frozen=True)
+class DevicePlacement:
+    """Where the parameter-side bytes live once sharded and offloaded: per GPU (``w_dev``, ``g_dev``,
+    ``s_dev``), on the host, and what FSDP all-gathers for the forward and backward."""
+
+    w_dev: int
+    g_dev: int
+    s_dev: int
+    host: int
+    gathered_bytes: int  # FSDP: parameters all-gathered for the forward and backward (not the optimizer step)
+    ddp_buckets: int
+    workspace: int
+    layer_weight_bytes: int  # one decoder layer's weights as FSDP gathers them
+
+
+def device_placement(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, gpu: GpuSpec, place: SH.Placement,
+                     pb: ParameterBytes) -> DevicePlacement:
+    """Sharding and offload applied to the parameter-side terms (``sharding.py``)."""
+    weights, quant, adapters, grads, states = pb.weights, pb.quant, pb.adapters, pb.grads, pb.states
+    fsdp = place.sharded_params
     host = 0
     gathered_bytes = 0  # FSDP: parameters all-gathered for the forward and backward (not the optimizer step)
     # FSDP gathers a layer in the compute dtype (MixedPrecisionPolicy(param_dtype=...)), so mixed
@@ -408,8 +441,30 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         ddp_buckets = SH.zero_reduce_bucket_bytes(P.trainable_params(model, setup),
                                                   P.trainable_dtype_bytes(setup, dt))
     workspace = cublas_workspace_bytes(gpu)
+    return DevicePlacement(w_dev, g_dev, s_dev, host, gathered_bytes, ddp_buckets, workspace, layer_weight_bytes)
 
-    # --- activations and friends (per micro-batch; unchanged by data-parallel sharding) -------
+
+@dataclass(frozen=True)
+class StepActivations:
+    """What the forward saves and the loss makes, per micro-batch (unchanged by data-parallel
+    sharding): ``activations.py`` and ``logits.py`` put on the step's timeline."""
+
+    mask: int  # SDPA's materialized mask: alive during the forward only
+    fixed: int
+    stack: int  # the saved activations of all layers on the GPU (two layers with activation offload)
+    recompute: int  # one layer's recomputed activations under checkpointing
+    bottom_layer: int
+    lm: LogitsMemory
+    kept: int
+    held_prev: int
+    offloaded: int  # activations moved to the host
+
+
+def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention,
+                     libs: Libraries) -> StepActivations:
+    """The saved activations of all layers (``activations.py``), the loss's tensors and the kept
+    outputs (``logits.py``), with activation offload moving all but two layers to the host."""
+    tokens = setup.batch * setup.seq
     mask = sdpa_mask_bytes(model, setup, attn)  # alive during the forward only
     fixed = act.fixed_activations(model, setup, dt, head_module=not RC.fused_head(setup))
     stack = act.all_layers(model, setup, dt, attn=attn)
@@ -431,9 +486,35 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         per_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
             model, setup, dt, attn=attn).bytes
         offloaded = max(0, stack - 2 * per_layer)
-        host += offloaded
         stack = min(stack, 2 * per_layer)
-    gathered = SH.gathers_layers(setup)
+    return StepActivations(mask, fixed, stack, recompute, bottom_layer, lm, kept, held_prev, offloaded)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The allocated bytes at each moment of the step where the peak can fall (the module's list),
+    and the figures of it the breakdown shows."""
+
+    phases: dict[str, int]
+    copies_fwd: int  # autocast copies cached until the autocast region ends
+    g_dev: int  # the gradients held per GPU (one layer's when stepped in the backward)
+    fwd_work: int
+    bwd_work: int
+    dora_fwd: int
+
+
+def timeline(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, libs: Libraries,
+             place: SH.Placement, gathered: bool, pb: ParameterBytes, dev: DevicePlacement,
+             a: StepActivations) -> Timeline:
+    """The step's moments, each the sum of what is live then (``gathered``: FSDP gathers the layers,
+    in the compute dtype, so they need no autocast copies)."""
+    g_head, g_layer = pb.g_head, pb.g_layer
+    w_dev, g_dev, s_dev, gathered_bytes = dev.w_dev, dev.g_dev, dev.s_dev, dev.gathered_bytes
+    workspace, ddp_buckets = dev.workspace, dev.ddp_buckets
+    mask, fixed, stack, recompute, lm = a.mask, a.fixed, a.stack, a.recompute, a.lm
+    bottom_layer, kept, held_prev = a.bottom_layer, a.kept, a.held_prev
+    tokens = setup.batch * setup.seq
+    trl_head = RC.fused_head(setup)  # TRL's fused LM head computes the loss (recipes.py)
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
     # backward), so it is not held during the layers' backward
@@ -494,19 +575,30 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         head_out = model.vocab_size * dt.compute if dt.compute != 4 else 0
         phases["forward-return"] = (base + gathered_bytes + fixed + stack + copies_fwd + fwd_work + kept + held_prev
                                     + tokens * (head_out + 4 * model.vocab_size))
-    phase = max(phases, key=lambda k: phases[k])
-    peak = phases[phase]
+    return Timeline(phases, copies_fwd, g_dev, fwd_work, bwd_work, dora_fwd)
 
-    # the largest per-layer temporaries (the optimizer's are in ``optimizer_segments``; attention's
-    # s x s blocks in ``scores``); a checkpointed layer's forward drops all its activations
+
+def working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, tl: Timeline,
+                  recompute: int) -> int:
+    """The largest per-layer temporaries (the optimizer's are in ``optimizer_segments``; attention's
+    s x s blocks in ``scores``); a checkpointed layer's forward drops all its activations."""
+    bwd_work, fwd_work, dora_fwd = tl.bwd_work, tl.fwd_work, tl.dora_fwd
     attn_sq = setup.batch * model.num_heads * setup.seq * setup.seq
     kernel = act.sdpa_kernel(model, setup, dt.compute) if attn == Attention.sdpa else "eager"
     bwd_scores = (attn_sq * (4 + dt.compute) if kernel == "eager" else 2 * attn_sq * dt.compute if kernel == "math"
                   else 0)
-    working = max(bwd_work - bwd_scores, fwd_work + dora_fwd + (recompute if setup.grad_ckpt else 0))
-    logits = max(lm.forward_live, lm.backward_live)
+    return max(bwd_work - bwd_scores, fwd_work + dora_fwd + (recompute if setup.grad_ckpt else 0))
+
+
+def reserved_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, gpu: GpuSpec, attn: Attention,
+                    place: SH.Placement, gathered: bool, phases: dict[str, int], peak: int, working: int,
+                    layer_weight_bytes: int) -> tuple[int, int, dict[str, int]]:
+    """``(reserved, released, cache inputs)``: the caching allocator's reserve over the allocated
+    ``peak`` of the ``phases`` (``cached_free_bytes``), its segments, FSDP's stream pool
+    (``gathered``: FSDP gathers the layers), and what it releases when the card cannot hold it
+    (``allocator_limited_reserved``)."""
     cache = cache_inputs(model, setup, dt, attn, setup.method == Method.full and not place.sharded_params
-                         and place.grads == 1, working, setup.loss.value == "standard" and not trl_head)
+                         and place.grads == 1, working, setup.loss.value == "standard" and not RC.fused_head(setup))
     # the segments added after the loss (the embedding's gradient, Adafactor's copies) are counted in
     # cached_free_bytes whole, on top of the step before them; where they make the allocated peak
     # themselves (phases 'embedding-backward', 'optimizer-step'), that peak already holds them
@@ -515,12 +607,40 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     if gathered and setup.sharding != Sharding.zero3:
         reserved += fsdp_stream_pool_bytes(layer_weight_bytes)
     reserved, released = allocator_limited_reserved(peak, reserved, gpu, working)
+    return reserved, released, cache
+
+
+def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
+                    libs: Libraries = CURRENT) -> MemoryEstimate:
+    """The step's peak for the library versions the harness runs, or older ones (``libraries.py``).
+
+    In three steps: the parameter-side terms placed on the GPUs and the host (``device_placement``),
+    the step's timeline of allocated bytes (``timeline``), and the allocator's reserve over its peak
+    (``reserved_memory``)."""
+    dt = dtypes_for(setup, libs)
+    attn, note = effective_attention(model, setup)
+    notes = setup_notes(model, setup, note)
+    place = SH.placement(setup)  # divisors of parameters, gradients, optimizer states (sharding.py)
+    pb = parameter_bytes(model, setup, dt)
+    dev = device_placement(model, setup, dt, gpu, place, pb)
+    a = step_activations(model, setup, dt, attn, libs)
+    host = dev.host + a.offloaded
+    gathered = SH.gathers_layers(setup)
+    tl = timeline(model, setup, dt, attn, libs, place, gathered, pb, dev, a)
+    phases = tl.phases
+    phase = max(phases, key=phases.__getitem__)  # the first of the largest, in the timeline's order
+    peak = phases[phase]
+
+    working = working_bytes(model, setup, dt, attn, tl, a.recompute)
+    logits = max(a.lm.forward_live, a.lm.backward_live)
+    reserved, released, cache = reserved_memory(model, setup, dt, gpu, attn, place, gathered, phases, peak, working,
+                                                dev.layer_weight_bytes)
     if released:
         notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} can hold: it "
                      "releases its cached blocks and retries (slower; fragmentation can still run out), and "
                      "reserves little more than the allocated peak afterwards")
     device_total = process_device_bytes(reserved)
-    if states_managed:
+    if pb.states_managed:
         notes.append("paged optimizer states live in CUDA managed memory: not in peak_allocated/peak_reserved "
                      "nor in nvidia-smi's per-process figure (device_total); they use the card while it has "
                      "room and page to host RAM when it runs out")
@@ -529,22 +649,22 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
 
     on_host = setup.offload == Offload.params
     terms = {
-        "weights": 0 if on_host else weights // place.params,
-        "quant_constants": 0 if on_host else quant // place.params,
-        "lora_adapters": 0 if on_host else adapters // place.params,
-        "gradients": g_dev + ddp_buckets,
-        "optimizer": s_dev,
-        "optimizer_paged": states_managed // place.states,
-        "autocast_copies": copies_fwd,
-        "activations": fixed + stack,
-        "kept_outputs": kept + held_prev,
+        "weights": 0 if on_host else pb.weights // place.params,
+        "quant_constants": 0 if on_host else pb.quant // place.params,
+        "lora_adapters": 0 if on_host else pb.adapters // place.params,
+        "gradients": tl.g_dev + dev.ddp_buckets,
+        "optimizer": dev.s_dev,
+        "optimizer_paged": pb.states_managed // place.states,
+        "autocast_copies": tl.copies_fwd,
+        "activations": a.fixed + a.stack,
+        "kept_outputs": a.kept + a.held_prev,
         "logits": logits,
         "transient": working,
-        "fsdp_unsharded": gathered_bytes,
-        "cublas_workspace": workspace,
+        "fsdp_unsharded": dev.gathered_bytes,
+        "cublas_workspace": dev.workspace,
         "cuda_context": K.CUDA_CONTEXT_BYTES,
     }
     return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
                           peak_phase=phase, phases=phases, host_ram=host, notes=notes,
-                          offloaded_activations=offloaded, cache_released=released, cache_inputs=cache,
+                          offloaded_activations=a.offloaded, cache_released=released, cache_inputs=cache,
                           reserved_from_first_step=reserved if not released else gpu.memory_bytes - K.CUDA_CONTEXT_BYTES)

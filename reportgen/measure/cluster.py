@@ -10,7 +10,7 @@ file to a new name, never overwriting), so tasks running at once on a shared fil
 clash; the estimate files are written once, by the submitting command, before anything is
 submitted (tasks only read them). What a task measured is simply there afterwards: the sweep's
 resume rule (a case settled by an ``ok`` or ``oom`` attempt is skipped) and its merge (all
-attempt files of a case, joined by ``store.load_sweep``) are the ones a local run uses.
+attempt files of a case, joined by ``store.load_results``) are the ones a local run uses.
 
 Shards: ``--tasks N`` (default: one per case) splits the sweep's cases (sorted by id) into N
 shards as ``--shard I/N`` does; only shards that still hold a case to measure are submitted (a

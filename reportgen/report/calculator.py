@@ -4,8 +4,9 @@
 and the files it loads, all served from the built site (nothing from a third-party host):
 
 * ``calculator/estimator-<hash>.json``: the estimator bundle, ``{"files": {path: text}}``, the source
-  files of ``BUNDLE`` (the estimator core, the catalogs, the CLI's ``estimate`` command and
-  ``reportgen/browser.py``, which the page calls) and PyYAML's pure-Python modules with its license
+  files ``bundle_paths()`` derives from the import graph (``reportgen/browser.py``, which the page
+  calls, the CLI whose ``estimate`` command it runs, and the core and formulas they import, with
+  their catalogs and data files) and PyYAML's pure-Python modules with its license
   (the catalog reads ``gpus.yaml`` with PyYAML; without its C extension ``yaml`` falls back to the
   pure-Python parser, so the browser parses the catalog with the same library as the CLI). The
   name carries a hash of the content, so a browser never runs a stale bundle from its cache;
@@ -27,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from reportgen import __version__, catalog
+from reportgen import __version__, catalog, layers
 from reportgen.flags import DEFAULT_TRAIN_TOKENS, form_fields
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
@@ -39,18 +40,11 @@ PATH = "calculator/index.md"
 DIR = "calculator"
 PACKAGE = Path(__file__).resolve().parents[1]
 
-#: what the browser imports and reads, relative to the package's parent (globs); the sources the
-#: estimator hash covers (``fingerprint.ESTIMATOR_SOURCES``) are added, so the hash it reports in
-#: the browser is the CLI's
-BUNDLE = (
-    "reportgen/__init__.py", "reportgen/errors.py", "reportgen/setup.py", "reportgen/model.py",
-    "reportgen/config_check.py", "reportgen/hardware.py", "reportgen/fingerprint.py", "reportgen/flags.py",
-    "reportgen/cli.py",
-    "reportgen/browser.py", "reportgen/views/__init__.py", "reportgen/views/format.py",
-    "reportgen/catalog/__init__.py", "reportgen/catalog/gpus.yaml", "reportgen/catalog/models/*.json",
-    "reportgen/estimate/*.py", "reportgen/estimate/error_band.json",
-    "reportgen/configs/*.py", "reportgen/configs/keys.json",
-)
+#: the modules the page runs: ``browser.run`` and the CLI whose ``estimate`` command it calls
+ENTRIES = ("reportgen.browser", "reportgen.cli")
+#: the highest layer the entries' imports are followed into (ARCHITECTURE.md: 0 core, 1 formulas);
+#: the CLI's other commands import the producers, the pipeline and the site, which stay out
+SHIPPED_LAYER = 1
 
 #: the form's sections, in order; a setup field not listed here lands in "More settings"
 GROUPS = (
@@ -69,12 +63,38 @@ DEFAULT_GPU = "rtx-4090"
 
 
 # ----- the estimator bundle ------------------------------------------------------------------------
+def bundle_modules() -> set[str]:
+    """The modules the browser imports: the entries and everything they reach in the core and the
+    formulas (``layers.closure``)."""
+    return layers.closure(ENTRIES, SHIPPED_LAYER)
+
+
+def _package_data(folder: Path) -> set[Path]:
+    """A package's data files: what is not Python inside its folder, down to (not into) subpackages."""
+    out = set()
+    for p in folder.iterdir():
+        if p.is_dir() and p.name != "__pycache__" and not (p / "__init__.py").exists():
+            out |= _package_data(p)
+        elif p.is_file() and p.suffix not in (".py", ".pyc"):
+            out.add(p)
+    return out
+
+
 def bundle_paths() -> list[str]:
-    """Every file of ``BUNDLE`` and of the estimator hash, relative to the package's parent, sorted."""
+    """Every file the browser loads, relative to the package's parent, sorted: the source of
+    ``bundle_modules()`` and of the packages they sit in, the data files of those packages but the
+    top one (the catalogs, the error band, the config keys), and the sources of the estimator hash
+    (``fingerprint.ESTIMATOR_SOURCES``), read as text so the hash the browser reports is the CLI's."""
     root = PACKAGE.parent
-    patterns = BUNDLE + tuple(f"reportgen/{p}" for p in ESTIMATOR_SOURCES)
-    paths = {p.relative_to(root).as_posix() for pattern in patterns for p in root.glob(pattern) if p.is_file()}
-    return sorted(paths)
+    files = set()
+    for module in bundle_modules():
+        parts = module.split(".")
+        for n in range(1, len(parts)):  # the packages it sits in
+            files.add(layers.module_path(".".join(parts[:n])))
+        files.add(layers.module_path(module))
+    files |= {d for f in list(files) if f.name == "__init__.py" and f.parent != PACKAGE for d in _package_data(f.parent)}
+    files |= {p for pattern in ESTIMATOR_SOURCES for p in PACKAGE.glob(pattern) if p.is_file()}
+    return sorted(p.relative_to(root).as_posix() for p in files)
 
 
 def _pyyaml() -> tuple[dict[str, str], str, str]:

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from reportgen.report.chartjobs import job  # noqa: E402
-from reportgen.report.views import TECHNIQUE_COLORS  # noqa: E402
+from reportgen.report.rows import TECHNIQUE_COLORS  # noqa: E402
 from reportgen.views.format import GIB, TERM_LABELS  # noqa: E402
 
 TERM_COLORS = {

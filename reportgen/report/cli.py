@@ -38,7 +38,7 @@ def measured_items(results_dir: Path) -> tuple[list[dict], list[dict]]:
     from reportgen import catalog, store
     from reportgen.estimate import estimate
     from reportgen.report import compare
-    from reportgen.report.views import setup_label, training_setup
+    from reportgen.report.rows import setup_label, training_setup
 
     items, envs = [], []
     for folder in sorted(p.parent for p in Path(results_dir).glob(f"*/{store.MEASURED_DIR}") if p.is_dir()):

@@ -16,7 +16,7 @@ Which of them a measurement may be compared with is decided by ``reportgen.prove
 only for the card that ran it, a CPU run for nothing. Relative error is
 ``(estimate - measurement) / measurement``: positive means the estimate is too high (for the step
 time: too slow). Nothing here estimates or measures: it reads an estimate block and a measurement
-block (``store.load_sweep``'s ``estimate`` and ``measurement``), so the figures shown are always the
+block (``store.load_results``'s ``estimate`` and ``measurement``), so the figures shown are always the
 stored files' own, recomputed at every render.
 """
 

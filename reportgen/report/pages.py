@@ -1,7 +1,7 @@
 """The site's data pages as providers (``provider(site) -> list[Page]``, see ``page.py``):
 home, one page per catalog GPU, one per catalog model, validation, and the CSV downloads.
 
-Providers only read result dicts (through ``views.row``) and catalog facts; charts are drawn here
+Providers only read result dicts (through ``rows.row``) and catalog facts; charts are drawn here
 (SVG text in ``Page.files``), tables are view models for the templates.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 from markupsafe import Markup
 
 from reportgen import catalog, store
-from reportgen.fingerprint import estimator_hash
+from reportgen.artifacts import Artifact
 from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
-from reportgen.report.views import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
+from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
                                     reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
 from reportgen.views.format import GIB, TERM_LABELS
@@ -266,13 +266,16 @@ def cards_view(data: dict | None, key: str) -> dict | None:
 
 
 def _load_cards(path: Path | None) -> dict | None:
-    """``reportgen cards``'s answers, with a warning when another estimator code computed them."""
+    """``reportgen cards``'s answers, with a warning when they are stale: computed by other code or
+    from other catalog entries than this checkout's (``advise.cards.cards_inputs_hash``)."""
+    from reportgen.advise.cards import cards_inputs_hash
+
     if path is None or not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if data.get("estimator_hash") != estimator_hash():
-        print(f"warning: {path} was computed by other estimator code than this checkout's: the GPU pages' "
-              "'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
+    if not Artifact("cards", path, cards_inputs_hash(data.get("seq", 2048))).is_current(data):
+        print(f"warning: {path} was computed by other code or catalog entries than this checkout's: the GPU "
+              "pages' 'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
     return data
 
 

@@ -81,7 +81,7 @@ def git_commit() -> str | None:
 
 def load_site(results_dir: Path, commit: str | None = None, warn: store.Warn = store.stderr_warn) -> SiteData:
     """Every sweep under ``results_dir`` (a subdirectory with estimate files), each case with its
-    measurements joined in (``store.load_sweep``) and its current traced figure, from any sweep
+    measurements joined in (``store.load_results``) and its current traced figure, from any sweep
     (``traced_results.load_traced``: stale ones are skipped), as ``traced``; sorted by id. Files it
     cannot read are skipped with a warning; it never writes."""
     from reportgen.traced_results import load_traced
@@ -90,7 +90,7 @@ def load_site(results_dir: Path, commit: str | None = None, warn: store.Warn = s
     traced = load_traced(results_dir, warn)
     if results_dir.is_dir():
         for sweep_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
-            rs = store.load_sweep(sweep_dir, warn)
+            rs = store.load_results(sweep_dir, warn)
             if rs:
                 results[sweep_dir.name] = [{**r, "traced": traced.get(r["id"])} for r in rs]
     from reportgen.advise.store import load_advice

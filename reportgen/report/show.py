@@ -17,7 +17,7 @@ from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult, current_id, read_json
 from reportgen.setup import TrainingSetup
 from reportgen.report import compare
-from reportgen.report.views import verdict_fields
+from reportgen.report.rows import verdict_fields
 from reportgen.traced_results import existing_path, find_traced, traced_time
 
 

@@ -18,7 +18,7 @@ from reportgen.advise import tree as T
 from reportgen.advise.pages import rel
 from reportgen.report.methodology import function_doc
 from reportgen.report.page import Page, SiteData
-from reportgen.report.views import (PRIMARY_SEQ, gpu_label, gpu_order, measured_values, model_order, setup_label,
+from reportgen.report.rows import (PRIMARY_SEQ, gpu_label, gpu_order, measured_values, model_order, setup_label,
                                     training_setup)
 
 INDEX = "techniques/index.md"

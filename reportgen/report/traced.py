@@ -1,7 +1,7 @@
 """View models of the traced figures: the model and GPU pages' "traced beside the estimate" tables and
 the validation page's "Analytic vs traced" section.
 
-Reads only the rows of ``views.row`` (each case's estimate and, joined by ``render.load_site``, its
+Reads only the rows of ``rows.row`` (each case's estimate and, joined by ``render.load_site``, its
 current traced file) and the data modules of the trace (``trace/agreement.py``: tolerance, known
 disagreements and their causes; ``trace/emulations.py``: what a trace rests on). Nothing traces here.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from reportgen.report.page import SiteData
-from reportgen.report.views import site_rows
+from reportgen.report.rows import site_rows
 from reportgen.trace import agreement
 from reportgen.trace.emulations import EMULATIONS
 

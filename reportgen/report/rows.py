@@ -1,4 +1,4 @@
-"""View models shared by the site's pages: one result file -> one flat row of plain values.
+"""The site's rows (its view models): one result file -> one flat row of plain values.
 
 Everything here only reads result dicts and catalog facts; nothing estimates. Numbers stay raw
 (bytes, tokens/s, hours) in the rows; templates format them with the filters of ``render.py`` and
