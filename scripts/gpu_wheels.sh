@@ -8,6 +8,8 @@
 #   torchao       CPUOffloadOptimizer for offload=optimizer (0.18 loads its C++ parts only on torch >= 2.11)
 #   liger-kernel  loss=fused (chunked linear + cross-entropy; pure Python on the image's Triton)
 #   pydantic (+ pydantic-core, annotated-types, typing-inspection, typing-extensions): reportgen imports it
+#   trl (+ datasets, dill, multiprocess; the image has pyarrow, pandas, xxhash, fsspec): the trl-sft and
+#                 trainer recipes (reportgen/measure/sft.py, sweeps/validation-trl.yaml), about 2 MB
 # Run here (with internet), from the repo root:  scripts/gpu_wheels.sh
 # .whl/ is gitignored; the device tool carries it with  carry: [".whl"]  (about 50 MB of the 64 MiB a call).
 set -euo pipefail
@@ -22,6 +24,10 @@ WHEELS=(
   annotated-types==0.7.0
   typing-inspection==0.4.2
   typing-extensions==4.15.0
+  trl==1.16.0
+  datasets==5.2.0
+  dill==0.4.1
+  multiprocess==0.70.19
 )
 
 rm -rf .whl && mkdir -p .whl
