@@ -85,3 +85,25 @@ def test_trl_sft_refuses_what_sfttrainer_does_not_run(update, field):
     with pytest.raises(SetupError) as exc:
         TrainingSetup(**{"method": "lora", "recipe": "trl-sft", **update})
     assert exc.value.field == field
+
+
+def test_every_recipe_validation_case_pairs_with_a_plain_loop_case():
+    """sweeps/validation-trl.yaml measures each recipe beside a plain-loop case of validation.yaml of
+    the same setup, under the same measuring settings, so the recipe's difference is one card's."""
+    from pathlib import Path
+
+    from reportgen.sweep import load_sweep
+
+    root = Path(__file__).resolve().parents[1]
+    loop, trl = load_sweep(root / "sweeps" / "validation.yaml"), load_sweep(root / "sweeps" / "validation-trl.yaml")
+
+    def key(case):
+        d = case.setup.model_dump(mode="json")
+        d.pop("recipe", None)
+        return case.model, case.gpu, tuple(sorted(d.items()))
+
+    plain = {key(c) for c in loop.cases if c.setup.recipe.value == "loop"}
+    assert {c.setup.recipe.value for c in trl.cases} == {"trl-sft", "trainer"}
+    assert all(key(c) in plain for c in trl.cases), [c.id for c in trl.cases if key(c) not in plain]
+    assert not {c.id for c in trl.cases} & {c.id for c in loop.cases}
+    assert trl.spec.measure == loop.spec.measure and trl.spec.train_tokens == loop.spec.train_tokens
