@@ -211,17 +211,25 @@ def fit_fragmentation(cases: list[dict], ests: list) -> None:
     fit_cached_free(samples, "measured")
 
 
-def traced_samples(results_dir: Path) -> tuple[list[dict], list[dict]]:
+#: the sweep whose traced cases the cached-free shares are fitted to. The validation sweep's traces
+#: (``results/validation/traced/``) are left out: they replay the measured cases, whose measured
+#: reserved memory is the shares' out-of-sample check (``tests/test_accuracy.py``)
+FIT_SWEEP = "traced"
+
+
+def traced_samples(results_dir: Path, sweep: str = FIT_SWEEP) -> tuple[list[dict], list[dict]]:
     """The allocator simulation's allocated and reserved peaks (``reportgen trace``: the harness's
-    step replayed through ``trace/allocator.py``) of every current traced case under ``results_dir``,
-    each with its estimate: ``(unlimited, cache_limited)``. A case the simulation fitted only by
-    releasing the cache (a replay limited to the card) goes to the second list, with the estimate's
-    working set."""
+    step replayed through ``trace/allocator.py``) of every current traced case of ``sweep`` under
+    ``results_dir``, each with its estimate: ``(unlimited, cache_limited)``. A case the simulation
+    fitted only by releasing the cache (a replay limited to the card) goes to the second list, with the
+    estimate's working set."""
     from reportgen.estimate.memory import estimate_memory
     from reportgen.traced_results import cache_limited, load_traced
 
     free, limited = [], []
     for doc in load_traced(results_dir).values():
+        if doc.get("sweep") != sweep:
+            continue
         case, mem = doc["case"], doc["memory"]
         setup = TrainingSetup.model_validate(case["setup"])
         est = estimate_memory(catalog.load_model(case["model"]), setup, catalog.load_gpu(case["gpu"]))
