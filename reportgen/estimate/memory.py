@@ -458,6 +458,7 @@ class StepActivations:
     kept: int
     held_prev: int
     offloaded: int  # activations moved to the host
+    fused_head: bool  # TRL's fused LM head computes the loss (recipes.py): no logits, no head module
 
 
 def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention,
@@ -465,14 +466,14 @@ def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: A
     """The saved activations of all layers (``activations.py``), the loss's tensors and the kept
     outputs (``logits.py``), with activation offload moving all but two layers to the host."""
     tokens = setup.batch * setup.seq
+    trl_head = RC.fused_head(setup)  # TRL's fused LM head computes the loss (recipes.py)
     mask = sdpa_mask_bytes(model, setup, attn)  # alive during the forward only
-    fixed = act.fixed_activations(model, setup, dt, head_module=not RC.fused_head(setup))
+    fixed = act.fixed_activations(model, setup, dt, head_module=not trl_head)
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
-    trl_head = RC.fused_head(setup)  # TRL's fused LM head computes the loss (recipes.py)
     lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else logits_memory(
         model, dt, tokens, fused=setup.loss.value == "fused", chunked=setup.loss.value == "chunked")
     kept = 0 if setup.keep_outputs.value == "none" else kept_output_bytes(
@@ -487,7 +488,7 @@ def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: A
             model, setup, dt, attn=attn).bytes
         offloaded = max(0, stack - 2 * per_layer)
         stack = min(stack, 2 * per_layer)
-    return StepActivations(mask, fixed, stack, recompute, bottom_layer, lm, kept, held_prev, offloaded)
+    return StepActivations(mask, fixed, stack, recompute, bottom_layer, lm, kept, held_prev, offloaded, trl_head)
 
 
 @dataclass(frozen=True)
@@ -514,7 +515,7 @@ def timeline(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention
     mask, fixed, stack, recompute, lm = a.mask, a.fixed, a.stack, a.recompute, a.lm
     bottom_layer, kept, held_prev = a.bottom_layer, a.kept, a.held_prev
     tokens = setup.batch * setup.seq
-    trl_head = RC.fused_head(setup)  # TRL's fused LM head computes the loss (recipes.py)
+    trl_head = a.fused_head
     c_layer = 0 if gathered and setup.method == Method.full else P.autocast_copy_bytes_per_layer(model, setup, dt)
     # a frozen fp32 head's 16-bit copy: saved by the head's matmul, freed by its backward (in the loss
     # backward), so it is not held during the layers' backward
@@ -592,13 +593,14 @@ def working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Atte
 
 def reserved_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, gpu: GpuSpec, attn: Attention,
                     place: SH.Placement, gathered: bool, phases: dict[str, int], peak: int, working: int,
-                    layer_weight_bytes: int) -> tuple[int, int, dict[str, int]]:
+                    layer_weight_bytes: int, fused_head: bool) -> tuple[int, int, dict[str, int]]:
     """``(reserved, released, cache inputs)``: the caching allocator's reserve over the allocated
     ``peak`` of the ``phases`` (``cached_free_bytes``), its segments, FSDP's stream pool
     (``gathered``: FSDP gathers the layers), and what it releases when the card cannot hold it
-    (``allocator_limited_reserved``)."""
+    (``allocator_limited_reserved``). ``fused_head``: TRL's fused LM head makes the loss, so the
+    standard loss's cached block does not arise (``StepActivations.fused_head``)."""
     cache = cache_inputs(model, setup, dt, attn, setup.method == Method.full and not place.sharded_params
-                         and place.grads == 1, working, setup.loss.value == "standard" and not RC.fused_head(setup))
+                         and place.grads == 1, working, setup.loss.value == "standard" and not fused_head)
     # the segments added after the loss (the embedding's gradient, Adafactor's copies) are counted in
     # cached_free_bytes whole, on top of the step before them; where they make the allocated peak
     # themselves (phases 'embedding-backward', 'optimizer-step'), that peak already holds them
@@ -634,7 +636,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     working = working_bytes(model, setup, dt, attn, tl, a.recompute)
     logits = max(a.lm.forward_live, a.lm.backward_live)
     reserved, released, cache = reserved_memory(model, setup, dt, gpu, attn, place, gathered, phases, peak, working,
-                                                dev.layer_weight_bytes)
+                                                dev.layer_weight_bytes, a.fused_head)
     if released:
         notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} can hold: it "
                      "releases its cached blocks and retries (slower; fragmentation can still run out), and "
