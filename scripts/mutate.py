@@ -72,7 +72,8 @@ MUTANTS = [
     # ----- formulas: dtypes and parameter-side terms ---------------------------------------------
     m("formulas", E + "dtypes.py", "base = 2 if setup.precision == Precision.bf16 else 4",
       "base = 4 if setup.precision == Precision.bf16 else 4", "pure-bf16 full fine-tuning stored as fp32"),
-    m("formulas", E + "dtypes.py", "adapter = 2 if setup.precision == Precision.bf16 else 4", "adapter = 2",
+    m("formulas", E + "dtypes.py", "adapter = 2 if setup.precision == Precision.bf16 or (\n"
+      "        setup.recipe == Recipe.trl_sft and setup.method == Method.qlora) else 4", "adapter = 2",
       "LoRA adapters in 16 bit under mixed precision"),
     m("formulas", E + "params.py", "return q // 2 + (model.total_params - q - embed)",
       "return q + (model.total_params - q - embed)", "4-bit weights one byte each"),
@@ -90,8 +91,8 @@ MUTANTS = [
       "8-bit optimizers' quantization maps forgotten"),
     m("formulas", E + "params.py", "return trainable_params(model, setup) * trainable_dtype_bytes(setup, dt)",
       "return trainable_params(model, setup) * 2", "gradients always 16-bit"),
-    m("formulas", E + "params.py", "if lin.count == 1) * dt.compute\n    r = setup.lora_rank",
-      "if lin.count == 1) * 4\n    r = setup.lora_rank", "autocast weight copies in fp32"),
+    m("formulas", E + "params.py", "if lin.count == 1) * dt.compute\n    if dt.adapter == 2",
+      "if lin.count == 1) * 4\n    if dt.adapter == 2", "autocast weight copies in fp32"),
     m("formulas", E + "params.py", "return (sel.head * r * (h + v) + sel.embed * h * r) * dt.compute",
       "return (sel.head * r * (h + v)) * dt.compute", "embedding adapter copy forgotten"),
     m("formulas", E + "params.py", "    if not model.tie_word_embeddings:\n        out.append(((model.vocab_size, h), 1))",
