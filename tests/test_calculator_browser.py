@@ -21,7 +21,6 @@ import http.server
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,19 +32,13 @@ import pytest
 
 from reportgen.browser import view
 from reportgen.report import pyodide
+from tests import chromium
 
-#: REPORTGEN_CHROMIUM / REPORTGEN_CHROMEDRIVER: another browser and its driver (CI's Chrome for Testing)
-CHROMIUM = os.environ.get("REPORTGEN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = os.environ.get("REPORTGEN_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
 TRL_QLORA = (Path(__file__).parent / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                       reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"),
-]
+pytestmark = [pytest.mark.browser, chromium.needs_chromium]
 
 #: name -> (form controls to set, the command line the page must show)
 SETUPS = {
@@ -145,19 +138,9 @@ def served_site(fixture_site_built):
 
 
 def _driver(profile: Path):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000", f"--user-data-dir={profile}",
-                 # no host but this machine resolves: the site must work offline
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # no host but this machine resolves: the site must work offline
+    driver = chromium.start(profile, flags=("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",),
+                            logging={"browser": "ALL", "performance": "ALL"})
     driver.set_script_timeout(60)
     return driver
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -19,18 +17,11 @@ import pytest
 
 from reportgen.advise.store import write_advice
 from reportgen.sweep import load_sweep
+from tests import chromium
 from tests.fixtures.site_data import SWEEPS, build_results
 from tests.test_render import build_site
 
-#: REPORTGEN_CHROMIUM / REPORTGEN_CHROMEDRIVER: another browser and its driver (CI's Chrome for Testing)
-CHROMIUM = os.environ.get("REPORTGEN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = os.environ.get("REPORTGEN_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                       reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"),
-]
+pytestmark = [pytest.mark.browser, chromium.needs_chromium]
 
 #: forces Material's closed shadow roots (Mermaid diagrams) open so the test can look inside
 OPEN_SHADOW = ("const attach = Element.prototype.attachShadow;"
@@ -61,18 +52,7 @@ def served_site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium.start(tmp_path_factory.mktemp("chromium-profile"), logging={"browser": "ALL"})
     driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": OPEN_SHADOW})
     yield driver
     driver.quit()
