@@ -22,7 +22,8 @@ ROOT = PACKAGE.parent
 LAYERS = [
     (6, ("reportgen.cli", "reportgen.__main__", "reportgen.measure.cli", "reportgen.trace.cli", "reportgen.advise.cli",
          "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show", "reportgen.browser",
-         "reportgen.views.terminal", "reportgen.views.progress")),
+         "reportgen.views.terminal", "reportgen.views.progress", "reportgen.views.measurement",
+         "reportgen.views.trace")),
     (5, ("reportgen.report", "reportgen.advise.pages")),
     (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
          "reportgen.trace.runner", "reportgen.advise.store")),

@@ -124,7 +124,7 @@ def test_profile_on_cpu_end_to_end(capsys, tiny, tmp_path):
 
     from rich.console import Console
 
-    from reportgen.measure.view import print_measurement
+    from reportgen.views.measurement import print_measurement
 
     console = Console(record=True, width=200)
     print_measurement(d, None, console=console)

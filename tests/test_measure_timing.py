@@ -222,7 +222,7 @@ def test_committed_h100_files_still_display_and_remeasure_as_measured():
 
     from rich.console import Console
 
-    from reportgen.measure.view import print_measurement
+    from reportgen.views.measurement import print_measurement
     from reportgen.report.show import commands
 
     root = Path(__file__).resolve().parents[1] / "results" / "validation" / "measured"

@@ -157,7 +157,7 @@ def test_oom_classification():
 def test_table_view_of_a_failed_measurement():
     from rich.console import Console
 
-    from reportgen.measure.view import print_measurement
+    from reportgen.views.measurement import print_measurement
 
     req = MeasureRequest(model="llama-3.2-1b", gpu="rtx-4090", setup=TrainingSetup().model_dump(mode="json"))
     result = answer(req, "oom", measurement=dict(empty_measurement(), failed_in="timed"),

@@ -11,5 +11,6 @@
 * ``profiling.py``: ``--profile``'s steps under torch.profiler; ``trace_stats.py``: per-step
   figures (GPU-busy time, kernels, CPU ops) from the trace's events;
 * ``build.py``: the model of each recipe; ``optimizers.py``: the optimizer of each setup;
-* ``environment.py``, ``nvml.py``: provenance and the driver's view of memory; ``view.py``: the table.
+* ``environment.py``, ``nvml.py``: provenance and the driver's view of memory (the table of
+  one measurement is ``views/measurement.py``).
 """

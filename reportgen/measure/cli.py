@@ -123,7 +123,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         from reportgen.estimate import estimate
-        from reportgen.measure.view import print_measurement
+        from reportgen.views.measurement import print_measurement
 
         try:
             est = estimate(model, gpu, setup, reverse=False)

@@ -12,7 +12,7 @@ from reportgen import store
 from reportgen.errors import UserError
 from reportgen.fingerprint import estimator_hash
 from reportgen.measure.timing import timing_note
-from reportgen.measure.view import profile_lines
+from reportgen.views.measurement import profile_lines
 from reportgen.provenance import provenance_of
 from reportgen.results import UnreadableResult, current_id, read_json
 from reportgen.setup import TrainingSetup

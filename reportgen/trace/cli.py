@@ -98,7 +98,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(json.dumps(with_verdict_fields(recipe_dict(setup, result.as_dict())), indent=2, sort_keys=True))
             return 0
-        from reportgen.trace.view import print_trace
+        from reportgen.views.trace import print_trace
 
         print_trace(result, gpu)
     return 0
