@@ -30,7 +30,7 @@ from reportgen.estimate.memory import estimate_memory  # noqa: E402
 from reportgen.model import from_config  # noqa: E402
 from reportgen.setup import TrainingSetup  # noqa: E402
 from reportgen.trace.agreement import (CAUSES, DISAGREEMENT_BOUNDS, DISAGREEMENTS, FAMILIES,  # noqa: E402
-                                       FULL_DEPTH, GPU, LAYERS, MORE_FAMILIES, TOLERANCE, case_id, grid)
+                                       FULL_DEPTH, GPU, LAYERS, MORE_FAMILIES, TOLERANCE, grid, grid_name)
 from reportgen.trace.result import trace_case  # noqa: E402
 
 
@@ -49,8 +49,8 @@ def _marks(cid: str) -> list:
 
 
 def _params():
-    return [pytest.param(fam, method, ckpt, seq, batch, id=case_id(fam, method, ckpt, seq, batch),
-                         marks=_marks(case_id(fam, method, ckpt, seq, batch)))
+    return [pytest.param(fam, method, ckpt, seq, batch, id=grid_name(fam, method, ckpt, seq, batch),
+                         marks=_marks(grid_name(fam, method, ckpt, seq, batch)))
             for fam, method, ckpt, seq, batch in grid()]
 
 
@@ -91,7 +91,7 @@ def _cut(fam: str):
 def test_analytic_peak_agrees_with_trace(fam, method, ckpt, seq, batch):
     spec = _cut(fam)
     setup = TrainingSetup(method=method, grad_ckpt=ckpt, seq=seq, batch=batch)
-    _assert_agrees(case_id(fam, method, ckpt, seq, batch), _relative_gap(spec, setup))
+    _assert_agrees(grid_name(fam, method, ckpt, seq, batch), _relative_gap(spec, setup))
 
 
 def _full_depth_params():

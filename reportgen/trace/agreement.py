@@ -67,7 +67,7 @@ FIXED = {
 }
 
 
-def case_id(fam: str, method: str, ckpt: bool, seq: int, batch: int) -> str:
+def grid_name(fam: str, method: str, ckpt: bool, seq: int, batch: int) -> str:
     """The CI grid's name of a case: ``phi3-full-ckpt-s2048-b1``."""
     return f"{fam}-{method}-{'ckpt' if ckpt else 'nockpt'}-s{seq}-b{batch}"
 
@@ -86,19 +86,19 @@ FULL_DEPTH = {
 
 #: CI grid case -> cause; everything not listed must agree within TOLERANCE
 DISAGREEMENTS = {
-    case_id("phi3", "full", False, 512, 2): "layer_backward_overlap",
-    case_id("phi3", "full", False, 2048, 1): "layer_backward_overlap",
-    case_id("phi3", "full", True, 512, 2): "layer_backward_overlap",
-    case_id("phi3", "full", True, 2048, 1): "layer_backward_overlap",
-    case_id("phi3", "full", True, 2048, 2): "layer_backward_overlap",
-    case_id("mixtral", "full", False, 2048, 2): "layer_backward_overlap",
-    case_id("mixtral", "full", True, 2048, 2): "layer_backward_overlap",
+    grid_name("phi3", "full", False, 512, 2): "layer_backward_overlap",
+    grid_name("phi3", "full", False, 2048, 1): "layer_backward_overlap",
+    grid_name("phi3", "full", True, 512, 2): "layer_backward_overlap",
+    grid_name("phi3", "full", True, 2048, 1): "layer_backward_overlap",
+    grid_name("phi3", "full", True, 2048, 2): "layer_backward_overlap",
+    grid_name("mixtral", "full", False, 2048, 2): "layer_backward_overlap",
+    grid_name("mixtral", "full", True, 2048, 2): "layer_backward_overlap",
     # LoRA only: QLoRA's default preparation (peft prepare_model_for_kbit_training) upcasts the
     # 16-bit experts to fp32, and the fp32 grouped matmul's own tensors bring those cases within 3%
-    **{case_id("mixtral", "lora", ckpt, seq, b): "expert_wrapper_overlap"
+    **{grid_name("mixtral", "lora", ckpt, seq, b): "expert_wrapper_overlap"
        for ckpt in (False, True) for seq in (512, 2048) for b in (1, 2)},  # +3.3% to +10.8%
     # +7.9%; without checkpointing the peak is in the loss backward, where the two agree (-0.7%)
-    case_id("qwen3_moe", "lora", True, 512, 1): "expert_wrapper_overlap",
+    grid_name("qwen3_moe", "lora", True, 512, 1): "expert_wrapper_overlap",
 }
 
 #: CI grid case listed above -> the largest gap (analytic - traced) / traced it may show: its gap when
@@ -106,22 +106,22 @@ DISAGREEMENTS = {
 #: the safe side for "will it fit"); a listed case beyond its bound, or below zero, fails the CI check
 #: like an unlisted one: the list bounds how far the known disagreements may go, not only that they exist
 DISAGREEMENT_BOUNDS = {
-    case_id("phi3", "full", False, 512, 2): 0.060,  # +5.5 %
-    case_id("phi3", "full", False, 2048, 1): 0.060,  # +5.1 %
-    case_id("phi3", "full", True, 512, 2): 0.040,  # +3.1 %
-    case_id("phi3", "full", True, 2048, 1): 0.080,  # +7.1 %
-    case_id("phi3", "full", True, 2048, 2): 0.080,  # +7.4 %
-    case_id("mixtral", "full", False, 2048, 2): 0.045,  # +3.9 %
-    case_id("mixtral", "full", True, 2048, 2): 0.050,  # +4.0 %
-    case_id("mixtral", "lora", False, 512, 1): 0.080,  # +7.2 %
-    case_id("mixtral", "lora", False, 512, 2): 0.080,  # +7.0 %
-    case_id("mixtral", "lora", False, 2048, 1): 0.075,  # +6.7 %
-    case_id("mixtral", "lora", False, 2048, 2): 0.040,  # +3.4 %
-    case_id("mixtral", "lora", True, 512, 1): 0.100,  # +9.5 %
-    case_id("mixtral", "lora", True, 512, 2): 0.105,  # +9.6 %
-    case_id("mixtral", "lora", True, 2048, 1): 0.105,  # +9.9 %
-    case_id("mixtral", "lora", True, 2048, 2): 0.115,  # +10.8 %
-    case_id("qwen3_moe", "lora", True, 512, 1): 0.085,  # +7.9 %
+    grid_name("phi3", "full", False, 512, 2): 0.060,  # +5.5 %
+    grid_name("phi3", "full", False, 2048, 1): 0.060,  # +5.1 %
+    grid_name("phi3", "full", True, 512, 2): 0.040,  # +3.1 %
+    grid_name("phi3", "full", True, 2048, 1): 0.080,  # +7.1 %
+    grid_name("phi3", "full", True, 2048, 2): 0.080,  # +7.4 %
+    grid_name("mixtral", "full", False, 2048, 2): 0.045,  # +3.9 %
+    grid_name("mixtral", "full", True, 2048, 2): 0.050,  # +4.0 %
+    grid_name("mixtral", "lora", False, 512, 1): 0.080,  # +7.2 %
+    grid_name("mixtral", "lora", False, 512, 2): 0.080,  # +7.0 %
+    grid_name("mixtral", "lora", False, 2048, 1): 0.075,  # +6.7 %
+    grid_name("mixtral", "lora", False, 2048, 2): 0.040,  # +3.4 %
+    grid_name("mixtral", "lora", True, 512, 1): 0.100,  # +9.5 %
+    grid_name("mixtral", "lora", True, 512, 2): 0.105,  # +9.6 %
+    grid_name("mixtral", "lora", True, 2048, 1): 0.105,  # +9.9 %
+    grid_name("mixtral", "lora", True, 2048, 2): 0.115,  # +10.8 %
+    grid_name("qwen3_moe", "lora", True, 512, 1): 0.085,  # +7.9 %
 }
 
 #: stored traces of sweeps/traced.yaml (whole catalog models) outside TOLERANCE -> cause
@@ -129,4 +129,4 @@ STORED_DISAGREEMENTS: dict[str, str] = {}
 
 
 def grid_ids() -> list[str]:
-    return [case_id(*c) for c in grid()] + list(FULL_DEPTH)
+    return [grid_name(*c) for c in grid()] + list(FULL_DEPTH)
