@@ -1,9 +1,10 @@
 """One artifact type for the recomputable documents the producers store.
 
 An estimate of a case (``runner.py``), a walk of the decision tree (``advise/store.py``), a traced
-figure (``traced_results.py``) and the cards table (``reportgen cards``) are each an ``Artifact``:
+figure (``traced_results.py``), the cards table (``reportgen cards``) and the comparison with
+published measurements (``reportgen compare-published``) are each an ``Artifact``:
 its kind, its path, and the hash of everything it was computed from. A stored document is current
-when it records that hash (under ``inputs_hash``; the cards table records ``estimator_hash``); a
+when it records that hash (under ``inputs_hash``); a
 producer skips a current document, writes the others atomically (``results.write_json_atomic``) and
 prunes the files of its folder that no case keeps any more; a reader calls a document that is not
 current stale. Measurements are no artifacts: they are written once and never recomputed
@@ -23,7 +24,8 @@ from pathlib import Path
 from reportgen.results import UnreadableResult, read_json, write_json_atomic
 
 #: the kinds of artifact, each with the module that produces it
-KINDS = {"estimate": "runner", "advice": "advise.store", "trace": "traced_results", "cards": "advise.cards"}
+KINDS = {"estimate": "runner", "advice": "advise.store", "trace": "traced_results", "cards": "advise.cards",
+         "published": "published.compare"}
 
 
 @dataclass(frozen=True)

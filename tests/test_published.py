@@ -129,6 +129,30 @@ def test_compare_summary_and_cli_json(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(summary))
 
 
+def test_stored_comparison_is_what_the_estimator_says_now():
+    """data/published_comparison.json (``reportgen compare-published``) records the hash of what it was
+    computed from (the published rows, the estimator's and the mapping's code, the catalogs) and is
+    current by it, as every artifact is judged: an estimator, mapping, catalog or CSV change fails here
+    until the command is rerun, so the validation page never publishes a stale comparison."""
+    from reportgen.artifacts import Artifact
+    from reportgen.published.compare import comparison_inputs_hash
+
+    path = Path("data/published_comparison.json")
+    stored = json.loads(path.read_text())
+    assert Artifact("published", path, comparison_inputs_hash(CSV)).is_current(stored), \
+        "stale: run `reportgen compare-published`"
+    assert stored == json.loads(json.dumps(compare(CSV))), "stale: run `reportgen compare-published`"
+
+
+def test_comparison_hash_moves_with_the_published_rows(tmp_path):
+    """Another row, or another figure of a row, is another comparison."""
+    from reportgen.published.compare import comparison_inputs_hash
+
+    edited = tmp_path / "rows.csv"
+    edited.write_text(CSV.read_text(encoding="utf-8").replace("4.98", "4.99", 1), encoding="utf-8")
+    assert comparison_inputs_hash(edited) != comparison_inputs_hash(CSV)
+
+
 def test_litgpt_rows_take_lora_settings_and_library_versions_from_their_configs():
     """The CSV leaves rank, dropout and targets blank for most litgpt rows; the mapping reads them
     from the row's own config (tiny-llama/qlora.yaml: r32, dropout 0.05, on q, k, v, the projection,

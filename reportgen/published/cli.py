@@ -21,9 +21,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from reportgen.artifacts import Artifact
     from reportgen.errors import UserError
     from reportgen.published.compare import compare
-    from reportgen.results import write_json_atomic
 
     if not args.csv.exists():
         raise UserError(f"{args.csv}: no such file", hint="run from the repository root or pass --csv")
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     for u in summary["unmapped"]:
         console.print(f"  {u['id']}: {u['reason']}", highlight=False)
     print_speed(console, summary["speed"])
-    write_json_atomic(args.out, summary)
+    Artifact("published", args.out, summary["inputs_hash"]).write(summary)
     console.print(f"wrote {args.out}")
     return 0
 

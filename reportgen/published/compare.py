@@ -19,6 +19,24 @@ from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocat
 from reportgen.published.speed import compare_speed, slowdown_rows
 
 UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MB": 1e6, "MiB": 2**20}
+#: the code and data a comparison is computed by, besides the estimator's (globs relative to the
+#: package): the rows' mapping, this module, the speed comparison and the model configs the mapping
+#: reads (``cli.py`` only prints and writes)
+CODE = ("published/mapping.py", "published/compare.py", "published/speed.py", "published/configs/*.json")
+
+
+def comparison_inputs_hash(csv_path: Path) -> str:
+    """What the whole comparison depends on, hashed: the published rows (the CSV's bytes), the
+    estimator's code, this folder's code and configs, and every catalog model's config and GPU entry.
+    ``data/published_comparison.json`` records it as ``inputs_hash`` (an ``artifacts.Artifact`` of
+    kind ``published``): a file of another hash is stale."""
+    from reportgen.fingerprint import estimator_hash, source_hash
+    from reportgen.results import short_hash
+
+    return short_hash({"rows": Path(csv_path).read_text(encoding="utf-8"), "estimator": estimator_hash(),
+                       "code": source_hash(CODE),
+                       "models": {name: catalog.load_model(name).config for name in catalog.model_names()},
+                       "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}, 16)
 
 
 def source_key(source: str) -> str:
@@ -96,6 +114,7 @@ def compare(csv_path: Path) -> dict:
             "bitsandbytes": m.libs.bitsandbytes,
         })
     summary = {
+        "inputs_hash": comparison_inputs_hash(csv_path),
         "rows": rows,
         "unmapped": unmapped,
         "median_abs_error_gb": round(statistics.median(r["abs_error_gb"] for r in rows), 4) if rows else None,
