@@ -10,9 +10,9 @@ prunes the files of its folder that no case keeps any more; a reader calls a doc
 current stale. Measurements are no artifacts: they are written once and never recomputed
 (``store.py``).
 
-Still with their own loops, to move onto this type with their owners' work: ``measure/runner.py``
-(write-once attempts; its skip-if-settled logic) and ``trace/runner.py`` (it writes through
-``traced_results.write_traced``, which is an artifact write).
+Each producer keeps its own loop over the cases on this type (``runner.run_estimates``,
+``advise/store.write_advice``, ``trace/runner.trace_sweep``: its skip test and, through
+``traced_results.write_traced``, its writes); ARCHITECTURE.md says why they are not one loop.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reportgen import catalog, traced_results
+from reportgen.artifacts import Artifact
 from reportgen.errors import MEASURE_EXTRA, UserError
-from reportgen.results import UnreadableResult
 from reportgen.store import Warn, stderr_warn
 from reportgen.sweep import Case, Sweep
 
@@ -42,14 +42,13 @@ def check_installed(method: str | None = None) -> None:
 
 
 def is_current(sweep_dir: Path, case: Case) -> bool:
+    """Whether the case's traced file (by its id, or the id it was written under before) is current,
+    judged as every artifact is: a readable document recording today's inputs hash."""
     path = traced_results.existing_path(sweep_dir, case.id)
     if path is None:
         return False
-    try:
-        doc = traced_results.read_traced(path)
-    except UnreadableResult:
-        return False
-    return doc.get("inputs_hash") == traced_results.inputs_hash(case.as_dict())
+    artifact = Artifact("trace", path, traced_results.inputs_hash(case.as_dict()))
+    return artifact.is_current(artifact.stored(traced_results.read_traced))
 
 
 def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
