@@ -185,6 +185,17 @@ def first_answer(driver, url: str | None) -> float:
     return float(ms)
 
 
+def on_calculator(driver, site: str) -> None:
+    """The calculator page, answered: reused when the browser is already on it (the tests that set
+    the form reset every control first, so they need no fresh page), opened afresh otherwise. The
+    tests of what a page load does (the default view, a link) open it themselves."""
+    url = site + "calculator/"
+    if driver.current_url.split("#")[0] == url and driver.execute_script(
+            "const r = document.getElementById('rg-calc'); return !!(r && r.dataset.firstAnswerMs)"):
+        return
+    first_answer(driver, url)
+
+
 def requests_of(driver) -> list[str]:
     """Every URL the browser requested since the last call (DevTools' Network events)."""
     urls = []
@@ -262,100 +273,6 @@ def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, 
     assert min(cold) <= 15000, cold  # a first visit also downloads and compiles 13 MB
 
 
-def test_numbers_equal_the_cli_for_every_setup(served_site, browser, tmp_path, shots):
-    first_answer(browser, served_site + "calculator/")
-    (tmp_path / "config.json").write_text(MISTRAL)
-    (tmp_path / "train.yaml").write_text(TRL_QLORA)
-    reverse = 0
-    for name, (values, command) in SETUPS.items():
-        ms = browser.execute_async_script(SET_FORM, values, False)
-        assert isinstance(ms, (int, float)), ms
-        page = browser.execute_script(READ_PAGE)
-        assert page["error"] is None, (name, page["error"])
-        assert page["command"] == command, name
-        proc = cli(command, tmp_path)
-        assert proc.returncode == 0, proc.stderr
-        assert page["json"] == proc.stdout, name  # every field, byte for byte (estimator hash too)
-        assert page["shown"] == expected_shown(proc.stdout), name  # every number shown, formatted alike
-        data = json.loads(proc.stdout)
-        reverse += data["max_batch"] is not None and data["max_batch"] > 1 and data["max_seq"] is not None
-        if name == "qlora-48gib":
-            assert data["gpu"] == "rtx-4090@48GiB" and data["capacity"] == 48 * 2**30
-            screenshot(browser, shots / "calculator-result.png")
-    assert reverse >= 2  # largest batch and longest sequence are real answers, not "none fits"
-
-
-def test_a_pasted_training_config_lists_its_keys(served_site, browser):
-    first_answer(browser, served_site + "calculator/")
-    browser.execute_async_script(SET_FORM, SETUPS["trl"][0], False)
-    lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
-    assert lines[0] == "from train.yaml (TRL 1.16.0 keys): model qwen2.5-7b"
-    assert browser.execute_script("return document.getElementById('rg-method').disabled")  # the file's setup
-
-
-def test_recomputation_is_fast(served_site, browser):
-    first_answer(browser, served_site + "calculator/")
-    browser.execute_async_script(SET_FORM, SETUPS["qlora-48gib"][0], False)
-    times = []
-    for batch in range(1, 13):
-        times.append(browser.execute_async_script(SET_FORM, {"setup.batch": str(batch)}, True))
-    for seq in ("1024", "4096", "8192"):
-        times.append(browser.execute_async_script(SET_FORM, {"setup.seq": seq}, True))
-    for method in ("lora", "full", "qlora"):
-        times.append(browser.execute_async_script(SET_FORM, {"setup.method": method}, True))
-    python = float(browser.execute_script("return document.getElementById('rg-calc').dataset.pythonMs"))
-    print(f"\nrecompute, change to painted result: median {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
-          f"over {len(times)} changes (last Python call {python:.0f} ms)")
-    assert statistics.median(times) <= 300, times
-
-
-def test_the_link_restores_the_setup(served_site, browser):
-    first_answer(browser, served_site + "calculator/")
-    for name in ("qlora-48gib", "pasted"):
-        browser.execute_async_script(SET_FORM, SETUPS[name][0], False)
-        before = browser.execute_script(READ_PAGE)
-        assert before["share"].startswith(served_site + "calculator/#")
-        first_answer(browser, before["share"])  # a fresh page load from the link
-        after = browser.execute_script(READ_PAGE)
-        assert after["form"] == before["form"], name
-        assert after["command"] == before["command"] == SETUPS[name][1]
-        assert after["json"] == before["json"] and after["shown"] == before["shown"]
-
-
-def test_a_link_with_values_the_page_lacks_names_them(served_site, browser):
-    """Issue 20: a link with a model or method the page does not offer showed empty fields (and the
-    estimate an empty model name). The fields keep their defaults and a note names the link's values."""
-    first_answer(browser, served_site + "calculator/#model=llama-9b&method=ful&batch=4")
-    page = browser.execute_script(READ_PAGE)
-    assert page["form"]["model"] == "llama-3.2-1b" and page["form"]["setup.method"] == "full"
-    assert page["form"]["setup.batch"] == "4"  # what the page offers is restored
-    note = browser.execute_script("return document.getElementById('rg-link-note').textContent")
-    assert 'model "llama-9b"' in note and 'method "ful"' in note and "defaults are shown" in note
-    assert page["command"].startswith("reportgen estimate --model llama-3.2-1b --gpu rtx-4090") and page["error"] is None
-    first_answer(browser, served_site + "calculator/#method=lora")  # a good link: no note
-    assert browser.execute_script("return document.getElementById('rg-link-note').hidden")
-
-
-def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, shots):
-    first_answer(browser, served_site + "calculator/")
-    browser.execute_async_script(SET_FORM, {"paste": True, "config": BAD_CONFIG, "gpu": "t4"}, False)
-    page = browser.execute_script(READ_PAGE)
-    assert page["command"] == "reportgen estimate --model config.json --gpu t4"
-    (tmp_path / "config.json").write_text(BAD_CONFIG)
-    proc = cli(page["command"], tmp_path)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
-    assert page["error"] == proc.stderr.splitlines()[0][len("error: "):]
-    assert "not valid JSON" in page["error"]
-    screenshot(browser, shots / "calculator-error.png")
-    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'slate')")
-    screenshot(browser, shots / "calculator-error-dark.png")
-    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'default')")
-    # fixing the config brings the result back
-    browser.execute_async_script(SET_FORM, {"config": MISTRAL}, True)
-    assert browser.execute_script(READ_PAGE)["error"] is None
-
-
 def test_the_default_view_answers_one_way(served_site, browser, shots):
     """Issue 19: the default view (llama-3.2-1b, full fine-tuning, RTX 4090) said "tight in 24.0 GiB" and,
     below, "largest micro-batch at seq 2,048: none fits" and "longest sequence at batch 1: 1,920" (past
@@ -384,3 +301,97 @@ def test_the_default_view_answers_one_way(served_site, browser, shots):
         assert longest is None or longest < seq, shown["max_seq"]
         assert shown["max_batch"].startswith("none fits") or largest < batch
     screenshot(browser, shots / "calculator-default.png")
+
+
+def test_numbers_equal_the_cli_for_every_setup(served_site, browser, tmp_path, shots):
+    on_calculator(browser, served_site)
+    (tmp_path / "config.json").write_text(MISTRAL)
+    (tmp_path / "train.yaml").write_text(TRL_QLORA)
+    reverse = 0
+    for name, (values, command) in SETUPS.items():
+        ms = browser.execute_async_script(SET_FORM, values, False)
+        assert isinstance(ms, (int, float)), ms
+        page = browser.execute_script(READ_PAGE)
+        assert page["error"] is None, (name, page["error"])
+        assert page["command"] == command, name
+        proc = cli(command, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert page["json"] == proc.stdout, name  # every field, byte for byte (estimator hash too)
+        assert page["shown"] == expected_shown(proc.stdout), name  # every number shown, formatted alike
+        data = json.loads(proc.stdout)
+        reverse += data["max_batch"] is not None and data["max_batch"] > 1 and data["max_seq"] is not None
+        if name == "qlora-48gib":
+            assert data["gpu"] == "rtx-4090@48GiB" and data["capacity"] == 48 * 2**30
+            screenshot(browser, shots / "calculator-result.png")
+    assert reverse >= 2  # largest batch and longest sequence are real answers, not "none fits"
+
+
+def test_a_pasted_training_config_lists_its_keys(served_site, browser):
+    on_calculator(browser, served_site)
+    browser.execute_async_script(SET_FORM, SETUPS["trl"][0], False)
+    lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
+    assert lines[0] == "from train.yaml (TRL 1.16.0 keys): model qwen2.5-7b"
+    assert browser.execute_script("return document.getElementById('rg-method').disabled")  # the file's setup
+
+
+def test_recomputation_is_fast(served_site, browser):
+    on_calculator(browser, served_site)
+    browser.execute_async_script(SET_FORM, SETUPS["qlora-48gib"][0], False)
+    times = []
+    for batch in range(1, 13):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.batch": str(batch)}, True))
+    for seq in ("1024", "4096", "8192"):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.seq": seq}, True))
+    for method in ("lora", "full", "qlora"):
+        times.append(browser.execute_async_script(SET_FORM, {"setup.method": method}, True))
+    python = float(browser.execute_script("return document.getElementById('rg-calc').dataset.pythonMs"))
+    print(f"\nrecompute, change to painted result: median {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
+          f"over {len(times)} changes (last Python call {python:.0f} ms)")
+    assert statistics.median(times) <= 300, times
+
+
+def test_the_link_restores_the_setup(served_site, browser):
+    on_calculator(browser, served_site)
+    for name in ("qlora-48gib", "pasted"):
+        browser.execute_async_script(SET_FORM, SETUPS[name][0], False)
+        before = browser.execute_script(READ_PAGE)
+        assert before["share"].startswith(served_site + "calculator/#")
+        first_answer(browser, before["share"])  # a fresh page load from the link
+        after = browser.execute_script(READ_PAGE)
+        assert after["form"] == before["form"], name
+        assert after["command"] == before["command"] == SETUPS[name][1]
+        assert after["json"] == before["json"] and after["shown"] == before["shown"]
+
+
+def test_a_link_with_values_the_page_lacks_names_them(served_site, browser):
+    """Issue 20: a link with a model or method the page does not offer showed empty fields (and the
+    estimate an empty model name). The fields keep their defaults and a note names the link's values."""
+    first_answer(browser, served_site + "calculator/#model=llama-9b&method=ful&batch=4")
+    page = browser.execute_script(READ_PAGE)
+    assert page["form"]["model"] == "llama-3.2-1b" and page["form"]["setup.method"] == "full"
+    assert page["form"]["setup.batch"] == "4"  # what the page offers is restored
+    note = browser.execute_script("return document.getElementById('rg-link-note').textContent")
+    assert 'model "llama-9b"' in note and 'method "ful"' in note and "defaults are shown" in note
+    assert page["command"].startswith("reportgen estimate --model llama-3.2-1b --gpu rtx-4090") and page["error"] is None
+    first_answer(browser, served_site + "calculator/#method=lora")  # a good link: no note
+    assert browser.execute_script("return document.getElementById('rg-link-note').hidden")
+
+
+def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, shots):
+    on_calculator(browser, served_site)
+    browser.execute_async_script(SET_FORM, {"paste": True, "config": BAD_CONFIG, "gpu": "t4"}, False)
+    page = browser.execute_script(READ_PAGE)
+    assert page["command"] == "reportgen estimate --model config.json --gpu t4"
+    (tmp_path / "config.json").write_text(BAD_CONFIG)
+    proc = cli(page["command"], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert page["error"] == proc.stderr.splitlines()[0][len("error: "):]
+    assert "not valid JSON" in page["error"]
+    screenshot(browser, shots / "calculator-error.png")
+    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'slate')")
+    screenshot(browser, shots / "calculator-error-dark.png")
+    browser.execute_script("document.body.setAttribute('data-md-color-scheme', 'default')")
+    # fixing the config brings the result back
+    browser.execute_async_script(SET_FORM, {"config": MISTRAL}, True)
+    assert browser.execute_script(READ_PAGE)["error"] is None
