@@ -39,10 +39,15 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """With pytest-xdist (``-n 2 --dist loadgroup``, the README's test command) the browser tests
-    share one worker: one Chromium at a time, each module's browser and served site started once."""
+    share one worker: one Chromium at a time, each module's browser and served site started once;
+    so do the tests on the consumer sweep's walks."""
     for item in items:
         if item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.xdist_group("browser"))
+        elif "consumer_walks" in item.fixturenames:
+            # the consumer sweep's walks (9 s) and test_one_answer's estimates and pages (16 s) are
+            # built once per worker: on one worker they are built once per run
+            item.add_marker(pytest.mark.xdist_group("consumer"))
 
 
 def _must_run(nodeid: str) -> bool:
