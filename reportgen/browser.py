@@ -7,7 +7,7 @@ The calculator page (``docs/javascripts/calculator.js``) sends its form as JSON 
 2. parses it with the CLI's own ``estimate`` parser (``reportgen.cli.add_estimate_parser``) and runs
    the CLI's own command (``reportgen.cli.run_command``) with ``--format json``;
 3. returns that JSON text as the CLI printed it, the command line, and ``view``: the JSON laid out as
-   rows of strings formatted by ``reportgen.views.format`` (the page only places them).
+   rows of strings formatted by ``reportgen.format`` (the page only places them).
 
 So the numbers on the page are the ones ``reportgen estimate --format json`` prints for the command
 line shown beside them, and nothing here estimates. A user error (a bad value, a malformed pasted
@@ -36,7 +36,7 @@ from reportgen.flags import DEFAULT_TRAIN_TOKENS
 from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
-from reportgen.views.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
+from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 #: the file a pasted config.json is written to (relative to the working directory)
 PASTED = "config.json"

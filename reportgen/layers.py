@@ -22,8 +22,7 @@ ROOT = PACKAGE.parent
 LAYERS = [
     (6, ("reportgen.cli", "reportgen.__main__", "reportgen.measure.cli", "reportgen.trace.cli", "reportgen.advise.cli",
          "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show", "reportgen.browser",
-         "reportgen.views.terminal", "reportgen.views.progress", "reportgen.views.measurement",
-         "reportgen.views.trace")),
+         "reportgen.views")),
     (5, ("reportgen.report", "reportgen.advise.pages")),
     (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
          "reportgen.trace.runner", "reportgen.advise.store")),
@@ -31,7 +30,7 @@ LAYERS = [
     (2, ("reportgen.trace", "reportgen.measure", "reportgen.advise", "reportgen.published")),
     (1, ("reportgen.estimate",)),
     (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
-         "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.views",
+         "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.format",
          "reportgen.configs", "reportgen.flags", "reportgen.layers", "reportgen")),
 ]
 

@@ -1,4 +1,4 @@
-"""How numbers are written for a reader (``reportgen/views/format.py``, the pages' Jinja filters in
+"""How numbers are written for a reader (``reportgen/format.py``, the pages' Jinja filters in
 ``report/render.py``, the view-model values of ``report/rows.py``): worked examples, each string
 written out by hand, so a wrong unit, a lost sign or a dropped separator fails here."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from reportgen.report import render
 from reportgen.report.rows import error_stats, gib_value, verdict_fields
-from reportgen.views.format import demand_note, gib, money, pct, rate, seconds
+from reportgen.format import demand_note, gib, money, pct, rate, seconds
 
 GIB = 2**30
 

@@ -128,7 +128,7 @@ def _gib(n) -> str:
 
 
 def _tps(n: dict | None) -> str:
-    from reportgen.views.format import rate
+    from reportgen.format import rate
 
     return "-" if n is None else rate(n["tokens_per_s"])
 

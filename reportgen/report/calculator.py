@@ -34,7 +34,7 @@ from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
 from reportgen.report.page import Page, SiteData
 from reportgen.setup import METHOD_FIELDS
-from reportgen.views.format import GIB
+from reportgen.format import GIB
 
 PATH = "calculator/index.md"
 DIR = "calculator"

@@ -27,7 +27,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 #: the files whose source decides how a chart looks
-_CODE = ("reportgen/report/charts.py", "reportgen/report/rows.py", "reportgen/views/format.py")
+_CODE = ("reportgen/report/charts.py", "reportgen/report/rows.py", "reportgen/format.py")
 #: cache entries not used for this long are removed
 KEEP_S = 30 * 86400
 

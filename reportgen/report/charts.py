@@ -29,7 +29,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocat
 
 from reportgen.report.chartjobs import job  # noqa: E402
 from reportgen.report.rows import TECHNIQUE_COLORS  # noqa: E402
-from reportgen.views.format import GIB, TERM_LABELS  # noqa: E402
+from reportgen.format import GIB, TERM_LABELS  # noqa: E402
 
 TERM_COLORS = {
     "weights": "#4e79a7",

@@ -21,7 +21,7 @@ from markupsafe import Markup
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report.page import Page, SiteData
 from reportgen.report.rows import environment_of, measured_results, site_rows
-from reportgen.views.format import TERM_LABELS
+from reportgen.format import TERM_LABELS
 
 PATH = "methodology.md"
 

@@ -24,7 +24,7 @@ from reportgen.provenance import MEMORY_QUANTITIES
 from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
                                     reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
-from reportgen.views.format import GIB, TERM_LABELS
+from reportgen.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
 

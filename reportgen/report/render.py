@@ -41,7 +41,7 @@ from markupsafe import Markup, escape
 from reportgen import __version__
 from reportgen.report.page import Page, SiteData
 from reportgen import store
-from reportgen.views.format import money, rate
+from reportgen.format import money, rate
 
 TEMPLATES = Path(__file__).parent / "templates"
 MANIFEST = ".reportgen-manifest.json"

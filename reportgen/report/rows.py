@@ -20,7 +20,7 @@ from reportgen.report import compare
 from reportgen.report.page import SiteData
 from reportgen.setup import TrainingSetup
 from reportgen.traced_results import cache_limited, traced_time
-from reportgen.views.format import GIB
+from reportgen.format import GIB
 
 #: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
 #: Okabe & Ito's colour-blind-safe palette (jfly.uni-koeln.de/color), six colours no two alike for

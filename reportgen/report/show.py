@@ -156,7 +156,7 @@ def show_traced_only(results_dir: Path, traced: list[dict], out=print) -> None:
 
 
 def show(results_dir: Path, case_id: str, out=print) -> None:
-    from reportgen.views.format import TERM_LABELS, gib, money, pct, rate, seconds
+    from reportgen.format import TERM_LABELS, gib, money, pct, rate, seconds
 
     case_id = resolve_id(results_dir, case_id)
     found = find_case(results_dir, case_id, missing_ok=True)
@@ -228,7 +228,7 @@ def _print_comparison(est: dict | None, m: dict, gpu: str, out=print) -> bool:
     """The estimate against this measurement (``report/compare.py``, the pages' numbers): each
     quantity the provenance rule lets count, with its relative error; why the speed is not compared;
     an out-of-memory run against the estimate's verdict. True when it said how the step was timed."""
-    from reportgen.views.format import gib, rate
+    from reportgen.format import gib, rate
 
     c = compare.compare(est, m, gpu)
     if c is None or not c["counts"] or est is None:
@@ -264,7 +264,7 @@ def _print_comparison(est: dict | None, m: dict, gpu: str, out=print) -> bool:
 def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print, est: dict | None = None) -> None:
     """One measuring attempt: what it is (the provenance rule), the estimate against it, its figures,
     error, cap, settings, environment and file."""
-    from reportgen.views.format import gib
+    from reportgen.format import gib
 
     prov = provenance_of(m)
     valid = prov.valid_quantities(gpu)
@@ -305,7 +305,7 @@ def _print_attempt(m: dict, gpu: str, current: bool, many: bool, out=print, est:
 
 def _print_traced(t: dict, est: dict | None, out=print) -> None:
     """One traced file: its figures beside the estimate's, or why it is not shown on the site."""
-    from reportgen.views.format import TERM_LABELS, gib
+    from reportgen.format import TERM_LABELS, gib
 
     out(f"traced (reportgen trace: the real step on the meta device, allocator simulated; not measured): "
         f"{t['path']}")

@@ -1,1 +1,2 @@
-"""Presentation helpers shared by the terminal and the site (formatting only, no estimating)."""
+"""The CLI's terminal printers: of an estimate, a measurement and a trace, and the progress bars.
+How a number is written, which the site and the calculator share, is ``reportgen/format.py``."""

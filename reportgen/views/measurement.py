@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reportgen.measure.timing import timing_note
-from reportgen.views.format import gib, pct, rate, seconds
+from reportgen.format import gib, pct, rate, seconds
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "error": "red", "timeout": "red"}
 

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reportgen.views.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
+from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 
 VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}

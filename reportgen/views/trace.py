@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from reportgen.views.format import GIB, TERM_LABELS, gib
+from reportgen.format import GIB, TERM_LABELS, gib
 
 TOP_OPS = 8
 
