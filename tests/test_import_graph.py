@@ -47,12 +47,7 @@ def test_the_graph_is_read():
 
 
 #: cycles known today, each with the move that removes it (keep this shrinking)
-KNOWN_CYCLES = {
-    # trace/spec.py takes the install hint from trace/cli.py inside a function; it is errors.MEASURE_EXTRA
-    # now, but editing spec.py changes the trace hash and so needs a re-trace of the committed traced
-    # files (about 45 min on two cores): import it from reportgen.errors with the next re-trace
-    ("reportgen.trace.cli", "reportgen.trace.result", "reportgen.trace.spec"),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def test_no_import_cycle():
@@ -61,9 +56,7 @@ def test_no_import_cycle():
 
 
 #: imports that run up today, each with the move that removes it (issue 18): keep this list shrinking
-KNOWN_UP = {
-    ("reportgen.trace.spec", "reportgen.trace.cli"): "the install hint: see KNOWN_CYCLES",
-}
+KNOWN_UP: dict[tuple[str, str], str] = {}
 
 
 def test_every_module_has_a_layer():

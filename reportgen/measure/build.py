@@ -151,9 +151,11 @@ def _prepare_kbit(model, notes: list[str]) -> None:
 
 
 def _trl_cast(model, compute_dtype, notes: list[str]) -> None:
-    """kbit_prep trl: what TRL's ``SFTTrainer`` does after ``get_peft_model`` when ``bf16`` is set on
-    a 4-bit model (``trl.trainer.utils.peft_module_casting_to_bf16``, not imported: TRL is not a
-    dependency): norms to fp32; ``lm_head`` and ``embed_tokens`` back to bf16 when fp32."""
+    """kbit_prep trl: what older TRL's ``SFTTrainer`` did after ``get_peft_model`` when ``bf16`` was
+    set on a 4-bit model (``trl.trainer.utils.peft_module_casting_to_bf16``, written out here so the
+    plain loop needs no TRL): norms to fp32; ``lm_head`` and ``embed_tokens`` back to bf16 when fp32.
+    TRL 1.16's SFTTrainer calls neither this nor peft's preparation; ``recipe trl-sft`` runs it as
+    it is (``measure/sft.py``)."""
     import torch
 
     for name, module in model.named_modules():

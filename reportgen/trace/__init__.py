@@ -12,5 +12,5 @@ Modules (torch is imported only inside the functions that need it, never by the 
 * ``allocator.py``: the caching-allocator simulation; ``replay.py``: events -> peaks per phase and
   the tensors alive at the peak;
 * ``result.py``: one traced case with ``reportgen estimate``'s JSON fields; ``spec.py``: models of any
-  family; ``cli.py`` and ``view.py``: ``reportgen trace``.
+  family; ``cli.py``: ``reportgen trace`` (its printer is ``reportgen/views/trace.py``).
 """

@@ -122,7 +122,7 @@ def replay(run, limit_bytes: int | None = None) -> Replay:
                 if cat == "activations":
                     by_op[s.op] += s.nbytes
         kind, x = events[peak_at]
-        peak_op = storages[x].op if kind == ALLOC else ""  # noqa: the peak is reached by an allocation
+        peak_op = storages[x].op if kind == ALLOC else ""  # the peak is reached by an allocation
     return Replay(peak_allocated=sim.peak_allocated if oom is None else sim.allocated,
                   peak_reserved=sim.peak_reserved, peak_live_bytes=peak_live, peak_phase=peak_phase,
                   peak_op=peak_op, phases=phases,

@@ -53,7 +53,7 @@ def generic_spec(config: dict, name: str, source: str) -> ModelSpec:
 
         AutoConfig.for_model(model_type)
     except ImportError:
-        from reportgen.trace.cli import MEASURE_EXTRA
+        from reportgen.errors import MEASURE_EXTRA
 
         raise UserError("reportgen trace needs torch, transformers and peft", hint=MEASURE_EXTRA) from None
     except (ValueError, KeyError):
