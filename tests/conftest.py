@@ -37,6 +37,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes a minute or more; opt in with REPORTGEN_SLOW_TESTS=1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """With pytest-xdist (``-n 2 --dist loadgroup``, the README's test command) the browser tests
     share one worker: one Chromium at a time, each module's browser and served site started once;
