@@ -162,11 +162,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from reportgen.runner import run_estimates
-    from reportgen.sweep import load_sweep
+    from reportgen.pipeline import run_sweep
+    from reportgen.sweep import DEFAULT_MAX_CASES, load_sweep
     from reportgen.views.progress import Stages
-
-    from reportgen.sweep import DEFAULT_MAX_CASES
 
     console = Console(stderr=True)
     sweep = load_sweep(args.file, max_cases=args.max_cases or DEFAULT_MAX_CASES)
@@ -182,34 +180,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for message in sweep.warnings:  # rules that match nothing, what the grids' ``from`` configs left unread
         warn(message)
 
-    from reportgen.advise.store import write_advice
-
     with Stages(console) as stages:
-        stats = run_estimates(sweep, args.results, force=args.force, warn=warn,
-                              progress=lambda cases: stages.track(f"estimating {sweep.name}", cases))
-        t_est = stages.lap("estimates")
-        advice = write_advice(sweep, args.results, force=args.force,
-                              progress=lambda keys: stages.track("decision-tree walks", keys))
-        t_walks = stages.lap("walks")
-        orphans = f" (+{stats.orphans} measured cases the sweep no longer lists)" if stats.orphans else ""
-        console.print(f"{sweep.name}: {len(sweep.cases)} cases{orphans}, {stats.written} written, "
-                      f"{stats.skipped} unchanged, {stats.failed} failed, {stats.removed} stale removed in "
-                      f"{t_est:.1f} s -> {args.results / sweep.name}")
-        console.print(f"decision-tree walks: {advice.written} written, {advice.skipped} unchanged in {t_walks:.1f} s")
-        traced_failed = 0
-        if args.trace:
-            traced_failed = _trace(sweep, args, console, warn, stages)
-        submitted = 0
-        if slurm is not None:  # the estimates above are written once, here, before any task starts
-            from reportgen.measure.cluster import submit
-
-            submitted = submit(sweep, args.results, slurm, force=args.force, console=console)
-            stages.lap("submitting")
-        elif args.measure or sweep.spec.measure.enabled:
-            from reportgen.measure.runner import measure_sweep
-
-            measure_sweep(sweep, args.results, shard=args.shard, force=args.force, console=console)
-            stages.lap("measuring")
+        run = run_sweep(sweep, args.results, stages=stages, say=console.print, warn=warn, console=console,
+                        force=args.force, trace=args.trace, measure=measuring, shard=args.shard, slurm=slurm)
         if not args.no_render:
             from reportgen.report.render import render_all
 
@@ -217,7 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             stages.finish_render()
             console.print(f"rendered {len(pages)} pages into {args.docs}")
     console.print(f"time: {stages.summary()}", highlight=False)
-    return 1 if stats.failed or submitted or traced_failed else 0
+    return 1 if run.failed else 0
 
 
 def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
@@ -237,18 +210,6 @@ def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
         parent = next((p for p in folder.absolute().parents if p.exists()), None)
         if not folder.exists() and parent is not None and not parent.is_dir():
             raise UserError(f"{flag} {folder}: {parent} is a file, not a directory")
-
-
-def _trace(sweep, args: argparse.Namespace, console, warn, stages) -> int:
-    """``reportgen sweep --trace``: trace the cases with a progress bar; the number that failed."""
-    from reportgen.trace.runner import trace_sweep
-
-    stats = trace_sweep(sweep, args.results, force=args.force, warn=warn,
-                        progress=lambda cases: stages.track(f"tracing {sweep.name}", cases))
-    t = stages.lap("tracing")
-    console.print(f"traced {sweep.name}: {stats.written} written, {stats.skipped} current, {stats.untraceable} not "
-                  f"traceable, {len(stats.failed)} failed in {t:.1f} s -> {args.results / sweep.name / 'traced'}")
-    return len(stats.failed)
 
 
 #: ``reportgen sweep`` flags that only mean something with ``--executor slurm``

@@ -24,7 +24,7 @@ LAYERS = [
          "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show", "reportgen.browser",
          "reportgen.views")),
     (5, ("reportgen.report", "reportgen.advise.pages")),
-    (4, ("reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
+    (4, ("reportgen.pipeline", "reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
          "reportgen.trace.runner", "reportgen.advise.store")),
     (3, ("reportgen.store", "reportgen.artifacts", "reportgen.traced_results", "reportgen.measured", "reportgen.sweep")),
     (2, ("reportgen.trace", "reportgen.measure", "reportgen.advise", "reportgen.published")),
