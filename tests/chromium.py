@@ -54,6 +54,6 @@ def start(profile: Path, flags: tuple[str, ...] = (), logging: dict | None = Non
             return webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=out), options=options)
         except WebDriverException as exc:
             out.close()
-            text = log.read_text(errors="replace").strip() if log.exists() else "(no log written)"
+            text = log.read_text(errors="replace").strip()
             failures.append(f"attempt {attempt}: {exc.msg}\n{text[-2000:]}")
     raise RuntimeError(f"chromedriver {CHROMEDRIVER} did not start in {ATTEMPTS} attempts:\n" + "\n".join(failures))
