@@ -181,7 +181,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         warn(message)
 
     with Stages(console) as stages:
-        run = run_sweep(sweep, args.results, stages=stages, say=console.print, warn=warn, console=console,
+        run = run_sweep(sweep, args.results, stages=stages, warn=warn, console=console,
                         force=args.force, trace=args.trace, measure=measuring, shard=args.shard, slurm=slurm)
         if not args.no_render:
             from reportgen.report.render import render_all

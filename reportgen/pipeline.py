@@ -6,11 +6,10 @@ afterwards; nothing here renders.
 Each stage is resumable on its own (a current stored document is skipped unless ``force``) and
 reports through the ``stages`` object the CLI passes in (``views/progress.Stages``: ``track`` wraps a
 stage's cases in a progress bar, ``lap`` closes the stage's clock) and one summary line per stage
-through ``say``, printed as soon as the stage ends."""
+on the CLI's ``console``, printed as soon as the stage ends."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +31,12 @@ class SweepRun:
         return bool(self.estimates.failed or self.submitted or self.traced_failed)
 
 
-def run_sweep(sweep: Sweep, results: Path, *, stages, say: Callable[[str], None], warn: Warn, console,
+def run_sweep(sweep: Sweep, results: Path, *, stages, warn: Warn, console,
               force: bool = False, trace: bool = False, measure: bool = False, shard: str | None = None,
               slurm=None) -> SweepRun:
     """Estimate and walk every case, then trace (``trace``), submit to Slurm (``slurm``, options
-    checked by the CLI) or measure here (``measure``, this ``shard``). ``console`` is the measuring
-    stages' own (they draw a bar that names the case being measured)."""
+    checked by the CLI) or measure here (``measure``, this ``shard``). ``console`` (rich) takes the
+    summary lines and the measuring stages' own bar, which names the case being measured."""
     from reportgen.advise.store import write_advice
     from reportgen.runner import run_estimates
 
@@ -47,12 +46,13 @@ def run_sweep(sweep: Sweep, results: Path, *, stages, say: Callable[[str], None]
     walks = write_advice(sweep, results, force=force, progress=lambda keys: stages.track("decision-tree walks", keys))
     t_walks = stages.lap("walks")
     orphans = f" (+{stats.orphans} measured cases the sweep no longer lists)" if stats.orphans else ""
-    say(f"{sweep.name}: {len(sweep.cases)} cases{orphans}, {stats.written} written, {stats.skipped} unchanged, "
-        f"{stats.failed} failed, {stats.removed} stale removed in {t_est:.1f} s -> {results / sweep.name}")
-    say(f"decision-tree walks: {walks.written} written, {walks.skipped} unchanged in {t_walks:.1f} s")
+    console.print(f"{sweep.name}: {len(sweep.cases)} cases{orphans}, {stats.written} written, "
+                  f"{stats.skipped} unchanged, {stats.failed} failed, {stats.removed} stale removed in "
+                  f"{t_est:.1f} s -> {results / sweep.name}")
+    console.print(f"decision-tree walks: {walks.written} written, {walks.skipped} unchanged in {t_walks:.1f} s")
     run = SweepRun(estimates=stats, walks=walks)
     if trace:
-        run.traced_failed = _trace(sweep, results, force, stages, say, warn)
+        run.traced_failed = _trace(sweep, results, force, stages, console, warn)
     if slurm is not None:  # the estimates above are written once, here, before any task starts
         from reportgen.measure.cluster import submit
 
@@ -66,13 +66,13 @@ def run_sweep(sweep: Sweep, results: Path, *, stages, say: Callable[[str], None]
     return run
 
 
-def _trace(sweep: Sweep, results: Path, force: bool, stages, say: Callable[[str], None], warn: Warn) -> int:
+def _trace(sweep: Sweep, results: Path, force: bool, stages, console, warn: Warn) -> int:
     """The tracing stage, with a progress bar; the number of cases that failed."""
     from reportgen.trace.runner import trace_sweep
 
     stats = trace_sweep(sweep, results, force=force, warn=warn,
                         progress=lambda cases: stages.track(f"tracing {sweep.name}", cases))
     t = stages.lap("tracing")
-    say(f"traced {sweep.name}: {stats.written} written, {stats.skipped} current, {stats.untraceable} not "
-        f"traceable, {len(stats.failed)} failed in {t:.1f} s -> {results / sweep.name / 'traced'}")
+    console.print(f"traced {sweep.name}: {stats.written} written, {stats.skipped} current, {stats.untraceable} not "
+                  f"traceable, {len(stats.failed)} failed in {t:.1f} s -> {results / sweep.name / 'traced'}")
     return len(stats.failed)
