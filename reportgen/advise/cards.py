@@ -132,6 +132,15 @@ def cards_inputs_hash(seq: int) -> str:
                        "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}, 16)
 
 
+def gpu_cards_needed(key: str, seq: int = 2048) -> dict:
+    """``{model: {method: CardsNeeded.as_dict()}}`` for one catalog GPU and every catalog model."""
+    from reportgen import catalog
+
+    gpu = catalog.load_gpu(key)
+    return {name: {m: cards_needed(catalog.load_model(name), gpu, m, seq).as_dict() for m in METHODS}
+            for name in catalog.model_names()}
+
+
 def all_cards_needed(seq: int = 2048) -> dict:
     """``{gpu: {model: {method: CardsNeeded.as_dict()}}}`` for every catalog GPU and model, with the
     hash of the estimator code that computed them and ``inputs_hash`` (``cards_inputs_hash``: the GPU
@@ -141,9 +150,6 @@ def all_cards_needed(seq: int = 2048) -> dict:
 
     out: dict = {"seq": seq, "counts": list(COUNTS), "estimator_hash": estimator_hash(),
                  "inputs_hash": cards_inputs_hash(seq), "gpus": {}}
-    models = {name: catalog.load_model(name) for name in catalog.model_names()}
     for key in catalog.gpu_names():
-        gpu = catalog.load_gpu(key)
-        out["gpus"][key] = {name: {m: cards_needed(spec, gpu, m, seq).as_dict() for m in METHODS}
-                            for name, spec in models.items()}
+        out["gpus"][key] = gpu_cards_needed(key, seq)
     return out
