@@ -50,6 +50,15 @@ def source_hash(patterns: tuple[str, ...], root: Path = PACKAGE, n: int = 16, ex
     return h.hexdigest()[:n]
 
 
+def catalog_entries() -> dict:
+    """Every catalog model's config and GPU entry, for the hash of a document computed over the whole
+    catalog (the cards table, the comparison with published rows)."""
+    from reportgen import catalog
+
+    return {"models": {name: catalog.load_model(name).config for name in catalog.model_names()},
+            "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}
+
+
 @lru_cache(maxsize=1)
 def estimator_hash() -> str:
     return source_hash(ESTIMATOR_SOURCES)

@@ -123,13 +123,10 @@ CODE = ("advise/cards.py", "advise/tree.py")
 def cards_inputs_hash(seq: int) -> str:
     """What the whole table depends on, hashed: the estimator's code, the code of this module and of
     the tree, every catalog model's config and GPU entry, and the sequence length."""
-    from reportgen import catalog
-    from reportgen.fingerprint import estimator_hash, source_hash
+    from reportgen.fingerprint import catalog_entries, estimator_hash, source_hash
     from reportgen.results import short_hash
 
-    return short_hash({"estimator": estimator_hash(), "code": source_hash(CODE), "seq": seq,
-                       "models": {name: catalog.load_model(name).config for name in catalog.model_names()},
-                       "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}, 16)
+    return short_hash({"estimator": estimator_hash(), "code": source_hash(CODE), "seq": seq, **catalog_entries()}, 16)
 
 
 def gpu_cards_needed(key: str, seq: int = 2048) -> dict:

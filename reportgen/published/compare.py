@@ -30,13 +30,11 @@ def comparison_inputs_hash(csv_path: Path) -> str:
     estimator's code, this folder's code and configs, and every catalog model's config and GPU entry.
     ``data/published_comparison.json`` records it as ``inputs_hash`` (an ``artifacts.Artifact`` of
     kind ``published``): a file of another hash is stale."""
-    from reportgen.fingerprint import estimator_hash, source_hash
+    from reportgen.fingerprint import catalog_entries, estimator_hash, source_hash
     from reportgen.results import short_hash
 
     return short_hash({"rows": Path(csv_path).read_text(encoding="utf-8"), "estimator": estimator_hash(),
-                       "code": source_hash(CODE),
-                       "models": {name: catalog.load_model(name).config for name in catalog.model_names()},
-                       "gpus": {key: catalog.gpu_entry(key) for key in catalog.gpu_names()}}, 16)
+                       "code": source_hash(CODE), **catalog_entries()}, 16)
 
 
 def source_key(source: str) -> str:
