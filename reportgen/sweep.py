@@ -9,11 +9,9 @@ rules drop every cell that matches all keys of a rule (a rule value may be a lis
 ``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
 
 Errors name the file, the line, the key and the allowed values; the CLI exits with status 2
-and writes nothing. Limits that protect the machine (README, "Limits"): a sweep file of at most
-``MAX_FILE_BYTES``, ``MAX_YAML_NODES`` values once its aliases are expanded (a "billion laughs"
-file is refused before it is expanded) and ``MAX_DEPTH`` levels of nesting; at most
-``DEFAULT_MAX_CASES`` cases unless the caller (``reportgen sweep --max-cases N``) allows more.
-Duplicate keys in a mapping are an error (YAML would keep the last one without a word).
+and writes nothing. Limits that protect the machine (README, "Limits"): the file's size, values and
+nesting as ``yamlfile.py`` reads any YAML a user wrote (duplicate keys are an error there too);
+at most ``DEFAULT_MAX_CASES`` cases unless the caller (``reportgen sweep --max-cases N``) allows more.
 """
 
 from __future__ import annotations
@@ -28,17 +26,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from reportgen import catalog
+from reportgen import catalog, yamlfile
 from reportgen.errors import UserError
 from reportgen.results import case_id, short_hash
 from reportgen.setup import SetupError, TrainingSetup
 
-#: the largest sweep file read (bytes)
-MAX_FILE_BYTES = 1_000_000
-#: the most values (scalars, lists, mappings) a sweep file may hold with its aliases expanded
-MAX_YAML_NODES = 100_000
-#: the deepest nesting of lists and mappings
-MAX_DEPTH = 32
 #: the most cases a sweep may expand to unless the caller allows more (``--max-cases``): 10,000
 #: cases estimate in about 15 s, take 40 MB of result files and render in about 15 s
 DEFAULT_MAX_CASES = 10_000
@@ -135,85 +127,8 @@ class Sweep:
 
 
 # ----- reading the file --------------------------------------------------------------------------
-def _read_text(path: Path) -> str:
-    try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise UserError(f"{path}: {path.stat().st_size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes",
-                            hint="a sweep lists models, GPUs and setup values; a grid expands them")
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such sweep file", hint="see sweeps/*.yaml for examples") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, not a sweep file", hint="see sweeps/*.yaml for examples") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
-                        hint="save the sweep file as UTF-8") from None
-
-
-def _check_nodes(path: Path, root: yaml.Node) -> None:
-    """Refuse duplicate keys, recursive aliases, too deep nesting and too many values once aliases
-    are expanded, walking each node once (sizes of shared nodes are memoized)."""
-    sizes: dict[int, int] = {}
-    busy: set[int] = set()
-
-    def size(node: yaml.Node, depth: int) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        line = node.start_mark.line + 1
-        if key in busy:
-            raise UserError(f"{path}:{line}: an alias refers to the node that contains it (a recursive value)",
-                            hint="a sweep file is a tree: write the value out instead of *alias")
-        if depth > MAX_DEPTH:
-            raise UserError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
-        busy.add(key)
-        n = 1
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
-                    if k.value in seen:
-                        raise UserError(f"{path}:{k.start_mark.line + 1}: duplicate key {k.value!r} (first at line "
-                                        f"{seen[k.value]}); YAML would keep only the last one",
-                                        hint="write each key once; a list gives several values: key: [a, b]")
-                    seen[k.value] = k.start_mark.line + 1
-                n += size(k, depth + 1) + size(v, depth + 1)
-        elif isinstance(node, yaml.SequenceNode):
-            n += sum(size(item, depth + 1) for item in node.value)
-        busy.discard(key)
-        sizes[key] = n
-        if n > MAX_YAML_NODES:
-            raise UserError(f"{path}:{line}: more than {MAX_YAML_NODES:,} values once its aliases are expanded",
-                            hint="a sweep file lists models, GPUs and setup values; a grid expands them")
-        return n
-
-    size(root, 0)
-
-
-def _parse(path: Path, text: str) -> tuple[yaml.Node | None, object]:
-    """The composed node tree (for line numbers) and the constructed data, checked by ``_check_nodes``
-    before anything is constructed."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _check_nodes(path, node)
-        return node, (loader.construct_document(node) if node is not None else None)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise UserError(f"{path}:{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    except RecursionError:
-        raise UserError(f"{path}: nested too deeply to read (at most {MAX_DEPTH} levels)") from None
-    except (ValueError, TypeError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
-        raise UserError(f"{path}: a value cannot be read ({exc})") from None
-    finally:
-        loader.dispose()
+SWEEP_FILE = yamlfile.Kind(noun="sweep file", what_it_holds="a sweep lists models, GPUs and setup values; a grid "
+                           "expands them", example="see sweeps/*.yaml for examples")
 
 
 # ----- YAML with line numbers -------------------------------------------------------------------
@@ -273,7 +188,7 @@ def _content_hash(raw) -> str:
 def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> Sweep:
     """Read, check and expand a sweep file. ``max_cases``: refuse a sweep of more cases (None: no limit)."""
     path = Path(path)
-    node, raw = _parse(path, _read_text(path))
+    node, raw = yamlfile.parse(path, yamlfile.read_text(path, SWEEP_FILE), SWEEP_FILE)
     if not isinstance(raw, dict):
         raise UserError(f"{path}:1: a sweep file is a mapping with keys name, grids, exclude, override, measure")
     lines = _line_map(node) if node is not None else {}

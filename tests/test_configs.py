@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -188,9 +189,51 @@ def test_bad_configs_exit_2_naming_file_and_key(tmp_path, capsys, name, text, ne
     assert needle in " ".join(err.split()) and "Traceback" not in err, err
 
 
+def _alias_bomb() -> str:
+    """Nine aliases of nine: 9**9 (387 million) values once expanded, 90 written."""
+    text, prev = "a: &a [x, x, x, x, x, x, x, x, x]\n", "a"
+    for i in range(1, 9):
+        text += f"b{i}: &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
+        prev = f"b{i}"
+    return text + f"model_name_or_path: *{prev}\n"
+
+
+#: files that once hung the command (the alias bomb ran until killed) or ended in a traceback
+#: (RecursionError, UnicodeDecodeError): each is now a file:line error, as for a sweep file
+HOSTILE = [
+    ("deep.yaml", "model_name_or_path: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yaml: nested too deeply to read"),
+    ("bomb.yaml", _alias_bomb(), "bomb.yaml:6: more than 100,000 values once its aliases are expanded"),
+    ("twice.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 8\nlora_r: 16\n",
+     "twice.yaml:3: duplicate key 'lora_r' (first at line 2)"),
+    ("loop.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nx: &x [*x]\n", "loop.yaml:2: an alias refers to the node that contains it"),
+]
+
+
+@pytest.mark.parametrize("name,text,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_configs_exit_2_fast_naming_file_and_line(tmp_path, capsys, name, text, needle):
+    path = tmp_path / name
+    path.write_text(text)
+    t0 = time.perf_counter()
+    assert main(["estimate", "--from", str(path), "--gpu", "rtx-4090"]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert needle in " ".join(err.split()) and "Traceback" not in err, err
+
+
+def test_config_files_that_are_not_utf8_or_too_large_exit_2(tmp_path, capsys):
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"model_name_or_path: a\n\xd8\xff\n")
+    assert main(["estimate", "--from", str(binary), "--gpu", "t4"]) == 2
+    assert "bin.yaml:2: not UTF-8 text (byte 0xd8 at offset 22)" in capsys.readouterr().err
+    big = tmp_path / "big.yaml"
+    big.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nx: " + "a" * 1_000_000 + "\n")
+    assert main(["estimate", "--from", str(big), "--gpu", "t4"]) == 2
+    assert "a config file is at most 1,000,000 bytes" in capsys.readouterr().err
+
+
 def test_missing_config_file_exits_2(tmp_path, capsys):
     assert main(["estimate", "--from", str(tmp_path / "nope.yaml"), "--gpu", "rtx-4090"]) == 2
-    assert "nope.yaml: cannot read the config" in capsys.readouterr().err
+    assert "nope.yaml: no such config file" in capsys.readouterr().err
 
 
 def test_unknown_key_is_a_warning_not_silence(tmp_path, capsys):
