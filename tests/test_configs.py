@@ -220,6 +220,19 @@ def test_hostile_configs_exit_2_fast_naming_file_and_line(tmp_path, capsys, name
     assert needle in " ".join(err.split()) and "Traceback" not in err, err
 
 
+def test_a_hostile_deepspeed_json_is_an_error_at_its_key(tmp_path, capsys):
+    """The DeepSpeed file a config names is read as DeepSpeed reads it (json.load), within limits."""
+    config = tmp_path / "sft.yaml"
+    config.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\ndeepspeed: ds.json\n")
+    for text, needle in (('{"zero_optimization": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+                         ('{"zero_optimization": {"stage": 2}, "x": "' + "a" * 1_000_000 + '"}', "bytes; a DeepSpeed"),
+                         ("{'zero': 2}", "is not valid JSON")):
+        (tmp_path / "ds.json").write_text(text)
+        assert main(["estimate", "--from", str(config), "--gpu", "t4", "--gpus", "2"]) == 2
+        err = capsys.readouterr().err
+        assert "sft.yaml:2: deepspeed: " in err and needle in err and "Traceback" not in err, err
+
+
 def test_config_files_that_are_not_utf8_or_too_large_exit_2(tmp_path, capsys):
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"model_name_or_path: a\n\xd8\xff\n")

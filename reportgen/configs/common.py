@@ -316,12 +316,18 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         if not path.is_absolute():
             path = Path(r.path).parent / path
         try:
-            value = json.loads(path.read_text())
+            if path.is_file() and path.stat().st_size > yamlfile.MAX_FILE_BYTES:
+                raise r.error(key, f"{path}: {path.stat().st_size:,} bytes; a DeepSpeed config is read up to "
+                                   f"{yamlfile.MAX_FILE_BYTES:,} bytes")
+            value = json.loads(path.read_text())  # as DeepSpeed reads it (json.load), not as YAML
         except OSError:
             raise r.error(key, f"cannot read the DeepSpeed config {str(path)!r}",
                           hint="give the path relative to the config file, or the DeepSpeed settings inline") from None
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError too
             raise r.error(key, f"{path} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise r.error(key, f"{path}: nested too deeply to read; a DeepSpeed config is a few levels of "
+                               "sections") from None
     if not isinstance(value, dict):
         raise r.error(key, f"must be a DeepSpeed config path or mapping (got {value!r})")
     zero = value.get("zero_optimization") or {}
