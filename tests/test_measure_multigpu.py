@@ -27,7 +27,9 @@ def tiny(tmp_path_factory):
     return str(tiny_config(tmp_path_factory.mktemp("cfg")))
 
 
-@pytest.mark.parametrize("sharding,method", [("ddp", "full"), ("ddp", "lora"), ("fsdp", "full"), ("fsdp", "lora")])
+#: DDP's wrap has no code that depends on the method; DDP over a LoRA model is built, wrapped and
+#: run to its warm-up by test_a_failing_rank_is_named (a two-rank launch costs 12-25 s here)
+@pytest.mark.parametrize("sharding,method", [("ddp", "full"), ("fsdp", "full"), ("fsdp", "lora")])
 def test_two_ranks_on_cpu(capsys, tiny, sharding, method):
     rc, d = measure_json(capsys, "--model", tiny, *FAST, "--sharding", sharding, "--method", method)
     assert rc == 0 and d["status"] == "ok", d["error"]
@@ -68,10 +70,11 @@ def test_two_ranks_on_cpu(capsys, tiny, sharding, method):
 
 def test_a_failing_rank_is_named(capsys, monkeypatch, tiny):
     """An error on rank 1 only: the answer names rank 1 and its error; rank 0, whose all-reduce broke
-    when rank 1 left, is listed as a consequence. Both end at once, not at the time limit."""
+    when rank 1 left, is listed as a consequence. Both end at once, not at the time limit. A LoRA
+    model under DDP: built, wrapped and run up to the injected failure."""
     monkeypatch.setenv("REPORTGEN_FAULT", "error")
     monkeypatch.setenv("REPORTGEN_FAULT_RANK", "1")
-    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--sharding", "ddp", "--timeout", "300")
+    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--sharding", "ddp", "--method", "lora", "--timeout", "300")
     assert rc == 1 and d["status"] == "error"
     m = d["measurement"]
     assert m["failed_rank"] == 1 and m["failed_in"] == "warmup"
@@ -263,6 +266,38 @@ def test_the_parent_side_never_imports_torch():
             "reportgen.measure.distributed; print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("setup,needle", [
+    (dict(gpus=2, sharding="fsdp", optimizer="adamw-8bit"), "DTensor"),
+    (dict(gpus=4, sharding="zero3"), "estimated only"),
+    (dict(gpus=2, sharding="ddp", loss="chunked"), "chunked"),
+    (dict(offload="params"), "not implemented by the harness"),
+    (dict(compile=True), "torch.compile"),
+])
+def test_what_no_machine_measures_is_refused_by_the_parent_without_torch(setup, needle):
+    """isolate.refusal: the answer a worker would give, with no worker (nor torchrun) started, for a
+    CUDA request too (counting the GPUs is left to the ranks); the parent still never imports torch."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom reportgen.measure.isolate import refusal\n"
+            "from reportgen.measure.protocol import MeasureRequest\n"
+            f"print(json.dumps(refusal(MeasureRequest(model='llama-3.2-1b', gpu='h100-sxm', setup={setup!r}, "
+            "device='cuda'))))\nprint('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    answer, torch_loaded = proc.stdout.strip().splitlines()
+    d = json.loads(answer)
+    assert d["status"] == "error" and needle in d["error"] and d["measurement"]["failed_in"] == "setup", d
+    assert d["environment"]["source"] == "parent" and torch_loaded == "False"
+
+
+def test_a_measurable_setup_is_not_refused_by_the_parent():
+    from reportgen.measure.isolate import refusal
+    from reportgen.measure.protocol import MeasureRequest
+
+    for setup in ({}, dict(gpus=2, sharding="fsdp", offload="params"), dict(gpus=8, sharding="ddp")):
+        assert refusal(MeasureRequest(model="llama-3.2-1b", gpu="h100-sxm", setup=setup, device="cuda")) is None
 
 
 def test_a_rank_killed_from_outside_is_the_cause_even_if_the_other_reported_an_error():

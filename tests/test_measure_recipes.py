@@ -34,7 +34,10 @@ def test_a_recipe_is_measured_through_its_trainer(capsys, tiny, recipe, method, 
         assert m["adapter_dtype"] == "bf16"  # sft_trainer.py casts a 4-bit model's adapters to bf16
 
 
-def test_a_recipe_on_several_gpus_is_refused(capsys, tiny):
+def test_a_recipe_on_several_gpus_is_refused_before_any_process_starts(capsys, tiny):
+    """Refused by the parent (isolate.refusal): no torchrun, no rank imports torch only to refuse."""
     rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "lora", "--recipe", "trl-sft", "--gpus", "2",
                          "--sharding", "ddp")
-    assert d["status"] != "ok" and "one GPU" in str(d["error"])
+    assert rc == 1 and d["status"] == "error" and "the trainer is measured on one GPU" in d["error"]
+    assert d["environment"]["source"] == "parent" and d["wall_s"] == 0
+    assert d["measurement"]["failed_in"] == "setup" and d["measurement"]["tokens_per_step"] == 2 * 32 * 2

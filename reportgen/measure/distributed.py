@@ -220,13 +220,14 @@ class Rank:
         return lambda last: contextlib.nullcontext()
 
 
-def check_supported(setup: TrainingSetup, device: str, world_size: int) -> None:
-    """What a multi-GPU run refuses (``harness.check_supported`` calls it when ``gpus > 1``)."""
+def check_supported(setup: TrainingSetup, device: str, world_size: int, *, count_gpus: bool = True) -> None:
+    """What a multi-GPU run refuses (``harness.check_supported`` calls it when ``gpus > 1``);
+    ``count_gpus=False``: all but the count of visible GPUs, which imports torch."""
     from reportgen.measure.optimizers import SetupNotSupported
 
     if world_size != setup.gpus:
         raise SetupNotSupported(f"gpus={setup.gpus} but {world_size} processes were launched")
-    if device == "cuda":
+    if device == "cuda" and count_gpus:
         import torch
 
         have = torch.cuda.device_count()

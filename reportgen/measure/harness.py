@@ -112,13 +112,14 @@ class Phase:
             self._listener(value)
 
 
-def check_supported(setup: TrainingSetup, device: str, world_size: int = 1) -> None:
+def check_supported(setup: TrainingSetup, device: str, world_size: int = 1, *, count_gpus: bool = True) -> None:
     """Refuse, with a clear message, what the harness cannot run here (before importing much).
-    ``world_size``: the processes of this run (torchrun's ``WORLD_SIZE``; 1 without torchrun)."""
+    ``world_size``: the processes of this run (torchrun's ``WORLD_SIZE``; 1 without torchrun);
+    ``count_gpus=False``: only what needs no torch (the parent's check, ``isolate.refusal``)."""
     if setup.gpus > 1 and world_size > 1:
         from reportgen.measure.distributed import check_supported as check_ranks
 
-        check_ranks(setup, device, world_size)
+        check_ranks(setup, device, world_size, count_gpus=count_gpus)
     elif setup.gpus > 1:
         import torch
 

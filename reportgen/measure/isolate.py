@@ -111,8 +111,32 @@ def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambd
     return proc, timed_out, time.perf_counter() - t0
 
 
+def refusal(request: MeasureRequest) -> dict | None:
+    """The answer to a setup the harness refuses whatever the machine (``harness.check_supported``
+    short of counting GPUs): given here, in the parent, without starting a worker, or torchrun and
+    one rank per GPU, to import torch only to refuse (about 10 s a process, more on a GPU node where
+    each rank creates its CUDA context). None: the worker is started."""
+    from reportgen.measure.harness import check_supported
+    from reportgen.measure.optimizers import SetupNotSupported
+    from reportgen.setup import TrainingSetup
+
+    setup = TrainingSetup.model_validate(request.setup)
+    try:
+        check_supported(setup, request.device, setup.gpus, count_gpus=False)
+    except SetupNotSupported as exc:
+        measurement = dict(empty_measurement(), warmup=request.warmup, steps=request.steps,
+                           tokens_per_step=setup.tokens_per_step, failed_in="setup")
+        out = answer(request, "error", measurement=measurement, environment=light_environment(), error=str(exc))
+        out["wall_s"] = 0.0
+        return out
+    return None
+
+
 def run_case(request: MeasureRequest, timeout_s: float) -> dict:
     """The worker's answer (see ``protocol.py``) plus ``wall_s``; never raises for a failed case."""
+    refused = refusal(request)
+    if refused is not None:
+        return refused
     if int(request.setup.get("gpus", 1)) > 1:
         return _run_ranks(request, timeout_s)
     with tempfile.TemporaryDirectory(prefix="reportgen-measure-") as tmp:
