@@ -148,9 +148,10 @@ def test_a_failed_profile_leaves_the_measurement_ok(monkeypatch):
     assert block["trace"] is None and block["steps"] == [] and "CUPTI_ERROR_NOT_INITIALIZED" in block["error"]
 
 
-def test_profile_in_a_sweep_stores_the_trace_beside_the_measurements(tmp_path, monkeypatch):
+def test_profile_in_a_sweep_stores_the_trace_beside_the_measurements(tmp_path, monkeypatch, capsys):
     """measure.profile: the trace lands in results/<sweep>/profiles/, the measurement file names it
-    relative to the sweep directory; a rerun with profile asked for keeps it (same settings)."""
+    relative to the sweep directory; `show` prints the timing, the trace and the command that
+    remeasures with the same settings; a rerun with profile asked for keeps it (same settings)."""
     from reportgen.cli import main
     from reportgen.measure.runner import DEVICE_ENV
     from reportgen.store import load_results
@@ -164,7 +165,7 @@ grids:
     gpu: h100-sxm
     method: lora
     seq: 16
-measure: {{warmup: 1, steps: 1, max_steps: 1, timeout_s: 120, profile: true, profile_steps: 1}}
+measure: {{warmup: 1, steps: 2, max_steps: 3, max_timed_s: 30, timeout_s: 120, profile: true, profile_steps: 1}}
 """)
     out = tmp_path / "results"
     assert main(["sweep", str(spec), "--measure", "--no-render", "--results", str(out)]) == 0
@@ -174,5 +175,11 @@ measure: {{warmup: 1, steps: 1, max_steps: 1, timeout_s: 120, profile: true, pro
     profile = block["measurement"]["profile"]
     assert profile["trace"].startswith("profiles/") and (out / "prof" / profile["trace"]).is_file()
     assert len(profile["steps"]) == 1 and profile["steps"][0]["cpu_ops"] > 0
+    capsys.readouterr()
+    assert main(["show", r["id"], "--results", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "  timing: " in text and "timed steps, stopped: " in text and "of the median" in text
+    assert f"trace {out / 'prof' / 'profiles'}" in text and "open at https://ui.perfetto.dev" in text
+    assert "--warmup 1 --steps 2 --max-steps 3 --max-timed-s 30 --target-rel-ci 0.02 --profile --profile-steps 1" in text
     assert main(["sweep", str(spec), "--measure", "--no-render", "--results", str(out)]) == 0
     assert len(load_results(out / "prof")[0]["measurements"]) == 1  # settled: not measured again

@@ -236,32 +236,6 @@ def test_committed_h100_files_still_display_and_remeasure_as_measured():
     assert "--warmup 2 --steps 5 --max-steps 5 --cap-to-gpu" in cmd and "--profile" not in cmd
 
 
-def test_show_prints_timing_and_profile_of_a_new_measurement(tmp_path, monkeypatch, capsys):
-    from reportgen.measure.runner import DEVICE_ENV
-    from tests.measure_helpers import tiny_config
-
-    monkeypatch.setenv(DEVICE_ENV, "cpu")
-    spec = tmp_path / "s.yaml"
-    spec.write_text(f"""
-name: shown
-grids:
-  - model: {tiny_config(tmp_path)}
-    gpu: h100-sxm
-    method: lora
-    seq: 16
-measure: {{warmup: 1, steps: 2, max_steps: 3, max_timed_s: 30, timeout_s: 120, profile: true, profile_steps: 1}}
-""")
-    out = tmp_path / "results"
-    assert main(["sweep", str(spec), "--measure", "--no-render", "--results", str(out)]) == 0
-    cid = next((out / "shown").glob("*.json")).stem
-    capsys.readouterr()
-    assert main(["show", cid, "--results", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "  timing: " in text and "timed steps, stopped: " in text and "of the median" in text
-    assert f"trace {out / 'shown' / 'profiles'}" in text and "open at https://ui.perfetto.dev" in text
-    assert "--warmup 1 --steps 2 --max-steps 3 --max-timed-s 30 --target-rel-ci 0.02 --profile --profile-steps 1" in text
-
-
 def test_gc_pauses_are_counted_per_step_and_only_inside_the_block():
     """The harness records Python's garbage collections inside each timed step (gc.callbacks)."""
     import gc
