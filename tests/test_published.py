@@ -2,6 +2,7 @@
 estimate predicts the same measure the row reports."""
 
 import json
+import shutil
 import statistics
 
 import pytest
@@ -151,6 +152,22 @@ def test_comparison_hash_moves_with_the_published_rows(tmp_path):
     edited = tmp_path / "rows.csv"
     edited.write_text(CSV.read_text(encoding="utf-8").replace("4.98", "4.99", 1), encoding="utf-8")
     assert comparison_inputs_hash(edited) != comparison_inputs_hash(CSV)
+
+
+def test_the_validation_page_warns_when_the_comparison_is_stale(tmp_path, capsys):
+    """Rendering with a comparison computed from other rows (or code, or catalog entries) prints how to
+    recompute it, as the cards table does; the page still shows the file it has."""
+    from reportgen.report.pages import _published
+
+    shutil.copy(CSV, tmp_path / CSV.name)
+    shutil.copy("data/published_comparison.json", tmp_path / "published_comparison.json")
+    stored = _published(tmp_path / "published_comparison.json")
+    assert capsys.readouterr().err == ""  # the committed pair is current
+    (tmp_path / CSV.name).write_text(CSV.read_text(encoding="utf-8").replace("4.98", "4.99", 1), encoding="utf-8")
+    assert _published(tmp_path / "published_comparison.json") == stored
+    err = capsys.readouterr().err
+    assert "published_comparison.json was computed by other code, catalog entries or published rows" in err
+    assert "run `reportgen compare-published`" in err
 
 
 def test_litgpt_rows_take_lora_settings_and_library_versions_from_their_configs():

@@ -477,9 +477,20 @@ def model_pages(site: SiteData) -> list[Page]:
 
 # ----- validation --------------------------------------------------------------------------------
 def _published(path: Path | None) -> dict | None:
+    """``reportgen compare-published``'s comparison, with a warning when it is stale: computed by other
+    code, catalog entries or published rows than this checkout's (``published.compare.comparison_inputs_hash``
+    of the CSV beside it), as the cards table warns."""
+    from reportgen.published.cli import DEFAULT_CSV
+    from reportgen.published.compare import comparison_inputs_hash
+
     if path is None or not path.is_file():
         return None
     data = json.loads(path.read_text())
+    csv = path.parent / DEFAULT_CSV.name
+    if csv.is_file() and not Artifact("published", path, comparison_inputs_hash(csv)).is_current(data):
+        print(f"warning: {path} was computed by other code, catalog entries or published rows than this checkout's: "
+              "the validation page's comparison with published measurements may be stale; run `reportgen "
+              "compare-published`", file=sys.stderr)
     rows = sorted(data.get("rows", []), key=lambda r: str(r.get("id")))
     return {
         "rows": rows,
