@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEFAULT_CSV = Path("data/published_measurements.csv")
-DEFAULT_OUT = Path("data/published_comparison.json")
+from reportgen.published import DEFAULT_CSV, DEFAULT_OUT
 
 
 def register(sub) -> None:

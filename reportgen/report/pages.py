@@ -480,7 +480,7 @@ def _published(path: Path | None) -> dict | None:
     """``reportgen compare-published``'s comparison, with a warning when it is stale: computed by other
     code, catalog entries or published rows than this checkout's (``published.compare.comparison_inputs_hash``
     of the CSV beside it), as the cards table warns."""
-    from reportgen.published.cli import DEFAULT_CSV
+    from reportgen.published import DEFAULT_CSV
     from reportgen.published.compare import comparison_inputs_hash
 
     if path is None or not path.is_file():
