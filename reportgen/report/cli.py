@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reportgen.published import DEFAULT_OUT
+
 DEFAULT_RESULTS = Path("results")
 DEFAULT_DOCS = Path("docs")
 
@@ -14,7 +16,7 @@ def register(sub) -> None:
     p = sub.add_parser("render", help="render the site's pages from stored result files (no estimating)")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results directory (one folder per sweep)")
     p.add_argument("--docs", type=Path, default=DEFAULT_DOCS, help="site source directory to render into")
-    p.add_argument("--published", type=Path, default=Path("data/published_comparison.json"),
+    p.add_argument("--published", type=Path, default=DEFAULT_OUT,
                    help="comparison with published measurements (reportgen compare-published), if it exists")
     p.set_defaults(func=cmd_render)
 

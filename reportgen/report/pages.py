@@ -21,6 +21,7 @@ from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
+from reportgen.published import DEFAULT_OUT
 from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
                                     reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
@@ -703,7 +704,7 @@ def validation_pages(site: SiteData, published: Path | None = None) -> list[Page
         "scatter_alt": ("Log-log scatter of estimated against measured or published peak memory in GB, one marker "
                         "shape per source, coloured by measure (allocated, reserved, loss), with the y = x line "
                         "and the shaded error band of each measure"),
-        "published_path": published.as_posix() if published else "data/published_comparison.json",
+        "published_path": (published or DEFAULT_OUT).as_posix(),
         "csv": "data/validation.csv" if rows else None,
         "repro": reproduce(site, rows, "data/validation.csv" if rows else None),
         "verdicts": verdicts,

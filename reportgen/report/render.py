@@ -42,12 +42,13 @@ from reportgen import __version__
 from reportgen.report.page import Page, SiteData
 from reportgen import store
 from reportgen.format import money, rate
+from reportgen.published import DEFAULT_OUT
 
 TEMPLATES = Path(__file__).parent / "templates"
 MANIFEST = ".reportgen-manifest.json"
 #: hand-written parts of docs/ that a render never writes or removes
 PROTECTED = ("stylesheets", "javascripts")
-DEFAULT_PUBLISHED = Path("data/published_comparison.json")
+DEFAULT_PUBLISHED = DEFAULT_OUT
 
 #: this package's providers, then the other providers, imported lazily: a missing one is skipped
 #: with a warning (``module:function``, each ``fn(site) -> list[Page]``)
