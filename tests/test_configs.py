@@ -205,6 +205,8 @@ HOSTILE = [
     ("bomb.yaml", _alias_bomb(), "bomb.yaml:6: more than 100,000 values once its aliases are expanded"),
     ("twice.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 8\nlora_r: 16\n",
      "twice.yaml:3: duplicate key 'lora_r' (first at line 2)"),
+    ("empty.yaml", "", "empty.yaml: a config is a mapping of keys to values, not an empty file"),
+    ("list.yaml", "- model_name_or_path: a\n", "list.yaml: a config is a mapping of keys to values, not a list"),
     ("loop.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nx: &x [*x]\n", "loop.yaml:2: an alias refers to the node that contains it"),
 ]
 

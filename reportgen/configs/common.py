@@ -145,7 +145,8 @@ def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
     except UserError as exc:
         raise ConfigError(exc.message, hint=exc.hint) from None
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: a config is a mapping of keys to values, not {type(doc).__name__}",
+        found = "an empty file" if doc is None else f"a {type(doc).__name__}"
+        raise ConfigError(f"{path}: a config is a mapping of keys to values, not {found}",
                           hint="e.g. model_name_or_path: meta-llama/Llama-3.2-1B (TRL) or base_model: ... (Axolotl)")
     lines = {}
     if isinstance(node, yaml.MappingNode):
