@@ -279,3 +279,23 @@ def test_worker_exit_skips_the_interpreter_teardown():
             "from reportgen.measure.worker import _exit_now; print('answer written'); _exit_now(0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "answer written" in proc.stdout
+
+
+def test_the_worker_iterates_sets_in_the_same_order_on_every_run(monkeypatch):
+    """The worker's environment fixes the hash seed: a set of strings (Gemma 3's layer types, whose
+    order is its allocation order) iterates alike in two workers, whatever seed the parent has."""
+    import subprocess
+    import sys
+
+    from reportgen.measure.isolate import _worker_env
+
+    code = "print(list({'sliding_attention', 'full_attention', 'a', 'b', 'c', 'd', 'e', 'f'}))"
+    orders = set()
+    for seed in ("1", "2", "random"):
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+        orders.add(subprocess.run([sys.executable, "-c", code], env=_worker_env(), capture_output=True, text=True,
+                                  check=True).stdout)
+    assert len(orders) == 1
+    monkeypatch.setenv("PYTHONHASHSEED", "random")  # the same code without the worker's environment varies
+    assert len({subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+                for _ in range(4)}) > 1

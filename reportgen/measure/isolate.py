@@ -34,9 +34,12 @@ from reportgen.measure import lifeline
 from reportgen.measure.environment import light_environment
 from reportgen.measure.protocol import FINAL_STATUSES, MeasureRequest, answer, empty_measurement, tail
 
-#: environment of the worker: never reach the network (random weights need no hub), less noise
+#: environment of the worker: never reach the network (random weights need no hub), less noise, and
+#: one Python hash seed, so a model whose construction iterates a set allocates in the same order on
+#: every run (transformers 5.24's Gemma 3 builds its rotary tables over set(config.layer_types): the
+#: traced peak_reserved moved by one 2 MiB block with the seed, and a CUDA run allocates in that order too)
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+              "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
 
 
 def _worker_env() -> dict[str, str]:
