@@ -226,7 +226,11 @@ measure: {{warmup: 0, steps: 1, max_steps: 1, timeout_s: 120, profile: true, pro
     assert all(n.startswith("script-check/measured/") and n.endswith(".json") for n in names) and len(names) == 2
     assert blocks["bad-llama"]["status"] == "error" and blocks["tiny-llama"]["status"] == "ok"
     assert blocks["tiny-llama"]["environment"]["device"] == "cpu" and blocks["tiny-llama"]["settings"]["steps"] == 1
-    assert "Padding_idx must be within num_embeddings" in blocks["bad-llama"]["error"]
+    # a config the estimator reads and torch cannot build: the error with its traceback, from the worker
+    bad = blocks["bad-llama"]
+    assert "Traceback" in bad["error"] and "Padding_idx must be within num_embeddings" in bad["error"]
+    assert bad["measurement"]["failed_in"] == "build" and bad["environment"]["source"] == "worker"
+    assert {"device", "gpu_name", "driver_version", "cuda_version", "versions", "git_commit", "utc"} <= set(bad["environment"])
     # the profiled case's trace, packed beside the measurements, named in its measurement file
     profile = blocks["tiny-llama"]["measurement"]["profile"]
     assert profile["error"] is None and profile["trace"].startswith("profiles/tiny-llama.")
