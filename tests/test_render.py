@@ -412,6 +412,22 @@ def test_pages_workflow_tests_before_it_deploys():
     assert "mkdocs build --strict" in build and "reportgen render" in build
 
 
+def test_ci_runs_the_readme_test_command_with_loud_skips():
+    """.ci/run is the README's test command verbatim, and both run pytest with REPORTGEN_REQUIRE_ALL=1,
+    so CI fails when a must-run module (trace agreement, browser, calculator) skipped, as the Pages
+    workflow does."""
+    readme = (ROOT / "README.md").read_text()
+    command = [ln for ln in readme.splitlines() if ln.startswith("apt-get update") and "pytest" in ln]
+    assert len(command) == 1
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in ln]
+    assert ci == command
+    runs = command[0].split("&&")
+    pytests = [r.strip() for r in runs if "pytest" in r]
+    assert len(pytests) == 2 and all(r.startswith("REPORTGEN_REQUIRE_ALL=1 python -m pytest") for r in pytests)
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "pages.yml").read_text())
+    assert any(step.get("env", {}).get("REPORTGEN_REQUIRE_ALL") == "1" for step in wf["jobs"]["test"]["steps"])
+
+
 def test_setup_labels_tell_every_recipe_field_apart():
     """The site's setup label names each choice that changes the numbers, so two rows of one table
     never read the same (the validation sweep has dropout pairs; issue 9's recipe fields)."""
