@@ -426,6 +426,14 @@ def test_ci_runs_the_readme_test_command_with_loud_skips():
     assert len(pytests) == 2 and all(r.startswith("REPORTGEN_REQUIRE_ALL=1 python -m pytest") for r in pytests)
     wf = yaml.safe_load((ROOT / ".github" / "workflows" / "pages.yml").read_text())
     assert any(step.get("env", {}).get("REPORTGEN_REQUIRE_ALL") == "1" for step in wf["jobs"]["test"]["steps"])
+    # the timing run names the modules that hold timing tests (collecting the rest took 15-20 s): a timing
+    # test written anywhere else would never run, in CI or the Pages workflow
+    timed = sorted(p.name for p in (ROOT / "tests").glob("test_*.py")
+                   if re.search(r"^\s*@pytest\.mark\.timing|pytestmark\s*=.*timing", p.read_text(), re.M))
+    assert timed == ["test_calculator_browser.py"]
+    for run in (pytests[1], *(str(step.get("run", "")) for step in wf["jobs"]["test"]["steps"])):
+        if "-m timing" in run:
+            assert run.split("-m timing", 1)[1].split("&&")[0].split() == [f"tests/{name}" for name in timed], run
 
 
 def test_setup_labels_tell_every_recipe_field_apart():
