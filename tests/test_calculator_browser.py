@@ -395,3 +395,22 @@ def test_a_malformed_config_shows_the_cli_error(served_site, browser, tmp_path, 
     # fixing the config brings the result back
     browser.execute_async_script(SET_FORM, {"config": MISTRAL}, True)
     assert browser.execute_script(READ_PAGE)["error"] is None
+
+
+def test_a_hostile_pasted_config_is_an_error_and_the_page_recovers(served_site, browser):
+    """A pasted TRL config is read in Pyodide by the same guarded reader as on the command line
+    (yamlfile.py): nesting past the limit and an alias bomb (9**9 values from 90 written) are the
+    CLI's errors, with no hang and no stack overflow of the page's runtime; a good config after them
+    answers again."""
+    on_calculator(browser, served_site)
+    bomb, prev = "a: &a [x, x, x, x, x, x, x, x, x]\n", "a"
+    for i in range(1, 9):
+        bomb += f"b{i}: &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
+        prev = f"b{i}"
+    for text, needle in (("model_name_or_path: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply to read"),
+                         (bomb + f"model_name_or_path: *{prev}\n", "more than 100,000 values once its aliases")):
+        browser.execute_async_script(SET_FORM, {"paste_train": True, "train_config": text, "gpu": "t4"}, False)
+        error = browser.execute_script(READ_PAGE)["error"]
+        assert error is not None and needle in error and "Traceback" not in error, error
+    browser.execute_async_script(SET_FORM, {"paste_train": True, "train_config": TRL_QLORA, "gpu": "rtx-4090"}, False)
+    assert browser.execute_script(READ_PAGE)["error"] is None
