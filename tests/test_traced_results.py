@@ -218,7 +218,7 @@ def test_show_prints_traced_figures_and_flags_stale_ones(site, capsys):
 
 
 # ----- tracing a sweep --------------------------------------------------------------------------
-def test_sweep_trace_writes_resumes_and_skips_what_it_cannot_trace(tmp_path, capsys):
+def test_sweep_trace_writes_resumes_and_skips_what_it_cannot_trace(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     from tests.torch_saved import TINY
@@ -230,17 +230,19 @@ def test_sweep_trace_writes_resumes_and_skips_what_it_cannot_trace(tmp_path, cap
                           "    seq: 64\n  - model: " + str(config) + "\n    gpu: rtx-4090\n    method: full\n"
                           "    seq: 64\n    offload: optimizer\n")
     argv = ["sweep", str(sweep_file), "--results", str(tmp_path / "results"), "--trace", "--no-render"]
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
     main(argv)  # the offload case's estimate may fail or not; the trace part is what is checked
     err = capsys.readouterr().err
     files = traced_results.traced_files(tmp_path / "results" / "t")
     assert len(files) == 2 and "2 written" in err and "1 not traceable" in err and "offload" in err
+    assert "PYTHONHASHSEED is not 0" in err and "export PYTHONHASHSEED=0" in err  # the committed files' seed
     doc = traced_results.read_traced(files[0])
     assert doc["kind"] == "traced" and doc["trace_hash"] == trace_hash() and not traced_results.staleness(doc)
     assert "time" not in doc and "band" not in doc  # nothing borrowed from the estimator
     before = {p: p.read_bytes() for p in files}
     main(argv)
     err = capsys.readouterr().err
-    assert "0 written, 2 current" in err
+    assert "0 written, 2 current" in err and "PYTHONHASHSEED" not in err  # nothing traced: nothing to say
     assert {p: p.read_bytes() for p in files} == before
 
 

@@ -11,6 +11,7 @@ that fails is reported and nothing is written for it.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,10 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
             stats.skipped += 1
             continue
         todo.append(case)
+    if todo and os.environ.get("PYTHONHASHSEED") != "0":
+        warn("PYTHONHASHSEED is not 0: a model built by iterating a set (Gemma 3's layer types) may allocate in "
+             "another order than the committed traced files, which were traced with PYTHONHASHSEED=0 (one 2 MiB "
+             "block of peak_reserved); export PYTHONHASHSEED=0 to reproduce them to the byte")
     for case in progress(todo):
         ihash = traced_results.inputs_hash(case.as_dict())
         spec = catalog.load_model(case.model)  # measure/build.py hf_config copies what transformers edits
