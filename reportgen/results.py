@@ -176,6 +176,8 @@ def read_json(path: Path) -> dict:
         raise UnreadableResult(path, f"not valid JSON at line {exc.lineno} ({exc.msg}); a merge conflict?") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UnreadableResult(path, f"cannot be read ({exc})") from None
+    except RecursionError:  # json.loads recurses per nesting level
+        raise UnreadableResult(path, "nested too deeply to be a result file") from None
     if not isinstance(data, dict):
         raise UnreadableResult(path, f"holds a JSON {type(data).__name__}, not a result object")
     return data

@@ -155,6 +155,27 @@ def test_render_reads_around_unusable_files_without_moving_them(tmp_path):
     assert any(str(bad) in w for w in warnings)
 
 
+def test_files_nested_too_deeply_are_unreadable_not_a_traceback(tmp_path, capsys):
+    """json.loads recurses per level: a result, walk or traced file nested 100,000 deep (a corrupt or
+    hostile copy) is set aside by render and named by show, as a merge conflict is."""
+    from reportgen.advise.store import ADVICE_DIR
+    from reportgen.cli import main
+
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    results = tmp_path / "results"
+    walks = results / "x" / ADVICE_DIR
+    walks.mkdir(parents=True)
+    (results / "x" / "deep.json").write_text(deep)
+    (walks / "deep.json").write_text(deep)
+    (walks / "list.json").write_text("[1, 2]")
+    with pytest.raises(UnreadableResult, match="nested too deeply to be a result file"):
+        read_json(results / "x" / "deep.json")
+    assert main(["render", "--results", str(results), "--docs", str(tmp_path / "docs")]) == 0
+    assert "deep.json: nested too deeply to be a result file; skipped" in capsys.readouterr().err
+    assert main(["show", "deep", "--results", str(results)]) == 2
+    assert "deep.json: nested too deeply to be a result file" in capsys.readouterr().err
+
+
 # ----- measurements are immutable ------------------------------------------------------------------
 def test_write_json_new_never_overwrites(tmp_path):
     first = write_json_new(tmp_path / "a.json", {"n": 1})

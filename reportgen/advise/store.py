@@ -16,7 +16,6 @@ inputs change: the model config, the GPU entry, the estimator's code
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from reportgen.artifacts import Artifact, prune
 from reportgen.advise.tree import tree_hash
 from reportgen.advise.walk import ADVICE_SCHEMA_VERSION, walk
 from reportgen.fingerprint import advice_hash
-from reportgen.results import model_file_part, short_hash
+from reportgen.results import UnreadableResult, model_file_part, read_json, short_hash
 from reportgen.runner import inputs_hash
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import Case, Sweep
@@ -95,8 +94,8 @@ def load_advice(results_dir: Path) -> dict[str, list[dict]]:
         docs = []
         for path in sorted(folder.glob("*.json")):
             try:
-                doc = json.loads(path.read_text())
-            except (ValueError, OSError):
+                doc = read_json(path)
+            except UnreadableResult:  # not JSON, not an object, nested too deeply: not a walk
                 continue
             if doc.get("schema_version") == ADVICE_SCHEMA_VERSION:
                 docs.append(doc)

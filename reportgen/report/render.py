@@ -266,7 +266,7 @@ def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
     if manifest.exists():
         try:
             old = json.loads(manifest.read_text()).get("files", [])
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             old = []
     for rel in sorted(outputs):
         target = docs_dir / rel

@@ -30,8 +30,8 @@ def _is_traced(path: Path) -> bool:
     """A traced document (``results/<sweep>/traced/<id>.json``), not a case's result file: with
     ``--results results/<sweep>`` its ``traced`` folder sits where a sweep would."""
     try:
-        return json.loads(path.read_text()).get("kind") == "traced"
-    except (OSError, ValueError):
+        return read_json(path).get("kind") == "traced"
+    except UnreadableResult:
         return False
 
 
