@@ -266,6 +266,14 @@ def cards_view(data: dict | None, key: str) -> dict | None:
     return {"seq": data["seq"], "max": data["counts"][-1], "rows": rows}
 
 
+def _warn_if_stale(artifact: Artifact, data: dict, inputs: str, shown: str, command: str) -> None:
+    """The render's word on a committed document the pages show (the cards table, the comparison with
+    published rows) that was not computed from this checkout's ``inputs``: the page still shows it."""
+    if not artifact.is_current(data):
+        print(f"warning: {artifact.path} was computed by other {inputs} than this checkout's: {shown} may be "
+              f"stale; run `{command}`", file=sys.stderr)
+
+
 def _load_cards(path: Path | None) -> dict | None:
     """``reportgen cards``'s answers, with a warning when they are stale: computed by other code or
     from other catalog entries than this checkout's (``advise.cards.cards_inputs_hash``)."""
@@ -274,9 +282,8 @@ def _load_cards(path: Path | None) -> dict | None:
     if path is None or not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if not Artifact("cards", path, cards_inputs_hash(data.get("seq", 2048))).is_current(data):
-        print(f"warning: {path} was computed by other code or catalog entries than this checkout's: the GPU "
-              "pages' 'How many cards' tables may be stale; run `reportgen cards`", file=sys.stderr)
+    _warn_if_stale(Artifact("cards", path, cards_inputs_hash(data.get("seq", 2048))), data,
+                   "code or catalog entries", "the GPU pages' 'How many cards' tables", "reportgen cards")
     return data
 
 
@@ -488,10 +495,10 @@ def _published(path: Path | None) -> dict | None:
         return None
     data = json.loads(path.read_text())
     csv = path.parent / DEFAULT_CSV.name
-    if csv.is_file() and not Artifact("published", path, comparison_inputs_hash(csv)).is_current(data):
-        print(f"warning: {path} was computed by other code, catalog entries or published rows than this checkout's: "
-              "the validation page's comparison with published measurements may be stale; run `reportgen "
-              "compare-published`", file=sys.stderr)
+    if csv.is_file():
+        _warn_if_stale(Artifact("published", path, comparison_inputs_hash(csv)), data,
+                       "code, catalog entries or published rows",
+                       "the validation page's comparison with published measurements", "reportgen compare-published")
     rows = sorted(data.get("rows", []), key=lambda r: str(r.get("id")))
     return {
         "rows": rows,
