@@ -403,12 +403,10 @@ def test_a_hostile_pasted_config_is_an_error_and_the_page_recovers(served_site, 
     CLI's errors, with no hang and no stack overflow of the page's runtime; a good config after them
     answers again."""
     on_calculator(browser, served_site)
-    bomb, prev = "a: &a [x, x, x, x, x, x, x, x, x]\n", "a"
-    for i in range(1, 9):
-        bomb += f"b{i}: &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
-        prev = f"b{i}"
-    for text, needle in (("model_name_or_path: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply to read"),
-                         (bomb + f"model_name_or_path: *{prev}\n", "more than 100,000 values once its aliases")):
+    from tests.fixtures.hostile import DEEP_TRL, alias_bomb_trl
+
+    for text, needle in ((DEEP_TRL, "nested too deeply to read"),
+                         (alias_bomb_trl(), "more than 100,000 values once its aliases")):
         browser.execute_async_script(SET_FORM, {"paste_train": True, "train_config": text, "gpu": "t4"}, False)
         error = browser.execute_script(READ_PAGE)["error"]
         assert error is not None and needle in error and "Traceback" not in error, error

@@ -16,6 +16,7 @@ import pytest
 from reportgen.cli import main
 from reportgen.configs import ConfigError, setup_from, table, translate_file
 from reportgen.setup import TrainingSetup
+from tests.fixtures.hostile import DEEP_TRL, alias_bomb_trl
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
@@ -189,20 +190,11 @@ def test_bad_configs_exit_2_naming_file_and_key(tmp_path, capsys, name, text, ne
     assert needle in " ".join(err.split()) and "Traceback" not in err, err
 
 
-def _alias_bomb() -> str:
-    """Nine aliases of nine: 9**9 (387 million) values once expanded, 90 written."""
-    text, prev = "a: &a [x, x, x, x, x, x, x, x, x]\n", "a"
-    for i in range(1, 9):
-        text += f"b{i}: &b{i} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
-        prev = f"b{i}"
-    return text + f"model_name_or_path: *{prev}\n"
-
-
 #: files that once hung the command (the alias bomb ran until killed) or ended in a traceback
 #: (RecursionError, UnicodeDecodeError): each is now a file:line error, as for a sweep file
 HOSTILE = [
-    ("deep.yaml", "model_name_or_path: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yaml: nested too deeply to read"),
-    ("bomb.yaml", _alias_bomb(), "bomb.yaml:6: more than 100,000 values once its aliases are expanded"),
+    ("deep.yaml", DEEP_TRL, "deep.yaml: nested too deeply to read"),
+    ("bomb.yaml", alias_bomb_trl(), "bomb.yaml:6: more than 100,000 values once its aliases are expanded"),
     ("twice.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 8\nlora_r: 16\n",
      "twice.yaml:3: duplicate key 'lora_r' (first at line 2)"),
     ("empty.yaml", "", "empty.yaml: a config is a mapping of keys to values, not an empty file"),
