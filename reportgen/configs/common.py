@@ -317,8 +317,9 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         if not path.is_absolute():
             path = Path(r.path).parent / path
         try:
-            if path.is_file() and path.stat().st_size > yamlfile.MAX_FILE_BYTES:
-                raise r.error(key, f"{path}: {path.stat().st_size:,} bytes; a DeepSpeed config is read up to "
+            size = path.stat().st_size if path.is_file() else 0
+            if size > yamlfile.MAX_FILE_BYTES:
+                raise r.error(key, f"{path}: {size:,} bytes; a DeepSpeed config is read up to "
                                    f"{yamlfile.MAX_FILE_BYTES:,} bytes")
             value = json.loads(path.read_text())  # as DeepSpeed reads it (json.load), not as YAML
         except OSError:
