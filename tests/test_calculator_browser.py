@@ -8,7 +8,8 @@ command, that the JSON the page shows is byte for byte the CLI's output for that
 subprocess), and that every number the page shows is that JSON formatted by
 ``reportgen.browser.view``. It also checks that no request leaves 127.0.0.1 (other hosts are
 unreachable and every request is logged), times the first answer and the recomputations, restores
-a setup from its link, and shows a malformed pasted config's error.
+a setup from its link, shows a malformed pasted config's error, and checks that a later visit starts
+from the snapshot of the started estimator that the first one stored, with the same answers.
 
 Needs Chromium, chromedriver, selenium and the Pyodide runtime (``reportgen.report.pyodide``:
 downloaded once from the npm registry into ~/.cache/reportgen); skipped without them. Timings and
@@ -185,6 +186,23 @@ def first_answer(driver, url: str | None) -> float:
     return float(ms)
 
 
+def snapshot_of(driver) -> str:
+    """How the page's Python started (``data-snapshot``; calculator-worker.js)."""
+    return driver.execute_script("return document.getElementById('rg-calc').dataset.snapshot")
+
+
+def snapshot_stored(driver) -> str:
+    """``data-snapshot`` once the first visit's snapshot is stored (or refused)."""
+    return wait_for(lambda: (said := snapshot_of(driver) or "storing") != "storing" and not said.endswith("; storing") and said,
+                    what="the snapshot stored")
+
+
+def snapshot_keys(driver) -> list[str]:
+    return driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "caches.open('reportgen-calculator').then((c) => c.keys()).then((ks) => done(ks.map((k) => k.url)));")
+
+
 def on_calculator(driver, site: str) -> None:
     """The calculator page, answered: reused when the browser is already on it (the tests that set
     the form reset every control first, so they need no fresh page), opened afresh otherwise. The
@@ -245,7 +263,11 @@ def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, 
                 screenshot(driver, shots / "calculator-loading.png")  # before the runtime is up
             cold.append(first_answer(driver, None))
             steps = driver.execute_script("return document.getElementById('rg-calc').dataset.timings")
-            warm += [first_answer(driver, url) for _ in range(3)]
+            assert snapshot_stored(driver) == "made"
+            for _ in range(3):
+                warm.append(first_answer(driver, url))
+                assert snapshot_of(driver) == "restored"  # not a slow start that happens to pass the bound
+            warm_steps = driver.execute_script("return document.getElementById('rg-calc').dataset.timings")
             urls = requests_of(driver)  # the page's (DevTools)
             entries = driver.execute_script(  # the page's and its worker's (resource timing)
                 "const r = document.getElementById('rg-calc');"
@@ -264,13 +286,57 @@ def test_first_answer_comes_from_this_site_alone(served_site, tmp_path_factory, 
     assert "/calculator/pyodide-314.0.7/pyodide.asm.wasm" in served  # by the page's worker
     assert any(p.startswith("/calculator/estimator-") for p in served)
     print(f"\nfirst answer, ms from navigation start: first visit {cold}, later visits {warm} "
-          f"(median {statistics.median(warm):.0f}); steps of the last first visit: {steps}")
-    # a later visit answers within 5 s at best; Pyodide's own start is about 85 % of it, so on a shared
-    # two-core machine the median moves with other load (5.2 to 6.9 s measured on this project's CI
-    # machine while other work ran): the median is held to 8 s, the best visit to the 5 s target
-    assert min(warm) <= 5000, warm
-    assert statistics.median(warm) <= 8000, warm
+          f"(median {statistics.median(warm):.0f}); steps of the last first visit: {steps}, "
+          f"of the last later visit: {warm_steps}")
+    # a later visit answers within 5 s. Starting Python afresh took 4.4-5.7 s here and missed it on
+    # the CI machine (best of six 5.43 s, stop 26); restoring the snapshot takes 1.3-2.0 s here
+    assert statistics.median(warm) <= 5000, warm
     assert min(cold) <= 15000, cold  # a first visit also downloads and compiles 13 MB
+
+
+def test_a_later_visit_restores_the_started_estimator(served_site, tmp_path_factory):
+    """A later visit starts from the snapshot the first one stored (calculator-worker.js) and answers
+    every setup exactly as the first visit's freshly started Python did; a stored snapshot the runtime
+    refuses is deleted and the page starts afresh, and a new snapshot replaces those of older
+    versions of the calculator."""
+    url = served_site + "calculator/"
+    driver = _driver(tmp_path_factory.mktemp("snapshot-profile"))
+
+    def answers() -> dict[str, dict]:
+        out = {}
+        for name, (values, _) in SETUPS.items():
+            driver.execute_async_script(SET_FORM, values, False)
+            page = driver.execute_script(READ_PAGE)
+            out[name] = {k: page[k] for k in ("command", "json", "shown", "error")}
+        return out
+
+    try:
+        first_answer(driver, url)
+        fresh = answers()
+        assert snapshot_stored(driver) == "made"
+        key = served_site + "calculator/pyodide-314.0.7/snapshot/" + driver.execute_script(
+            "return document.getElementById('rg-calc').dataset.bundle").split("/")[-1]
+        assert snapshot_keys(driver) == [key]
+
+        first_answer(driver, url)
+        assert snapshot_of(driver) == "restored"
+        assert answers() == fresh  # pasted configs too: their files are written after the restore
+
+        # a snapshot Pyodide refuses (here: not one at all), and one of an older calculator beside it
+        old = served_site + "calculator/pyodide-0.0.0/snapshot/estimator-000000000000.json"
+        driver.execute_async_script(
+            "const [key, old, done] = arguments;"
+            "caches.open('reportgen-calculator').then(async (c) => {"
+            "  await c.put(key, new Response(new Uint8Array(4096))); await c.put(old, new Response('x')); done(); });",
+            key, old)
+        first_answer(driver, url)
+        assert snapshot_stored(driver) == "restore failed: Snapshot has invalid magic number; made"
+        assert driver.execute_script(READ_PAGE)["json"] == fresh["full"]["json"]
+        assert snapshot_keys(driver) == [key]  # the older one is gone
+        first_answer(driver, url)
+        assert snapshot_of(driver) == "restored"
+    finally:
+        driver.quit()
 
 
 def test_the_default_view_answers_one_way(served_site, browser, shots):

@@ -10,7 +10,9 @@
 //
 // For tests: #rg-calc gets data-first-answer-ms (ms from navigation start to the first result shown),
 // data-timings (the start-up's steps), data-compute-ms (last change to result shown), data-python-ms,
-// data-seq (results shown so far) and data-worker-requests (the URLs the worker fetched).
+// data-seq (results shown so far), data-worker-requests (the URLs the worker fetched) and
+// data-snapshot (how the worker started: "restored", "storing" then "made", or "none: <why>";
+// see the worker).
 
 function $(id) { return document.getElementById(id); }
 
@@ -187,7 +189,8 @@ function startWorker(root) {
   worker.onmessage = (event) => {
     const msg = event.data;
     if (msg.requests) root.dataset.workerRequests = JSON.stringify(msg.requests);
-    if (msg.type === "ready") onReady(msg.timings);
+    if (msg.type === "ready") { root.dataset.snapshot = msg.snapshot; onReady(msg.timings); }
+    else if (msg.type === "snapshot") root.dataset.snapshot = msg.snapshot;
     else if (msg.type === "failed") onFailed(new Error(msg.message));
     else if (msg.type === "result") { waiting.get(msg.id)(msg); waiting.delete(msg.id); }
   };
@@ -221,8 +224,18 @@ async function main(root) {
     const since = changedAt ?? performance.now();
     changedAt = null;
     const answer = await python.run(JSON.stringify(readForm(form)));
-    showResult(JSON.parse(answer.out), form);
-    root.dataset.pythonMs = answer.ms.toFixed(1);
+    if (answer.failed) {  // not a user error (those come back as the CLI's message): the estimator broke
+      status.textContent = "The estimator failed on this setup (please report it with the link of this page): " +
+        answer.failed.trim().split("\n").pop();
+      status.classList.add("rg-no");
+      status.hidden = false;
+      $("rg-result").hidden = true;  // an earlier result would not match the form
+    } else {
+      status.classList.remove("rg-no");
+      status.hidden = true;
+      showResult(JSON.parse(answer.out), form);
+      root.dataset.pythonMs = answer.ms.toFixed(1);
+    }
     root.dataset.computeMs = (performance.now() - since).toFixed(1);
     root.dataset.seq = String(++seq);
     busy = false;
