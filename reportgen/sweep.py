@@ -128,7 +128,8 @@ class Sweep:
 
 # ----- reading the file --------------------------------------------------------------------------
 SWEEP_FILE = yamlfile.Kind(noun="sweep file", what_it_holds="a sweep lists models, GPUs and setup values; a grid "
-                           "expands them", example="see sweeps/*.yaml for examples")
+                           "expands them", example="see sweeps/*.yaml for examples",
+                           repeated_key="write each key once; a list gives several values: key: [a, b]")
 
 
 # ----- YAML with line numbers -------------------------------------------------------------------

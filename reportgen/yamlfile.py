@@ -33,11 +33,13 @@ MAX_DEPTH = 32
 @dataclass(frozen=True)
 class Kind:
     """What the file is, in a user's words, for the errors: ``noun`` ("sweep file"), ``what_it_holds``
-    (the hint beside a size error), ``example`` (where to look when the file is missing)."""
+    (the hint beside a size error), ``example`` (where to look when the file is missing),
+    ``repeated_key`` (the hint beside a duplicate key: what the writer may have meant)."""
 
     noun: str
     what_it_holds: str
     example: str
+    repeated_key: str = "write each key once"
 
 
 def read_text(path: Path, kind: Kind) -> str:
@@ -87,7 +89,7 @@ def check_nodes(path: Path, root: yaml.Node, kind: Kind) -> None:
                     if k.value in seen:
                         raise UserError(f"{path}:{k.start_mark.line + 1}: duplicate key {k.value!r} (first at line "
                                         f"{seen[k.value]}); YAML would keep only the last one",
-                                        hint="write each key once; a list gives several values: key: [a, b]")
+                                        hint=kind.repeated_key)
                     seen[k.value] = k.start_mark.line + 1
                 n += size(k, depth + 1) + size(v, depth + 1)
         elif isinstance(node, yaml.SequenceNode):

@@ -196,7 +196,8 @@ HOSTILE = [
     ("deep.yaml", DEEP_TRL, "deep.yaml: nested too deeply to read"),
     ("bomb.yaml", alias_bomb_trl(), "bomb.yaml:6: more than 100,000 values once its aliases are expanded"),
     ("twice.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 8\nlora_r: 16\n",
-     "twice.yaml:3: duplicate key 'lora_r' (first at line 2)"),
+     "twice.yaml:3: duplicate key 'lora_r' (first at line 2); YAML would keep only the last one hint: write each "
+     "key once: the trainer would read only the last one"),
     ("empty.yaml", "", "empty.yaml: a config is a mapping of keys to values, not an empty file"),
     ("list.yaml", "- model_name_or_path: a\n", "list.yaml: a config is a mapping of keys to values, not a list"),
     ("loop.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nx: &x [*x]\n", "loop.yaml:2: an alias refers to the node that contains it"),

@@ -135,7 +135,7 @@ HARDEN = [
     # a misspelled top-level key is named as such (was "grids: Field required")
     ("grid-typo", GOOD.replace("grids:", "grid:"), 2, ["unknown key 'grid'", "did you mean 'grids'"]),
     ("duplicate-key", GOOD.replace("    seq: 1024", "    seq: 1024\n    seq: 2048"), 7,
-     ["duplicate key 'seq' (first at line 6)"]),
+     ["duplicate key 'seq' (first at line 6)", "a list gives several values: key: [a, b]"]),
     ("exclude-choice", GOOD.replace("{model: tinyllama-1.1b, method: qlora}", "{method: ful}"), 8,
      ["exclude[0].method", "full, lora, qlora"]),
     ("when-gpu", GOOD.replace("when: {gpu: t4}", "when: {gpu: rtx4090}"), 10,

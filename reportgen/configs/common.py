@@ -133,7 +133,8 @@ class Reader:
 
 
 CONFIG_FILE = yamlfile.Kind(noun="config file", what_it_holds="a TRL or Axolotl config is a mapping of a few dozen "
-                           "keys to values", example="a config is the YAML file `trl sft --config` or axolotl takes")
+                           "keys to values", example="a config is the YAML file `trl sft --config` or axolotl takes",
+                           repeated_key="write each key once: the trainer would read only the last one")
 
 
 def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
