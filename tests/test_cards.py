@@ -123,6 +123,11 @@ def test_gpu_pages_warn_when_the_cards_table_was_computed_by_other_code(tmp_path
                         else entry(key))
     _load_cards(path)
     assert "run `reportgen cards`" in capsys.readouterr().err
+    # a merge conflict in the committed file: a warning, and the pages go without the table (no traceback)
+    path.write_text("<<<<<<< HEAD\n" + json.dumps(stored))
+    assert _load_cards(path) is None
+    err = capsys.readouterr().err
+    assert f"warning: {path}: not valid JSON at line 1" in err and "the site goes without the GPU pages' 'How many cards' tables" in err
 
 
 def test_stored_answers_obey_the_physics_of_each_method():

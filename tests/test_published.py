@@ -168,6 +168,12 @@ def test_the_validation_page_warns_when_the_comparison_is_stale(tmp_path, capsys
     err = capsys.readouterr().err
     assert "published_comparison.json was computed by other code, catalog entries or published rows" in err
     assert "run `reportgen compare-published`" in err
+    # a truncated copy: a warning, and the page goes without the comparison (no traceback)
+    (tmp_path / "published_comparison.json").write_text('{"rows": [')
+    assert _published(tmp_path / "published_comparison.json") is None
+    err = capsys.readouterr().err
+    assert "published_comparison.json: not valid JSON at line 1" in err
+    assert "the site goes without the validation page's comparison with published measurements; run `reportgen compare-published`" in err
 
 
 def test_litgpt_rows_take_lora_settings_and_library_versions_from_their_configs():

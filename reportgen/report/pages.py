@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from reportgen.report import charts, compare
 from reportgen.report.page import Page, SiteData
 from reportgen.report.traced import traced_view, validation_traced
 from reportgen.provenance import MEMORY_QUANTITIES
+from reportgen.results import UnreadableResult, read_json
 from reportgen.published import DEFAULT_OUT
 from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
@@ -274,14 +274,26 @@ def _warn_if_stale(artifact: Artifact, data: dict, inputs: str, shown: str, comm
               f"stale; run `{command}`", file=sys.stderr)
 
 
+def _read_shown(path: Path | None, shown: str, command: str) -> dict | None:
+    """A committed document the pages show, or None when it is absent; one that cannot be read (a
+    merge conflict, a truncated copy) is a warning and the pages leave ``shown`` out, as when absent."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return read_json(path)
+    except UnreadableResult as exc:
+        print(f"warning: {exc}; the site goes without {shown}; run `{command}`", file=sys.stderr)
+        return None
+
+
 def _load_cards(path: Path | None) -> dict | None:
     """``reportgen cards``'s answers, with a warning when they are stale: computed by other code or
     from other catalog entries than this checkout's (``advise.cards.cards_inputs_hash``)."""
     from reportgen.advise.cards import cards_inputs_hash
 
-    if path is None or not path.is_file():
+    data = _read_shown(path, "the GPU pages' 'How many cards' tables", "reportgen cards")
+    if data is None:
         return None
-    data = json.loads(path.read_text())
     _warn_if_stale(Artifact("cards", path, cards_inputs_hash(data.get("seq", 2048))), data,
                    "code or catalog entries", "the GPU pages' 'How many cards' tables", "reportgen cards")
     return data
@@ -491,9 +503,10 @@ def _published(path: Path | None) -> dict | None:
     from reportgen.published import DEFAULT_CSV
     from reportgen.published.compare import comparison_inputs_hash
 
-    if path is None or not path.is_file():
+    data = _read_shown(path, "the validation page's comparison with published measurements",
+                       "reportgen compare-published")
+    if data is None:
         return None
-    data = json.loads(path.read_text())
     csv = path.parent / DEFAULT_CSV.name
     if csv.is_file():
         _warn_if_stale(Artifact("published", path, comparison_inputs_hash(csv)), data,
