@@ -68,7 +68,9 @@ SETUPS = {
 BAD_CONFIG = '{"model_type": "llama", "hidden_size": 4096,,}'
 
 #: sets form controls by name (the rest back to their defaults, unless keep), then fires the
-#: events typing would; resolves when the page has shown a new result
+#: events typing would; resolves when the page has shown the result of the form as set (under load
+#: the page was still computing the previous form's second run when the next form was set, and the
+#: first new result shown was that one, once, in a fresh-clone run of the suite)
 SET_FORM = """
 const [values, keep, done] = arguments;
 const root = document.getElementById('rg-calc'), form = root.querySelector('form');
@@ -86,7 +88,8 @@ for (const [name, value] of Object.entries(values)) {
 }
 const t0 = performance.now();
 const obs = new MutationObserver(() => {
-  if (root.dataset.seq === before) return;
+  // a result shown, and it answers this form (not a computation that started before these values were set)
+  if (root.dataset.seq === before || root.dataset.busy !== '0') return;
   obs.disconnect();
   requestAnimationFrame(() => setTimeout(() => done(performance.now() - t0)));  // painted
 });

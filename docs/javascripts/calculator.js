@@ -10,7 +10,8 @@
 //
 // For tests: #rg-calc gets data-first-answer-ms (ms from navigation start to the first result shown),
 // data-timings (the start-up's steps), data-compute-ms (last change to result shown), data-python-ms,
-// data-seq (results shown so far), data-worker-requests (the URLs the worker fetched) and
+// data-seq (results shown so far), data-busy ("1" until what is shown answers the form as it is now),
+// data-worker-requests (the URLs the worker fetched) and
 // data-snapshot (how the worker started: "restored", "storing" then "made", or "none: <why>";
 // see the worker).
 
@@ -220,6 +221,7 @@ async function main(root) {
   async function compute() {
     if (!python || busy) { dirty = true; return; }
     busy = true;
+    root.dataset.busy = "1";
     dirty = false;
     const since = changedAt ?? performance.now();
     changedAt = null;
@@ -239,7 +241,8 @@ async function main(root) {
     root.dataset.computeMs = (performance.now() - since).toFixed(1);
     root.dataset.seq = String(++seq);
     busy = false;
-    if (dirty) compute();
+    if (dirty) compute();  // the form changed meanwhile: what is shown is not its answer yet
+    else root.dataset.busy = "0";
   }
 
   function changed() {
