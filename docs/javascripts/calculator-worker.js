@@ -10,10 +10,13 @@
 // This is Pyodide's own memory snapshot (loadPyodide's _makeSnapshot / _loadSnapshot and
 // pyodide.makeMemorySnapshot; pyodide/pyodide#4652, #4720): it holds no file system, so the bundle's
 // files are written again after a restore; it holds no binary extension (the estimator is pure
-// Python). Its key names the Pyodide folder (the version) and the bundle (its content hash), so a
-// new version of either makes a new snapshot and the old ones are deleted; Pyodide refuses a
-// snapshot of another build (magic number, build id), and any failed restore deletes it and starts
-// afresh. No Cache Storage (a page not served over https or from localhost): no snapshot.
+// Python). Its key names the Pyodide folder (the version), the bundle (its content hash) and FORMAT,
+// so a new version of any of them makes a new snapshot and the older ones are deleted.
+// A snapshot that cannot be used (not the length written; refused by Pyodide, which checks a magic
+// number and the build id but cannot enlarge the runtime's memory to a larger heap; or a form that
+// fails on the restored runtime) is replaced by a note that it was refused: that version of the
+// calculator then starts afresh on every visit instead of making and refusing a snapshot each time.
+// No Cache Storage (a page not served over https or from localhost): no snapshot.
 //
 // Messages in:  {type: "boot", runtime: URL of pyodide-<version>/, bundle: URL of estimator-<hash>.json}
 //               {type: "run", id, form: JSON string}
@@ -22,10 +25,15 @@
 //               {type: "snapshot", snapshot}
 //               (requests: every URL this worker fetched; snapshot: "restored", "storing" and then
 //               "made" once stored, or "none: <why>"; preceded by "restore failed: <why>; " when a
-//               stored one was refused)
+//               stored one was refused on this visit)
 
 const LIB = "/opt/reportgen";  // where the bundle's files go in Pyodide's file system
 const CACHE = "reportgen-calculator";  // the Cache Storage that keeps the snapshots
+// bump it when what a snapshot holds changes while Pyodide and the bundle do not (LIB, the sys.path
+// line, loadPyodide's options): an old heap would be restored otherwise
+const FORMAT = 1;
+const BYTES = "X-Reportgen-Snapshot-Bytes";  // the length stored, checked before a restore
+const REFUSED = "X-Reportgen-Snapshot-Refused";  // why a snapshot of this key was refused
 let ready = null;
 
 function requests() {
@@ -53,57 +61,89 @@ async function openCache() {
 }
 
 function snapshotKey(runtime, bundleUrl) {
-  return `${runtime}snapshot/${bundleUrl.split("/").pop()}`;
+  return `${runtime}snapshot-${FORMAT}/${bundleUrl.split("/").pop()}`;
 }
 
-// Stores the snapshot and deletes the other snapshots of this site's calculator (older versions);
-// resolves to what data-snapshot then says.
-async function keep(cache, key, snapshot, calculator) {
+// Deletes the entries of this site's calculator other than ``key`` (older versions): before a new
+// entry is stored, so that they do not fill the quota, and after a restore.
+async function prune(cache, key, calculator) {
   try {
-    await cache.put(key, new Response(snapshot, { headers: { "Content-Type": "application/octet-stream" } }));
     for (const old of await cache.keys()) {
       if (old.url !== key && old.url.startsWith(calculator)) await cache.delete(old);
     }
-    return "made";
-  } catch (exc) {
-    return `none: not stored (${message(exc)})`;  // quota, a private window: the next visit starts afresh
+  } catch {
+    // left for a later visit
   }
+}
+
+async function put(cache, key, body, headers, calculator) {
+  await prune(cache, key, calculator);
+  await cache.put(key, new Response(body, { headers: { "Content-Type": "application/octet-stream", ...headers } }));
+}
+
+// The stored snapshot (null: none), or {refused: why} when it was refused on an earlier visit;
+// throws when one is stored but is not the length written.
+async function stored(cache, key) {
+  let response;
+  try {
+    response = await cache.match(key);
+  } catch {
+    return null;  // storage failing: as if there were none
+  }
+  if (!response) return null;
+  if (response.headers.has(REFUSED)) return { refused: response.headers.get(REFUSED) };
+  const snapshot = new Uint8Array(await response.arrayBuffer());
+  const bytes = response.headers.get(BYTES);
+  if (String(snapshot.length) !== bytes) {
+    throw new Error(`the stored snapshot is ${snapshot.length} bytes, not the ${bytes ?? "unrecorded number"} written`);
+  }
+  return snapshot;
+}
+
+function refuse(cache, key, why, calculator) {
+  return put(cache, key, "", { [REFUSED]: why.slice(0, 200).replace(/[^\x20-\x7e]/g, " ") }, calculator)
+    .catch(() => {});
 }
 
 async function start(loadPyodide, runtime, bundleUrl, bundle, timings) {
   const cache = await openCache();
-  const key = snapshotKey(runtime, bundleUrl);
-  let failed = "";
-  const stored = cache ? await cache.match(key) : undefined;
-  if (stored) {
-    try {
-      const snapshot = new Uint8Array(await stored.arrayBuffer());
+  const key = snapshotKey(runtime, bundleUrl), calculator = new URL("../", runtime).href;
+  let why = "", make = !!cache;  // why there is no snapshot this visit, when there was one to restore
+  try {
+    const snapshot = cache ? await stored(cache, key) : null;
+    if (snapshot && snapshot.refused !== undefined) {
+      why = `none: a snapshot of this version was refused on an earlier visit (${snapshot.refused})`;
+      make = false;
+    } else if (snapshot) {
       const py = await loadPyodide({ indexURL: runtime, packages: [], _loadSnapshot: snapshot });
       timings.pyodide = performance.now();
       writeBundle(py, bundle);  // the snapshot has no files: a later import reads them
       const browser = py.pyimport("reportgen.browser");  // already imported in the snapshot
-      return { browser, snapshot: "restored", kept: null };
-    } catch (exc) {
-      failed = `restore failed: ${message(exc)}; `;
-      await cache.delete(key);
+      prune(cache, key, calculator);  // not awaited
+      return { browser, snapshot: "restored", kept: null, forget: (why) => refuse(cache, key, why, calculator) };
     }
+  } catch (exc) {
+    why = `restore failed: ${message(exc)}; none: not made again for this version`;
+    make = false;
+    await refuse(cache, key, message(exc), calculator);
   }
-  const py = await loadPyodide({ indexURL: runtime, packages: [], _makeSnapshot: !!cache });
+  const py = await loadPyodide({ indexURL: runtime, packages: [], _makeSnapshot: make });
   timings.pyodide = performance.now();
   writeBundle(py, bundle);
   py.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(LIB)}); import reportgen.browser`);
-  let snapshot = "none: this page has no Cache Storage", kept = null;
-  if (cache) {
+  let snapshot = why || "none: this page has no Cache Storage", kept = null;
+  if (make) {
     try {
       // before any form runs, with no JavaScript object held by Python
       const heap = py.makeMemorySnapshot();
-      kept = keep(cache, key, heap, new URL("../", runtime).href).then((said) => failed + said);
+      kept = put(cache, key, heap, { [BYTES]: String(heap.length) }, calculator)
+        .then(() => "made", (exc) => `none: not stored (${message(exc)})`);  // quota, a private window
       snapshot = "storing";  // the first answer does not wait for it
     } catch (exc) {
       snapshot = `none: ${message(exc)}`;
     }
   }
-  return { browser: py.pyimport("reportgen.browser"), snapshot: failed + snapshot, kept };
+  return { browser: py.pyimport("reportgen.browser"), snapshot, kept, forget: null };
 }
 
 async function boot(runtime, bundleUrl) {
@@ -116,10 +156,10 @@ async function boot(runtime, bundleUrl) {
     }),
   ]);
   timings.fetched = performance.now();
-  const { browser, snapshot, kept } = await start(loadPyodide, runtime, bundleUrl, bundle, timings);
+  const started = await start(loadPyodide, runtime, bundleUrl, bundle, timings);
   timings.imported = performance.now();
   for (const k of Object.keys(timings)) timings[k] = Math.round(timings[k]);
-  return { browser, timings, snapshot, kept };
+  return { ...started, timings };
 }
 
 self.onmessage = async (event) => {
@@ -140,6 +180,8 @@ self.onmessage = async (event) => {
       const out = browser.run(msg.form);
       self.postMessage({ type: "result", id: msg.id, out, ms: performance.now() - t0, requests: requests() });
     } catch (exc) {  // run returns user errors as JSON: this is a bug, and the page says so
+      const { forget } = await ready;
+      if (forget) await forget(`a form failed on the restored runtime: ${message(exc).trim().split("\n").pop()}`);
       self.postMessage({ type: "result", id: msg.id, failed: message(exc), requests: requests() });
     }
   }

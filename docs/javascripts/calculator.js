@@ -195,7 +195,13 @@ function startWorker(root) {
     else if (msg.type === "failed") onFailed(new Error(msg.message));
     else if (msg.type === "result") { waiting.get(msg.id)(msg); waiting.delete(msg.id); }
   };
-  worker.onerror = (event) => onFailed(new Error(event.message || "the worker failed to start"));
+  let stopped = null;  // why the worker stopped, once it has
+  worker.onerror = (event) => {
+    stopped = event.message || "the worker stopped";
+    onFailed(new Error(stopped));  // while starting; afterwards, the runs waiting for an answer get it
+    for (const [, settle] of waiting) settle({ failed: stopped });
+    waiting.clear();
+  };
   // the worker's clock starts when it does: its marks are shifted onto the page's
   const offset = performance.now();
   worker.postMessage({
@@ -206,6 +212,7 @@ function startWorker(root) {
   return {
     ready: ready.then((t) => Object.fromEntries(Object.entries(t).map(([k, v]) => [k, Math.round(v + offset)]))),
     run(form) {
+      if (stopped) return Promise.resolve({ failed: stopped });
       return new Promise((resolve) => { const id = next++; waiting.set(id, resolve); worker.postMessage({ type: "run", id, form }); });
     },
   };
@@ -218,6 +225,13 @@ async function main(root) {
   restore(form, location.hash);
   let python = null, changedAt = null, seq = 0, busy = false, dirty = false;
 
+  function showFailure(text) {  // not a user error (those come back as the CLI's message): the estimator broke
+    status.textContent = "The estimator failed on this setup (please report it with the link of this page): " + text;
+    status.classList.add("rg-no");
+    status.hidden = false;
+    for (const id of ["rg-result", "rg-error", "rg-repro", "rg-json-box", "rg-from"]) $(id).hidden = true;
+  }
+
   async function compute() {
     if (!python || busy) { dirty = true; return; }
     busy = true;
@@ -225,18 +239,18 @@ async function main(root) {
     dirty = false;
     const since = changedAt ?? performance.now();
     changedAt = null;
-    const answer = await python.run(JSON.stringify(readForm(form)));
-    if (answer.failed) {  // not a user error (those come back as the CLI's message): the estimator broke
-      status.textContent = "The estimator failed on this setup (please report it with the link of this page): " +
-        answer.failed.trim().split("\n").pop();
-      status.classList.add("rg-no");
-      status.hidden = false;
-      $("rg-result").hidden = true;  // an earlier result would not match the form
-    } else {
-      status.classList.remove("rg-no");
-      status.hidden = true;
-      showResult(JSON.parse(answer.out), form);
-      root.dataset.pythonMs = answer.ms.toFixed(1);
+    try {
+      const answer = await python.run(JSON.stringify(readForm(form)));
+      if (answer.failed) {
+        showFailure(answer.failed.trim().split("\n").pop());
+      } else {
+        status.classList.remove("rg-no");
+        status.hidden = true;
+        showResult(JSON.parse(answer.out), form);
+        root.dataset.pythonMs = answer.ms.toFixed(1);
+      }
+    } catch (exc) {  // the worker died, or its answer could not be shown
+      showFailure(exc && exc.message ? exc.message : String(exc));
     }
     root.dataset.computeMs = (performance.now() - since).toFixed(1);
     root.dataset.seq = String(++seq);
