@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reportgen import userfile
 from reportgen.config_check import check_config
 from reportgen.errors import UserError
 
@@ -521,10 +522,10 @@ def load_config_file(path: Path) -> dict:
     """A ``config.json`` as a dict; a ``UserError`` naming the file for anything that is not one
     (missing, unreadable, not UTF-8 JSON, too large or deep, not an object)."""
     try:
-        if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
-            raise UserError(f"{path}: {path.stat().st_size:,} bytes; a config.json is a few KB (at most "
-                            f"{MAX_CONFIG_BYTES:,} bytes read)", hint="pass a model's Hugging Face config.json")
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(userfile.read_bytes(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except userfile.TooLarge as exc:
+        raise UserError(f"{path}: {exc.amount()}; a config.json is a few KB (at most {MAX_CONFIG_BYTES:,} bytes "
+                        "read)", hint="pass a model's Hugging Face config.json") from None
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from reportgen import userfile
 from reportgen.errors import UserError
 
 #: the largest file read (bytes)
@@ -46,10 +47,10 @@ def read_text(path: Path, kind: Kind) -> str:
     """The file as text; a ``UserError`` naming it when it is missing, a directory, too large,
     unreadable or not UTF-8 (with the line of the first bad byte)."""
     try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise UserError(f"{path}: {path.stat().st_size:,} bytes; a {kind.noun} is at most {MAX_FILE_BYTES:,} bytes",
-                            hint=kind.what_it_holds)
-        data = path.read_bytes()
+        data = userfile.read_bytes(path, MAX_FILE_BYTES)
+    except userfile.TooLarge as exc:
+        raise UserError(f"{path}: {exc.amount()}; a {kind.noun} is at most {MAX_FILE_BYTES:,} bytes",
+                        hint=kind.what_it_holds) from None
     except FileNotFoundError:
         raise UserError(f"{path}: no such {kind.noun}", hint=kind.example) from None
     except IsADirectoryError:

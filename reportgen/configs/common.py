@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from reportgen import yamlfile
+from reportgen import userfile, yamlfile
 from reportgen.configs import table
 from reportgen.errors import UserError
 
@@ -317,12 +317,11 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         path = Path(value)
         if not path.is_absolute():
             path = Path(r.path).parent / path
-        try:
-            size = path.stat().st_size if path.is_file() else 0
-            if size > yamlfile.MAX_FILE_BYTES:
-                raise r.error(key, f"{path}: {size:,} bytes; a DeepSpeed config is read up to "
-                                   f"{yamlfile.MAX_FILE_BYTES:,} bytes")
-            value = json.loads(path.read_text())  # as DeepSpeed reads it (json.load), not as YAML
+        try:  # as DeepSpeed reads it (json.load), not as YAML
+            value = json.loads(userfile.read_bytes(path, yamlfile.MAX_FILE_BYTES).decode("utf-8"))
+        except userfile.TooLarge as exc:
+            raise r.error(key, f"{path}: {exc.amount()}; a DeepSpeed config is read up to "
+                               f"{yamlfile.MAX_FILE_BYTES:,} bytes") from None
         except OSError:
             raise r.error(key, f"cannot read the DeepSpeed config {str(path)!r}",
                           hint="give the path relative to the config file, or the DeepSpeed settings inline") from None

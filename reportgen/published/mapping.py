@@ -38,11 +38,12 @@ catalog, no memory figure, a technique we do not model).
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reportgen import catalog
+from reportgen import catalog, userfile
 from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.model import ModelSpec
 from reportgen.setup import TrainingSetup
@@ -108,15 +109,22 @@ COLUMNS = ("id", "source", "model", "technique", "lora_rank", "lora_targets", "b
            "sharding", "offload", "peak_mem_gb", "notes")
 
 
+#: the largest CSV read (the committed one is about 50 KB)
+MAX_CSV_BYTES = 10_000_000
+
+
 def read_rows(path: Path) -> list[dict]:
     """The CSV's rows; a file that is not such a CSV is a ``UserError`` naming what is missing."""
     from reportgen.errors import UserError
 
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            header = reader.fieldnames or []
+        text = userfile.read_bytes(path, MAX_CSV_BYTES).decode("utf-8")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+        header = reader.fieldnames or []
+    except userfile.TooLarge as exc:
+        raise UserError(f"{path}: {exc.amount()}; a published-measurements CSV is read up to {MAX_CSV_BYTES:,} bytes",
+                        hint="data/published_measurements.csv is about 50 KB") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
     except (OSError, csv.Error) as exc:
