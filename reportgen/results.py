@@ -26,6 +26,7 @@ import json
 import os
 import re
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +131,39 @@ def _dump(data: dict) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file in ``path``'s folder, with the mode ``open(path, "w")`` would give it: ``mkstemp``
+    makes it 0600, so every result file was unreadable to the rest of a team sharing the results
+    folder (a cluster's shared disk, a CI artifact)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    except (AttributeError, OSError):  # no fchmod (Windows, Pyodide): the temp file's own mode
+        pass
+    return fd, tmp
+
+
+@lru_cache(maxsize=1)
+def _umask() -> int:
+    """The process's umask: read from /proc (Linux), else set and restored once; set to 0o077 in the
+    meantime, so a file another thread creates then gets no more permission than it would have."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write sorted, indented JSON through a temp file and ``os.replace`` so a reader (or an
     interrupted run) never sees a half-written file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        fd, tmp = _temp_beside(path)
     except OSError as exc:  # name the file the caller asked for, not the temp file
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
@@ -152,7 +180,7 @@ def write_json_new(path: Path, data: dict) -> Path:
     the name (``link`` fails when the name exists, so nothing is ever overwritten). When the name
     is taken, ``-2``, ``-3``, ... is added before ``.json``. Returns the path written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(_dump(data))

@@ -9,13 +9,14 @@ import json
 import re
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from reportgen import store
+from reportgen import results, store
 from reportgen.results import (MEASUREMENT_SCHEMA_VERSION, SCHEMA_VERSION, UnreadableResult, current_id, migrate, read_json,
                                write_json_new)
 from reportgen.runner import run_estimates
@@ -183,6 +184,21 @@ def test_write_json_new_never_overwrites(tmp_path):
     assert first.name == "a.json" and second.name == "a-2.json"
     assert json.loads(first.read_text()) == {"n": 1} and json.loads(second.read_text()) == {"n": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-2.json", "a.json"]  # no temp file left
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_result_files_get_the_mode_any_new_file_gets(tmp_path):
+    """A team shares a results folder: files were 0600 (mkstemp's mode), unreadable to the others."""
+    old = os.umask(0o027)
+    try:
+        results._umask.cache_clear()
+        atomic = tmp_path / "estimate.json"
+        results.write_json_atomic(atomic, {"n": 1})
+        new = write_json_new(tmp_path / "measured.json", {"n": 1})
+        assert stat.S_IMODE(atomic.stat().st_mode) == stat.S_IMODE(new.stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+        results._umask.cache_clear()
 
 
 def test_a_case_dropped_from_the_sweep_keeps_its_measurement_and_a_fresh_estimate(tmp_path, monkeypatch):
