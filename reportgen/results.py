@@ -21,6 +21,7 @@ every earlier version, ``tests/test_results_store.py``):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -160,7 +161,17 @@ def _umask() -> int:
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write sorted, indented JSON through a temp file and ``os.replace`` so a reader (or an
-    interrupted run) never sees a half-written file."""
+    interrupted run) never sees a half-written file. A symlink is written through (its target is
+    replaced); a path that is something other than a file is refused (``IsADirectoryError`` or
+    ``FileExistsError``): ``os.replace`` would have put the file in its place, and as root
+    ``reportgen cards --out /dev/full`` replaced the device node, ``--out /dev/stdout`` the link."""
+    path = Path(path)
+    if path.exists() and not path.is_file():  # through a symlink: what it points to
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise (IsADirectoryError if path.is_dir() else FileExistsError)(
+            errno.EISDIR if path.is_dir() else errno.EEXIST, f"{kind}; reportgen writes a new file here", str(path))
+    if path.is_symlink():
+        path = path.resolve()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temp_beside(path)

@@ -201,6 +201,30 @@ def test_result_files_get_the_mode_any_new_file_gets(tmp_path):
         results._umask.cache_clear()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_writing_never_puts_a_file_in_place_of_something_else(tmp_path, capsys):
+    """As root, ``reportgen cards --out /dev/full`` replaced the device node with the JSON file (and
+    ``--out /dev/stdout`` would have replaced the link): os.replace puts the file in place of whatever
+    is there. Now a path that is not a file is refused and left alone; a symlink is written through."""
+    from reportgen.cli import main
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(FileExistsError, match="not a regular file"):
+        results.write_json_atomic(fifo, {"n": 1})
+    with pytest.raises(IsADirectoryError, match="a directory"):
+        results.write_json_atomic(tmp_path, {"n": 1})
+    assert main(["compare-published", "--out", str(fifo)]) == 2
+    assert f"cannot use {fifo}: not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left alone
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("{}")
+    link.symlink_to(target)
+    results.write_json_atomic(link, {"n": 1})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"n": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "target.json"]  # no temp file
+
+
 def test_a_case_dropped_from_the_sweep_keeps_its_measurement_and_a_fresh_estimate(tmp_path, monkeypatch):
     work = copy_v1(tmp_path)
     monkeypatch.chdir(work)
