@@ -26,7 +26,9 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -133,45 +135,56 @@ def _dump(data: dict) -> str:
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
-    """A temp file in ``path``'s folder, with the mode ``open(path, "w")`` would give it: ``mkstemp``
-    makes it 0600, so every result file was unreadable to the rest of a team sharing the results
-    folder (a cluster's shared disk, a CI artifact)."""
+    """A temp file in ``path``'s folder, with the mode ``open(path, "w")`` would leave: the file's own
+    mode when it is being rewritten, else 0666 less the umask. ``mkstemp`` makes it 0600, so every
+    result file was unreadable to the rest of a team sharing the results folder (a cluster's shared
+    disk, a CI artifact)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() else 0o666 & ~_umask()
+    except OSError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, mode)
     except (AttributeError, OSError):  # no fchmod (Windows, Pyodide): the temp file's own mode
         pass
     return fd, tmp
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=1)
 def _umask() -> int:
-    """The process's umask: read from /proc (Linux), else set and restored once; set to 0o077 in the
-    meantime, so a file another thread creates then gets no more permission than it would have."""
+    """The process's umask: read from /proc (Linux), else set and restored once under a lock; set to
+    0o077 in the meantime, so a file another thread creates then gets no more permission than it
+    would have."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
-    mask = os.umask(0o077)
-    os.umask(mask)
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
     return mask
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write sorted, indented JSON through a temp file and ``os.replace`` so a reader (or an
-    interrupted run) never sees a half-written file. A symlink is written through (its target is
-    replaced); a path that is something other than a file is refused (``IsADirectoryError`` or
-    ``FileExistsError``): ``os.replace`` would have put the file in its place, and as root
-    ``reportgen cards --out /dev/full`` replaced the device node, ``--out /dev/stdout`` the link."""
+    interrupted run) never sees a half-written file. A symlink is written through: its target is
+    replaced, or created with its folders when missing. A path that is something other than a file
+    is refused (``IsADirectoryError`` or ``FileExistsError``): ``os.replace`` would have put the file
+    in its place, and as root ``reportgen cards --out /dev/full`` replaced the device node, ``--out
+    /dev/stdout`` the link. (Checked, then written: a path that changes in between is not guarded.)"""
     path = Path(path)
     if path.exists() and not path.is_file():  # through a symlink: what it points to
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise (IsADirectoryError if path.is_dir() else FileExistsError)(
             errno.EISDIR if path.is_dir() else errno.EEXIST, f"{kind}; reportgen writes a new file here", str(path))
     if path.is_symlink():
-        path = path.resolve()
+        path = Path(os.path.realpath(path))  # never raises (Path.resolve does on a loop): a loop is replaced
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temp_beside(path)

@@ -4,7 +4,8 @@ A size check on ``stat`` holds only for a regular file. ``/dev/zero``, a FIFO or
 by a program report no size and may never end, and reading them whole ran until memory ran out
 (``reportgen sweep /dev/zero`` and ``estimate --model /dev/zero``: a MemoryError traceback, or the
 kernel's OOM killer; ``compare-published --csv /dev/zero``: a hang). ``read_bytes`` reads at most one
-byte past the limit instead, so a file that never ends is refused as too large.
+byte past the limit instead, so a file that never ends is refused as too large. (A FIFO that no
+program writes to blocks in ``open``, as it does for ``cat``.)
 Torch-free and dependency-free (the calculator runs it under Pyodide).
 """
 

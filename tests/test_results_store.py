@@ -223,6 +223,20 @@ def test_writing_never_puts_a_file_in_place_of_something_else(tmp_path, capsys):
     results.write_json_atomic(link, {"n": 1})
     assert link.is_symlink() and json.loads(target.read_text()) == {"n": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "target.json"]  # no temp file
+    loop = tmp_path / "loop.json"  # a link to itself: Path.resolve raised RuntimeError (a traceback)
+    loop.symlink_to(loop.name)
+    results.write_json_atomic(loop, {"n": 2})
+    assert json.loads(loop.read_text()) == {"n": 2}
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_a_rewritten_file_keeps_its_mode(tmp_path):
+    """As ``open(path, "w")`` does: a file someone made private stays private when it is rewritten."""
+    path = tmp_path / "private.json"
+    results.write_json_atomic(path, {"n": 1})
+    path.chmod(0o600)
+    results.write_json_atomic(path, {"n": 2})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {"n": 2}
 
 
 def test_a_case_dropped_from_the_sweep_keeps_its_measurement_and_a_fresh_estimate(tmp_path, monkeypatch):

@@ -58,6 +58,7 @@ def test_every_reader_refuses_a_file_that_never_ends(tmp_path, capsys, argv, nee
     assert needle in err and "Traceback" not in err, err
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_config_from_a_pipe_is_read(tmp_path, capsys):
     """``--from <(...)``: a FIFO reports no size; what it holds is read as from a file."""
     fifo = tmp_path / "train.yaml"
