@@ -139,10 +139,12 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     mode when it is being rewritten, else 0666 less the umask. ``mkstemp`` makes it 0600, so every
     result file was unreadable to the rest of a team sharing the results folder (a cluster's shared
     disk, a CI artifact)."""
+    mode = 0o666 & ~_umask()
     try:
-        mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() else 0o666 & ~_umask()
+        if path.is_file():
+            mode = stat.S_IMODE(path.stat().st_mode)
     except OSError:
-        mode = 0o666 & ~_umask()
+        pass
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, mode)
@@ -179,10 +181,10 @@ def write_json_atomic(path: Path, data: dict) -> None:
     in its place, and as root ``reportgen cards --out /dev/full`` replaced the device node, ``--out
     /dev/stdout`` the link. (Checked, then written: a path that changes in between is not guarded.)"""
     path = Path(path)
-    if path.exists() and not path.is_file():  # through a symlink: what it points to
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise (IsADirectoryError if path.is_dir() else FileExistsError)(
-            errno.EISDIR if path.is_dir() else errno.EEXIST, f"{kind}; reportgen writes a new file here", str(path))
+    if path.is_dir():  # through a symlink: what it points to
+        raise IsADirectoryError(errno.EISDIR, "a directory; reportgen writes a new file here", str(path))
+    if path.exists() and not path.is_file():
+        raise FileExistsError(errno.EEXIST, "not a regular file; reportgen writes a new file here", str(path))
     if path.is_symlink():
         path = Path(os.path.realpath(path))  # never raises (Path.resolve does on a loop): a loop is replaced
     try:

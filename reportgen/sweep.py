@@ -189,7 +189,7 @@ def _content_hash(raw) -> str:
 def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> Sweep:
     """Read, check and expand a sweep file. ``max_cases``: refuse a sweep of more cases (None: no limit)."""
     path = Path(path)
-    node, raw = yamlfile.parse(path, yamlfile.read_text(path, SWEEP_FILE), SWEEP_FILE)
+    node, raw = yamlfile.load(path, SWEEP_FILE)
     if not isinstance(raw, dict):
         raise UserError(f"{path}:1: a sweep file is a mapping with keys name, grids, exclude, override, measure")
     lines = _line_map(node) if node is not None else {}

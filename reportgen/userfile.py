@@ -12,6 +12,7 @@ Torch-free and dependency-free (the calculator runs it under Pyodide).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
@@ -32,7 +33,7 @@ def read_bytes(path: Path | str, limit: int) -> bytes:
     read); ``OSError`` as ``open`` raises it (missing, a directory, no permission)."""
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
-        regular = st.st_mode & 0o170000 == 0o100000  # stat.S_ISREG, without importing stat
+        regular = stat.S_ISREG(st.st_mode)
         if regular and st.st_size > limit:
             raise TooLarge(Path(path), limit, st.st_size)
         data = f.read(limit + 1)

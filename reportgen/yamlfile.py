@@ -105,6 +105,11 @@ def check_nodes(path: Path, root: yaml.Node, kind: Kind) -> None:
     size(root, 0)
 
 
+def load(path: Path, kind: Kind) -> tuple[yaml.Node | None, object]:
+    """``read_text`` then ``parse``: the file's node tree and data, within every limit."""
+    return parse(path, read_text(path, kind), kind)
+
+
 def parse(path: Path, text: str, kind: Kind) -> tuple[yaml.Node | None, object]:
     """The composed node tree (for line numbers) and the constructed data, checked by
     ``check_nodes`` before anything is constructed; ``(None, None)`` for an empty file."""

@@ -142,7 +142,7 @@ def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
     within ``yamlfile.py``'s limits (size, values, nesting, UTF-8, no key twice)."""
     path = Path(path)
     try:
-        node, doc = yamlfile.parse(path, yamlfile.read_text(path, CONFIG_FILE), CONFIG_FILE)
+        node, doc = yamlfile.load(path, CONFIG_FILE)
     except UserError as exc:
         raise ConfigError(exc.message, hint=exc.hint) from None
     if not isinstance(doc, dict):
