@@ -196,8 +196,7 @@ def snapshot_of(driver) -> str:
 
 def snapshot_stored(driver) -> str:
     """``data-snapshot`` once the first visit's snapshot is stored (or refused)."""
-    return wait_for(lambda: (said := snapshot_of(driver) or "storing") != "storing" and not said.endswith("; storing") and said,
-                    what="the snapshot stored")
+    return wait_for(lambda: (said := snapshot_of(driver)) not in (None, "storing") and said, what="the snapshot stored")
 
 
 def snapshot_keys(driver) -> list[str]:

@@ -23,7 +23,8 @@
 // Messages out: {type: "ready", timings, snapshot, requests} | {type: "failed", message} |
 //               {type: "result", id, out, ms, requests} | {type: "result", id, failed, requests} |
 //               {type: "snapshot", snapshot}
-//               (requests: every URL this worker fetched; snapshot: "restored", "storing" and then
+//               (requests: every URL this worker fetched; failed: the last line of what browser.run
+//               raised; snapshot: "restored", "storing" and then
 //               "made" once stored, or "none: <why>"; preceded by "restore failed: <why>; " when a
 //               stored one was refused on this visit)
 
@@ -180,9 +181,10 @@ self.onmessage = async (event) => {
       const out = browser.run(msg.form);
       self.postMessage({ type: "result", id: msg.id, out, ms: performance.now() - t0, requests: requests() });
     } catch (exc) {  // run returns user errors as JSON: this is a bug, and the page says so
+      const failed = message(exc).trim().split("\n").pop();  // a Python traceback's last line
       const { forget } = await ready;
-      if (forget) await forget(`a form failed on the restored runtime: ${message(exc).trim().split("\n").pop()}`);
-      self.postMessage({ type: "result", id: msg.id, failed: message(exc), requests: requests() });
+      if (forget) await forget(`a form failed on the restored runtime: ${failed}`);
+      self.postMessage({ type: "result", id: msg.id, failed, requests: requests() });
     }
   }
 };

@@ -17,6 +17,8 @@
 
 function $(id) { return document.getElementById(id); }
 
+function message(exc) { return String(exc && exc.message ? exc.message : exc); }
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -242,7 +244,7 @@ async function main(root) {
     try {
       const answer = await python.run(JSON.stringify(readForm(form)));
       if (answer.failed) {
-        showFailure(answer.failed.trim().split("\n").pop());
+        showFailure(answer.failed);
       } else {
         status.classList.remove("rg-no");
         status.hidden = true;
@@ -250,7 +252,7 @@ async function main(root) {
         root.dataset.pythonMs = answer.ms.toFixed(1);
       }
     } catch (exc) {  // the worker died, or its answer could not be shown
-      showFailure(exc && exc.message ? exc.message : String(exc));
+      showFailure(message(exc));
     }
     root.dataset.computeMs = (performance.now() - since).toFixed(1);
     root.dataset.seq = String(++seq);
@@ -282,7 +284,7 @@ async function main(root) {
     timings = { script: started, ...(await worker.ready) };
     python = worker;
   } catch (exc) {
-    status.textContent = "The estimator could not start: " + (exc && exc.message ? exc.message : exc);
+    status.textContent = "The estimator could not start: " + message(exc);
     status.classList.add("rg-no");
     return;
   }
