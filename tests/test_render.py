@@ -407,7 +407,8 @@ def test_pages_workflow_tests_before_it_deploys():
     assert jobs["build"]["needs"] == "test" and jobs["deploy"]["needs"] == "build"
     test_steps = " ".join(str(s.get("run", "")) for s in jobs["test"]["steps"])
     assert "python -m pytest" in test_steps
-    assert test_steps.index("pip install torch==2.13.0") < test_steps.index('pip install -e ".[site,measure,dev]"')
+    assert test_steps.index("torch==2.13.0") < test_steps.index('-e ".[site,measure,dev]"')
+    assert '-c constraints.txt -e ".[site,measure,dev]"' in test_steps  # the stack the suite passes with (issue 35)
     build = " ".join(str(s.get("run", "")) for s in jobs["build"]["steps"])
     assert "mkdocs build --strict" in build and "reportgen render" in build
 

@@ -32,25 +32,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_trace)
 
 
-def quiet_libraries() -> None:
-    """Keep the libraries' import-time chatter out of the answer: torchao's optional kernels that
-    do not load on this machine, torch's pytree deprecation notices, transformers' FutureWarnings.
-    They say nothing about the traced step; real errors still raise."""
-    import logging
-    import os
-    import warnings
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    try:
-        import torch  # noqa: F401  (torch sets up its loggers on import: quiet them after)
-    except ImportError:
-        return  # cmd_trace says which extra to install
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def with_verdict_fields(d: dict) -> dict:
     """The traced JSON with the verdict fields ``reportgen estimate --format json`` has (``demand``,
     ``margin``, ``verdict_text``; ``estimate/verdict.py``), for the traced total, which has no error
@@ -76,6 +57,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_traceable(setup)
     if args.warmup < 1:
         raise UserError("--warmup: must be 1 or more (the optimizer states appear in the first step)")
+    from reportgen.trace.quiet import quiet_libraries
+
     quiet_libraries()
     spec = load_any(args.model)  # imports transformers only for a config.json of another family
     try:

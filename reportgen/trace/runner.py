@@ -32,6 +32,9 @@ class TraceStats:
 
 
 def check_installed(method: str | None = None) -> None:
+    from reportgen.trace.quiet import quiet_libraries
+
+    quiet_libraries()  # before peft imports bitsandbytes (trace/quiet.py)
     try:
         import peft  # noqa: F401
         import torch  # noqa: F401
