@@ -148,7 +148,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
     est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
     if args.format == "json":
-        print(json.dumps(est.as_dict(), indent=2, sort_keys=True))
+        out = est.as_dict()
+        if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
+            out["model_source"] = {"hub": model.hf_repo, "revision": model.revision}
+        print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     from reportgen.measured import footer
     from reportgen.results import case_id

@@ -27,9 +27,9 @@ ADVICE_SOURCES = ("advise/tree.py", "advise/walk.py", "advise/claims.py", "advis
 #: the sources a traced figure is computed by: the tracer, the shared step and the recipes' builder
 TRACE_SOURCES = ("trace/*.py", "measure/step.py", "measure/build.py", "measure/data.py", "measure/optimizers.py")
 #: modules under trace/ that present or schedule traces but compute no figure: editing them (the list
-#: of known disagreements, the command, the sweep loop) does not make stored traces stale. A new
+#: of known disagreements, the command, the sweep loop, the logging filters) does not make stored traces stale. A new
 #: module under trace/ counts as a source until it is named here.
-TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py")
+TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py", "trace/quiet.py")
 #: the sources only a recipe's trace runs (``setup.recipe``, ``trace/sft.py``): hashed into the traces of
 #: that recipe and left out of the plain loop's, so editing them leaves every stored loop trace current
 RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py")}

@@ -155,6 +155,8 @@ class ModelSpec:
     #: sliding and full layers, ``_sliding_layers``)
     sliding_layers: int = 0
     lm_head_bias: bool = False
+    #: the Hub commit the config came from (a model given by Hub id, ``hub.py``); None otherwise
+    revision: str | None = None
     config: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ----- structure -------------------------------------------------------------------

@@ -64,7 +64,7 @@ def estimate_case(case: Case, train_tokens: int) -> dict:
 
 
 def new_result(sweep: Sweep, case: Case, ihash: str, in_sweep: bool = True) -> dict:
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "id": case.id,
         "sweep": sweep.name,
@@ -78,6 +78,10 @@ def new_result(sweep: Sweep, case: Case, ihash: str, in_sweep: bool = True) -> d
         "status": None,
         "error": None,
     }
+    model = catalog.load_model(case.model)
+    if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
+        result["model_source"] = {"hub": model.hf_repo, "revision": model.revision}
+    return result
 
 
 def compute_result(sweep: Sweep, case: Case, ihash: str | None = None, in_sweep: bool = True) -> dict:

@@ -20,6 +20,11 @@ import sys
 # that tests start inherit it. A value already set in the environment wins.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# The suite never reaches the Hugging Face Hub (CI has no network to it): a model named by Hub id
+# resolves from a fixture cache or fails at once instead of retrying for 20 s (reportgen/hub.py). Set
+# before huggingface_hub is imported (it reads the variable once); the one network test unsets it for
+# its own subprocess.
+os.environ["HF_HUB_OFFLINE"] = "1"
 if "torch" in sys.modules:  # a plugin loaded it first
     sys.modules["torch"].set_num_threads(1)
 

@@ -158,7 +158,11 @@ BAD = [
     ("list.yaml", "- model_name_or_path: x\n", "a config is a mapping"),
     ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL nor an Axolotl config"),
     ("unknown-model.yaml", "output_dir: x\nmodel_name_or_path: acme/NotAModel-3B\n",
-     "unknown-model.yaml:2: model_name_or_path: 'acme/NotAModel-3B' is not a local config.json"),
+     "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
+     "config.json is not in the Hugging Face cache"),
+    ("not-a-model.yaml", "output_dir: x\nmodel_name_or_path: NotAModel\n",
+     "not-a-model.yaml:2: model_name_or_path: 'NotAModel' is not a local config.json or directory, a catalog model "
+     "nor a Hub id"),
     ("4-and-8.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\nload_in_4bit: true\n"
      "load_in_8bit: true\n", "4-and-8.yaml:4: load_in_8bit: contradicts load_in_4bit"),
     ("4bit-no-peft.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nload_in_4bit: true\n",

@@ -5,6 +5,8 @@ Models are loaded by name (``reportgen models`` lists them) or from a path to an
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from functools import lru_cache
 from importlib import resources
@@ -12,9 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from reportgen.errors import unknown_name
+from reportgen import hub
+from reportgen.errors import UserError, unknown_name
 from reportgen.hardware import GpuSpec, gpu_from_entry
-from reportgen.model import ModelSpec, from_config, load_config_file
+from reportgen.model import FAMILIES, ModelSpec, from_config, load_config_file
 
 _ROOT = resources.files(__package__)
 
@@ -24,8 +27,22 @@ def model_names() -> list[str]:
 
 
 @lru_cache(maxsize=None)
+def catalog_ids() -> dict[str, str]:
+    """Hub id (``_name_or_path`` of each catalog config.json) -> catalog name, read once per process."""
+    out = {}
+    for name in model_names():
+        hub = json.loads((_ROOT / "models" / f"{name}.json").read_text()).get("_name_or_path")
+        if hub:
+            out[hub] = name
+    return out
+
+
+@lru_cache(maxsize=None)
 def load_model(name_or_path: str) -> ModelSpec:
-    """A catalog name such as ``llama-3.1-8b``, or a path to a ``config.json``."""
+    """A catalog name such as ``llama-3.1-8b``, a path to a ``config.json`` (or a folder holding
+    one: a local path wins over a Hub id of the same spelling, as in transformers), or a Hugging Face
+    Hub id ``ORG/NAME[@REVISION]`` (``hub.py``: its config.json only, through the Hugging Face cache).
+    A catalog model's own Hub id, without a revision, is the catalog model."""
     if name_or_path in model_names():
         path = Path(str(_ROOT / "models" / f"{name_or_path}.json"))
         return from_config(load_config_file(path), name=name_or_path, source=str(path))
@@ -34,7 +51,34 @@ def load_model(name_or_path: str) -> ModelSpec:
         if path.is_dir():
             path = path / "config.json"
         return from_config(load_config_file(path), name=str(name_or_path), source=str(path))
-    raise unknown_name("model", name_or_path, model_names())
+    ref = hub.parse(name_or_path)
+    if ref is None:
+        error = unknown_name("model", name_or_path, model_names())
+        error.hint = (error.hint + " " if error.hint else "") + "Any model on the Hugging Face Hub: --model ORG/NAME " \
+            "(e.g. Qwen/Qwen3-14B); a local config.json: --model PATH/config.json"
+        raise error
+    repo, revision = ref
+    if revision is None and repo in catalog_ids():
+        return load_model(catalog_ids()[repo])
+    return load_hub_model(repo, revision, label=name_or_path)
+
+
+def load_hub_model(repo: str, revision: str | None, label: str) -> ModelSpec:
+    """The ``ModelSpec`` of a Hub repository's config.json, named ``label`` (the id as the user wrote
+    it), with the commit it came from as its ``revision``. A family without analytic formulas is
+    refused with the command that can model it (``reportgen trace``)."""
+    fetched = hub.fetch_config(repo, revision, catalog_ids())
+    config = fetched.config
+    hub.check_transformers_knows(config, label)
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in FAMILIES and not (model_type == "gemma3" and "text_config" in config):
+        raise UserError(f"model {label!r} ({fetched.source}): model_type {model_type!r} has no analytic formulas "
+                        "in reportgen; estimate and advise cover the families of `reportgen models`",
+                        hint=f"`reportgen trace --model {label} --gpu GPU [setup flags]` runs its real training "
+                             "step on the meta device for any causal LM transformers knows (no GPU, no weights; "
+                             "about 10 s for a small model to a few minutes for a 70B)")
+    spec = from_config(config, name=label, source=fetched.source)
+    return dataclasses.replace(spec, hf_repo=repo, revision=fetched.commit or revision)
 
 
 @lru_cache(maxsize=None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 from reportgen import userfile, yamlfile
 from reportgen.configs import table
 from reportgen.errors import UserError
+from reportgen.hub import parse as parse_hub_id
 
 
 class ConfigError(UserError):
@@ -168,21 +168,10 @@ def _stem(repo_id: str) -> str:
     return s
 
 
-@lru_cache(maxsize=None)
 def _catalog_ids() -> dict[str, str]:
-    """Hub id (``_name_or_path`` of each catalog config.json) -> catalog name. Read once per process:
-    the catalog is package data (a reverse-mapping test read the 22 files 1,872 times, 8 of its 31 s)."""
-    from importlib import resources
-
     from reportgen import catalog
 
-    out = {}
-    for name in catalog.model_names():
-        text = resources.files("reportgen.catalog").joinpath("models", f"{name}.json").read_text()
-        hub = json.loads(text).get("_name_or_path")
-        if hub:
-            out[hub] = name
-    return out
+    return catalog.catalog_ids()
 
 
 def resolve_model(r: Reader, key: str, t: Translation) -> None:
@@ -214,14 +203,22 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
             for hub, name in ids.items():
                 stems.setdefault(_stem(hub), name)
             near = stems.get(_stem(value))
+            if not near and parse_hub_id(value):  # any other model by its Hub id (hub.py): its config.json
+                try:
+                    catalog.load_model(value)
+                except UserError as exc:
+                    raise r.error(key, exc.message, hint=exc.hint) from None
+                t.model = value
+                return
             if not near:
                 import difflib
 
                 close = difflib.get_close_matches(value, list(ids), n=3, cutoff=0.5)
-                raise r.error(key, f"{value!r} is not a local config.json or directory, nor a catalog model",
+                raise r.error(key, f"{value!r} is not a local config.json or directory, a catalog model nor a "
+                              "Hub id (ORG/NAME)",
                               hint=("did you mean " + " or ".join(repr(c) for c in close) + "? " if close else "")
-                              + "catalog models (reportgen models) are named by their Hub id; for any other model "
-                              "download its config.json and pass --model PATH/config.json")
+                              + "name a model by its Hugging Face Hub id (e.g. Qwen/Qwen3-14B), a catalog name "
+                              "(reportgen models) or a path to its config.json")
             t.model = near
             t.approx(key, f"{value} has the shapes of the catalog's {near} ({hub_of(near)})")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from reportgen.errors import MEASURE_EXTRA
 
@@ -32,6 +33,24 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_trace)
 
 
+def _load(model: str):
+    """``trace.spec.load_any``'s model, also by Hub id (``hub.py``) of any family transformers knows:
+    the config.json from the Hugging Face cache, named as the user wrote it, with its commit."""
+    import dataclasses
+
+    from reportgen import catalog, hub
+    from reportgen.trace.spec import load_any  # imports transformers only for a config.json of another family
+
+    ref = hub.parse(model)
+    if model in catalog.model_names() or ref is None or Path(model).exists() or ref[0] in catalog.catalog_ids() \
+            and ref[1] is None:
+        return load_any(model)
+    fetched = hub.fetch_config(*ref, catalog.catalog_ids())
+    hub.check_transformers_knows(fetched.config, model)
+    spec = load_any(str(fetched.path))
+    return dataclasses.replace(spec, name=model, hf_repo=ref[0], revision=fetched.commit or ref[1])
+
+
 def with_verdict_fields(d: dict) -> dict:
     """The traced JSON with the verdict fields ``reportgen estimate --format json`` has (``demand``,
     ``margin``, ``verdict_text``; ``estimate/verdict.py``), for the traced total, which has no error
@@ -49,7 +68,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from reportgen.flags import setup_from_args
     from reportgen.errors import UserError
 
-    from reportgen.trace.spec import load_any
     from reportgen.trace.step import check_traceable
 
     setup = setup_from_args(args)
@@ -60,7 +78,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from reportgen.trace.quiet import quiet_libraries
 
     quiet_libraries()
-    spec = load_any(args.model)  # imports transformers only for a config.json of another family
+    spec = _load(args.model)
     try:
         import peft  # noqa: F401
         import torch  # noqa: F401

@@ -20,6 +20,9 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
                   f"{est.setup.short()}", highlight=False)
     console.print(f"parameters {est.params_total:,}, trainable {est.params_trainable:,} "
                   f"({100 * est.params_trainable / est.params_total:.2f}%)", highlight=False)
+    if getattr(model, "revision", None):
+        console.print(f"config.json of {escape(model.hf_repo)} at commit {escape(model.revision)} "
+                      "(Hugging Face Hub)", highlight=False)
 
     table = Table(title="memory on one GPU (GiB = 2^30 bytes)", title_justify="left")
     table.add_column("term")
