@@ -28,7 +28,10 @@ decides.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from reportgen.hardware import catalog_gpu_for
 
 #: measured quantities compared with the estimate of the same name
 MEMORY_QUANTITIES = ("peak_allocated", "peak_reserved", "device_total")
@@ -125,8 +128,72 @@ def provenance_of(block: dict | None) -> Provenance:
             rank_caps = [r.get("cap") if isinstance(r, dict) and isinstance(r.get("cap"), dict) else {} for r in ranks]
             if emulated and not all(c.get("applied") and c.get("emulated_gpu") == emulated for c in rank_caps):
                 emulated = None  # a cap counts only when every rank ran under it
+    mismatch = mismatch or inconsistency(block, env, settings, measurement, device, key, world)
     return Provenance(device=device, device_name=name, device_gpu=key, emulated_gpu=emulated,
                       fake=bool(block.get("fake")), world_size=world, mismatch=mismatch)
+
+
+#: figures of a measurement block that are byte counts, times or rates: a number, finite and not negative
+_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "memory_after_load", "mfu")
+
+
+def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, device: str, key: str | None,
+                  world: int) -> str | None:
+    """Why a measurement file cannot be what it says (issue 29), or None. Checked before any page,
+    ``show``, ``validation`` or the calibration treats it as a measurement, so a damaged or edited file
+    is set aside with its reason instead of published:
+
+    * its environment agrees with its settings (a run its settings say was on the CPU is not a CUDA
+      run because ``environment.device`` says so) and its card: the GPU name CUDA reported maps to
+      the catalog key it claims (``hardware.catalog_gpu_for``, the mapping the harness itself used);
+    * its figures are physically possible: numbers, finite and not negative; peak reserved at least
+      peak allocated (the caching allocator reserves what it allocates); the device total at least
+      the reserved; a finished run has a positive step time; MFU within the card's peak (at most 1);
+      peak allocated at least the weights it had to hold (half a byte per parameter, the NF4 floor,
+      divided over the ranks; not checked with parameters offloaded to the CPU).
+    """
+    if device == "cuda":
+        if settings.get("device") == "cpu":
+            return "its settings say it ran on the CPU"
+        gpu_name = env.get("gpu_name")
+        if key is not None and catalog_gpu_for(gpu_name, env.get("gpu_total_bytes")) != key:
+            return f"its GPU name {gpu_name!r} is not the card it claims ({key})"
+    for figure in _FIGURES:
+        value = measurement.get(figure)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            return f"its {figure} ({value!r}) is not a size, time or rate"
+    alloc, reserved, used = (measurement.get(k) for k in ("peak_allocated", "peak_reserved", "device_used"))
+    if alloc is not None and reserved is not None and reserved < alloc:
+        return "its peak reserved is below its peak allocated"
+    if reserved is not None and used is not None and used < reserved:
+        return "its device total is below its peak reserved"
+    mfu = measurement.get("mfu")
+    if mfu is not None and mfu > 1:
+        return f"its MFU ({mfu!r}) is beyond what the card can do"
+    if block.get("status") == "ok":
+        if not measurement.get("step_s"):
+            return "it finished without a step time"
+        return _holds_too_little(block, alloc, world)
+    return None
+
+
+def _holds_too_little(block: dict, alloc, world: int) -> str | None:
+    case = block.get("case") if isinstance(block.get("case"), dict) else {}
+    setup = case.get("setup") if isinstance(case.get("setup"), dict) else {}
+    if alloc is None or setup.get("offload") == "params" or not isinstance(case.get("model"), str):
+        return None
+    from reportgen import catalog
+    from reportgen.errors import UserError
+
+    try:
+        params = catalog.load_model(case["model"]).total_params
+    except (UserError, OSError, ValueError):
+        return None  # a model this machine cannot resolve: nothing to check against
+    floor = params * 0.5 / max(world, 1)
+    if alloc < floor:
+        return f"its peak allocated ({alloc:,} bytes) is below the weights it had to hold (at least {floor:,.0f})"
+    return None
 
 
 def _world_size(block: dict, env: dict) -> tuple[int, str | None]:

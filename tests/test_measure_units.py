@@ -61,7 +61,7 @@ def test_device_names_map_to_catalog_cards(name, total_gib, key):
 
 def test_every_device_pattern_names_a_catalog_card():
     from reportgen import catalog
-    from reportgen.measure.environment import _DEVICE_PATTERNS
+    from reportgen.hardware import _DEVICE_PATTERNS
 
     keys = [key for key, _, _ in _DEVICE_PATTERNS]
     assert set(keys) == set(catalog.gpu_names())

@@ -11,12 +11,18 @@ from reportgen.provenance import MEMORY_QUANTITIES, QUANTITIES, SPEED_QUANTITIES
 from reportgen.report import rows
 
 
+#: the names CUDA reports for the cards these blocks claim (provenance.inconsistency checks name against key)
+CUDA_NAMES = {"h100-sxm": "NVIDIA H100 80GB HBM3", "a100-80gb": "NVIDIA A100-SXM4-80GB", "rtx-4090": "NVIDIA GeForce RTX 4090",
+              "t4": "Tesla T4", None: "NVIDIA GB200"}
+
+
 def block(device="cuda", key="h100-sxm", cap=None, applied=True, env=True, status="ok"):
     environment = {"device": device, "gpu_catalog_key": key if device == "cuda" else None,
-                   "gpu_name": "NVIDIA H100 80GB HBM3" if key == "h100-sxm" else f"a {key}"}
+                   "gpu_name": CUDA_NAMES[key], "gpu_total_bytes": 80 * 2**30 if key == "a100-80gb" else None}
     return {"status": status, "environment": environment if env else None,
             "cap": {"emulated_gpu": cap, "applied": applied} if cap else None,
-            "measurement": {"peak_allocated": 10, "peak_reserved": 11, "device_used": 12, "tokens_per_s": 100.0}}
+            "measurement": {"peak_allocated": 10, "peak_reserved": 11, "device_used": 12, "tokens_per_s": 100.0,
+                            "step_s": 1.0}}
 
 
 # (what, block, case gpu, quantities that count)
@@ -159,3 +165,89 @@ def test_a_multi_gpu_cap_counts_only_when_every_rank_applied_it():
     b = ranked(caps={0: both[0], 1: {"applied": False, "emulated_gpu": "rtx-4090"}})
     b["cap"] = both[0]
     assert not provenance_of(b).memory_counts_for("rtx-4090")
+
+
+# ----- issue 29: a measurement file that cannot be what it says is set aside, never published ----------------
+REAL = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "results" / "validation" / "measured")
+              .glob("llama-3.2-1b.h100-sxm.lora.*.json"))[0]
+
+
+def _real() -> dict:
+    import json
+
+    return json.loads(REAL.read_text())
+
+
+def _forge(path: str, value) -> dict:
+    doc = _real()
+    where = doc
+    *parents, last = path.split(".")
+    for p in parents:
+        where = where[p]
+    where[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, reason", [
+    ("settings.device", "cpu", "its settings say it ran on the CPU"),
+    ("environment.gpu_name", "Tesla T4", "its GPU name 'Tesla T4' is not the card it claims (h100-sxm)"),
+    ("measurement.peak_allocated", 1024, "below the weights it had to hold"),
+    ("measurement.peak_allocated", -5, "its peak_allocated (-5) is not a size, time or rate"),
+    ("measurement.peak_reserved", float("nan"), "its peak_reserved (nan) is not a size, time or rate"),
+    ("measurement.peak_reserved", "lots", "its peak_reserved ('lots') is not a size, time or rate"),
+    ("measurement.peak_reserved", 1, "its peak reserved is below its peak allocated"),
+    ("measurement.device_used", 2**30, "its device total is below its peak reserved"),
+    ("measurement.mfu", 50.0, "its MFU (50.0) is beyond what the card can do"),
+    ("measurement.step_s", 0, "it finished without a step time"),
+    ("measurement.step_s", float("inf"), "its step_s (inf) is not a size, time or rate"),
+])
+def test_a_forged_or_damaged_measurement_compares_with_nothing_and_says_why(path, value, reason):
+    assert provenance_of(_real()).valid_quantities("h100-sxm") == QUANTITIES  # the real file counts in full
+    prov = provenance_of(_forge(path, value))
+    assert prov.valid_quantities("h100-sxm") == () and reason in (prov.mismatch or "")
+    assert reason in prov.label("h100-sxm") and "not comparable" in prov.label("h100-sxm")
+
+
+def test_every_committed_measurement_passes_the_check():
+    from pathlib import Path
+
+    import json
+
+    files = sorted((Path(__file__).resolve().parents[1] / "results").glob("*/measured/*.json"))
+    assert len(files) >= 52
+    assert [f.name for f in files if provenance_of(json.loads(f.read_text())).mismatch] == []
+
+
+def test_damaged_figures_never_count_and_never_raise():
+    """Property: whatever a file's figures are (any JSON value), provenance_of answers (no exception),
+    and a figure that is no finite, non-negative number, or an order that cannot be, makes the run
+    count for nothing."""
+    import math
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**62, max_value=2**62),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+                       st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+    keys = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "mfu")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(st.sampled_from(keys), values, min_size=1))
+    def check(figures):
+        doc = _real()
+        doc["measurement"].update(figures)
+        valid = provenance_of(doc).valid_quantities("h100-sxm")
+        m = doc["measurement"]
+        nums = {k: m.get(k) for k in keys}
+        bad = any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                     or v < 0) for v in nums.values())
+        a, r, u = nums["peak_allocated"], nums["peak_reserved"], nums["device_used"]
+        if not bad:
+            bad = (a is not None and r is not None and r < a) or (r is not None and u is not None and u < r) \
+                or (nums["mfu"] is not None and nums["mfu"] > 1) or not nums["step_s"] \
+                or (a is not None and a < 0.5 * 1_235_814_400)
+        if bad:
+            assert valid == ()
+
+    check()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import socket
 import subprocess
 from datetime import datetime, timezone
@@ -25,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from reportgen import __version__
+from reportgen.hardware import catalog_gpu_for
 
 GIB = 2**30
 
@@ -132,45 +132,4 @@ def collect_environment(device: str, index: int = 0) -> dict:
     return env
 
 
-# ----- device name -> catalog key ------------------------------------------------------------------
-#: (catalog key, regex on the lower-cased CUDA device name, minimum memory in GiB or None). First match
-#: wins. Names as CUDA reports them, e.g. "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe",
-#: "NVIDIA H100 NVL", "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "Tesla T4",
-#: "NVIDIA L40S", "NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation", "NVIDIA GeForce RTX 5090".
-#: Variants with other silicon or limits map to None: the NVL (PCIe) H200, GB200, L40 (not L40S),
-#: "... D" export GeForce parts and laptop GPUs. The 8 GB and 16 GB RTX 4060 Ti share one name
-#: ("NVIDIA GeForce RTX 4060 Ti"), so the memory floor picks the 16 GB card; likewise the 8 GB
-#: RTX 3060 is not the 12 GB card in the catalog.
-_DEVICE_PATTERNS: tuple[tuple[str, str, float | None], ...] = (
-    ("b200", r"^nvidia b200$", None),
-    ("h200", r"\bh200\b(?!.*\bnvl\b)", None),
-    ("h100-nvl", r"\bh100 nvl\b", None),
-    ("h100-pcie", r"\bh100\b.*\bpcie\b", None),
-    ("h100-sxm", r"\bh100\b(?!.*\b(nvl|pcie)\b)", None),
-    ("a100-80gb", r"\ba100\b", 60),
-    ("a100-40gb", r"\ba100\b", None),
-    ("l40s", r"^nvidia l40s$", None),
-    ("l4", r"^nvidia l4$", None),
-    ("a10g", r"\ba10g\b", None),
-    ("t4", r"\bt4\b", None),
-    ("rtx-6000-ada", r"\brtx 6000 ada\b", None),
-    ("rtx-a6000", r"\brtx a6000\b", None),
-    ("rtx-5090", r"\brtx 5090$", None),
-    ("rtx-4090", r"\brtx 4090$", None),
-    ("rtx-3090", r"\brtx 3090$", None),
-    ("rtx-4060-ti-16gb", r"\brtx 4060 ti$", 12),
-    ("rtx-3060", r"\brtx 3060$", 10),
-)
-
-
-def catalog_gpu_for(name: str | None, total_bytes: int | None = None) -> str | None:
-    """The GPU catalog key of a device, or None when the catalog has no entry for its family."""
-    if not name:
-        return None
-    low = name.lower().strip()
-    for key, pattern, min_gib in _DEVICE_PATTERNS:
-        if re.search(pattern, low):
-            if min_gib is not None and (total_bytes is None or total_bytes < min_gib * GIB):
-                continue
-            return key
-    return None
+# ----- device name -> catalog key: reportgen.hardware.catalog_gpu_for (provenance.py checks a file with it)
