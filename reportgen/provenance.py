@@ -145,10 +145,11 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
 
     * its environment agrees with its settings (a run its settings say was on the CPU is not a CUDA
       run because ``environment.device`` says so) and its card: the GPU name CUDA reported maps to
-      the catalog key it claims (``hardware.catalog_gpu_for``, the mapping the harness itself used);
+      the catalog key it claims (``hardware.catalog_gpu_for``, the mapping the harness itself used;
+      a file without a GPU name is not checked by name);
     * its figures are physically possible: numbers, finite and not negative; peak reserved at least
       peak allocated (the caching allocator reserves what it allocates); the device total at least
-      the reserved; a finished run has a positive step time; MFU within the card's peak (at most 1);
+      the reserved; a step time is not zero; MFU within the card's peak (at most 1);
       peak allocated at least the weights it had to hold (half a byte per parameter, the NF4 floor,
       divided over the ranks; not checked with parameters offloaded to the CPU).
     """
@@ -156,7 +157,7 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
         if settings.get("device") == "cpu":
             return "its settings say it ran on the CPU"
         gpu_name = env.get("gpu_name")
-        if key is not None and catalog_gpu_for(gpu_name, env.get("gpu_total_bytes")) != key:
+        if key is not None and gpu_name and catalog_gpu_for(gpu_name, env.get("gpu_total_bytes")) != key:
             return f"its GPU name {gpu_name!r} is not the card it claims ({key})"
     for figure in _FIGURES:
         value = measurement.get(figure)
@@ -171,9 +172,9 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
     mfu = measurement.get("mfu")
     if mfu is not None and mfu > 1:
         return f"its MFU ({mfu!r}) is beyond what the card can do"
+    if measurement.get("step_s") == 0:
+        return "its step time is zero"
     if block.get("status") == "ok":
-        if not measurement.get("step_s"):
-            return "it finished without a step time"
         return _holds_too_little(block, alloc, world)
     return None
 

@@ -198,7 +198,7 @@ def _forge(path: str, value) -> dict:
     ("measurement.peak_reserved", 1, "its peak reserved is below its peak allocated"),
     ("measurement.device_used", 2**30, "its device total is below its peak reserved"),
     ("measurement.mfu", 50.0, "its MFU (50.0) is beyond what the card can do"),
-    ("measurement.step_s", 0, "it finished without a step time"),
+    ("measurement.step_s", 0, "its step time is zero"),
     ("measurement.step_s", float("inf"), "its step_s (inf) is not a size, time or rate"),
 ])
 def test_a_forged_or_damaged_measurement_compares_with_nothing_and_says_why(path, value, reason):
@@ -245,7 +245,7 @@ def test_damaged_figures_never_count_and_never_raise():
         a, r, u = nums["peak_allocated"], nums["peak_reserved"], nums["device_used"]
         if not bad:
             bad = (a is not None and r is not None and r < a) or (r is not None and u is not None and u < r) \
-                or (nums["mfu"] is not None and nums["mfu"] > 1) or not nums["step_s"] \
+                or (nums["mfu"] is not None and nums["mfu"] > 1) or nums["step_s"] == 0 \
                 or (a is not None and a < 0.5 * 1_235_814_400)
         if bad:
             assert valid == ()

@@ -171,7 +171,7 @@ def test_validation_page_with_fake_measurements(docs, results):
     assert (docs / "charts" / "validation-scatter.svg").is_file()
     assert "### Error per technique" in text
     assert "| peak allocated | 4 |" in text and "| step time | 3 |" in text  # capped: memory only
-    assert "## Measured cases, by environment" in text and "### FAKE GPU" in text
+    assert "## Measured cases, by environment" in text and "### FAKE NVIDIA" in text  # the fake runs name the card they claim, marked FAKE
     assert "Median absolute error **1.75 GB**" in text  # the fake published comparison
     assert "## Error band" in text and "| reserved | QLoRA |" in text  # reportgen/estimate/error_band.json
     assert (docs / "data" / "validation.csv").is_file()
