@@ -57,8 +57,9 @@ def fetch_config(repo: str, revision: str | None, known_ids: dict[str, str] | No
     """The repository's ``config.json``, parsed: from the Hugging Face cache when it is there (no
     network, no wait: a config a user has downloaded answers at once, also offline), else downloaded
     into the cache (huggingface_hub retries an unreachable Hub for about 20 s before it gives up, so
-    a line on stderr says it is fetching). ``known_ids`` (Hub id -> catalog name) feeds the
-    did-you-mean of a missing repository."""
+    a line on stderr says it is fetching), and refused when it needs the repository's own code
+    (``check_transformers_knows``). ``known_ids`` (Hub id -> catalog name) feeds the did-you-mean of
+    a missing repository."""
     label = repo + (f"@{revision}" if revision else "")
     try:
         from huggingface_hub import hf_hub_download
@@ -88,6 +89,7 @@ def fetch_config(repo: str, revision: str | None, known_ids: dict[str, str] | No
     from reportgen.model import load_config_file
 
     config = load_config_file(path)
+    check_transformers_knows(config, label)
     commit = path.parent.name if _COMMIT.fullmatch(path.parent.name) else None
     return HubConfig(repo=repo, requested=revision, commit=commit, path=path, config=config)
 

@@ -28,7 +28,8 @@ def model_names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def catalog_ids() -> dict[str, str]:
-    """Hub id (``_name_or_path`` of each catalog config.json) -> catalog name, read once per process."""
+    """Hub id (``_name_or_path`` of each catalog config.json) -> catalog name. Read once per process:
+    the catalog is package data (a reverse-mapping test read the 22 files 1,872 times, 8 of its 31 s)."""
     out = {}
     for name in model_names():
         hub = json.loads((_ROOT / "models" / f"{name}.json").read_text()).get("_name_or_path")
@@ -69,7 +70,6 @@ def load_hub_model(repo: str, revision: str | None, label: str) -> ModelSpec:
     refused with the command that can model it (``reportgen trace``)."""
     fetched = hub.fetch_config(repo, revision, catalog_ids())
     config = fetched.config
-    hub.check_transformers_knows(config, label)
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in FAMILIES and not (model_type == "gemma3" and "text_config" in config):
         raise UserError(f"model {label!r} ({fetched.source}): model_type {model_type!r} has no analytic formulas "

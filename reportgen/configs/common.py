@@ -168,12 +168,6 @@ def _stem(repo_id: str) -> str:
     return s
 
 
-def _catalog_ids() -> dict[str, str]:
-    from reportgen import catalog
-
-    return catalog.catalog_ids()
-
-
 def resolve_model(r: Reader, key: str, t: Translation) -> None:
     """The model a config names: a local config.json or directory, a catalog name, a catalog
     model's Hub id, or (approximated) a variant of one (``-Instruct``, ``-it``, ``-chat``: the same
@@ -194,7 +188,7 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
     elif value in catalog.model_names():
         t.model = value
     else:
-        ids = _catalog_ids()
+        ids = catalog.catalog_ids()
         exact = {k.lower(): v for k, v in ids.items()}.get(value.lower())
         if exact:
             t.model = exact
@@ -224,7 +218,9 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
 
 
 def hub_of(name: str) -> str:
-    return next((hub for hub, n in _catalog_ids().items() if n == name), name)
+    from reportgen import catalog
+
+    return next((hub for hub, n in catalog.catalog_ids().items() if n == name), name)
 
 
 def checkpoint_dtype(model: str | None) -> str:
