@@ -76,7 +76,10 @@ def fetch_config(repo: str, revision: str | None, known_ids: dict[str, str] | No
         import logging
         import sys
 
-        print(f"fetching {label}'s config.json from the Hugging Face Hub (once; cached after)", file=sys.stderr)
+        from huggingface_hub import constants
+
+        if not constants.HF_HUB_OFFLINE:  # offline, the call below fails at once (hub_error says why)
+            print(f"fetching {label}'s config.json from the Hugging Face Hub (once; cached after)", file=sys.stderr)
         hub_logger = logging.getLogger("huggingface_hub")
         level = hub_logger.level
         hub_logger.setLevel(logging.ERROR)  # its retry notices: the error below says what happened
