@@ -74,7 +74,14 @@ class Provenance:
         return out
 
     def label(self, gpu: str) -> str:
-        """What the run is, in words, for a case on ``gpu`` (badges, ``show``, tables)."""
+        """What the run is, in words, for a case on ``gpu`` (badges, ``show``, tables). A test
+        fixture (``fake: true``) says so first: the badge of a label that starts with ``FAKE``
+        reads "fake", never "meas." (``_macros.md.j2``)."""
+        if self.fake:
+            return "FAKE: a test fixture (fake: true in its file), not a run; " + self._label(gpu)
+        return self._label(gpu)
+
+    def _label(self, gpu: str) -> str:
         name = self.device_name or self.device_gpu or "an unnamed device"
         if self.world_size > 1:
             name = f"{self.world_size}x {name}" if self.device == "cuda" else f"{name}, {self.world_size} processes"

@@ -33,6 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from reportgen import userfile
+
 SCHEMA_VERSION = 2
 MEASUREMENT_SCHEMA_VERSION = 1
 
@@ -131,7 +133,9 @@ def current_id(doc: dict) -> str:
 
 
 def _dump(data: dict) -> str:
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    """Strict JSON (``allow_nan=False``): a NaN or infinity reaching a result is a bug, refused where it
+    is written rather than stored as a bare ``NaN`` no other JSON reader accepts."""
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
@@ -223,13 +227,43 @@ def write_json_new(path: Path, data: dict) -> Path:
         Path(tmp).unlink(missing_ok=True)
 
 
+#: the largest result file read (the largest committed one is under 10 KB; a traced document with its
+#: allocation timeline under 1 MB): a ``*.json`` that is a link to ``/dev/zero`` is refused, not read
+MAX_RESULT_BYTES = 16_000_000
+
+
+def _kind_of(mode: int) -> str:
+    for test, noun in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return noun
+    return "not a regular file"
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no number a result file holds")
+
+
 def read_json(path: Path) -> dict:
+    """A result file's JSON object, read like user input (issue 29): only a regular file (a FIFO named
+    like a result would block the reader forever, a link to a device never ends), at most
+    ``MAX_RESULT_BYTES``, strict JSON (``NaN`` and ``Infinity`` are refused: no writer here writes
+    them). Raises ``UnreadableResult`` saying why."""
     try:
-        data = json.loads(Path(path).read_text())
+        mode = os.stat(path).st_mode  # follows a link: what would be read
+        if not stat.S_ISREG(mode):
+            raise UnreadableResult(path, f"is {_kind_of(mode)}, not a result file")
+        data = json.loads(userfile.read_bytes(path, MAX_RESULT_BYTES).decode("utf-8"),
+                          parse_constant=_no_constant)
+    except userfile.TooLarge as exc:
+        raise UnreadableResult(path, f"holds {exc.amount()}; a result file is at most {MAX_RESULT_BYTES:,}") from None
     except json.JSONDecodeError as exc:
         raise UnreadableResult(path, f"not valid JSON at line {exc.lineno} ({exc.msg}); a merge conflict?") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UnreadableResult(path, f"cannot be read ({exc})") from None
+    except ValueError as exc:  # NaN / Infinity (parse_constant); both errors above are ValueErrors too
+        raise UnreadableResult(path, f"not a result file's JSON ({exc})") from None
     except RecursionError:  # json.loads recurses per nesting level
         raise UnreadableResult(path, "nested too deeply to be a result file") from None
     if not isinstance(data, dict):

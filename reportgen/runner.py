@@ -21,7 +21,7 @@ from reportgen.artifacts import Artifact, prune
 from reportgen.estimate import estimate
 from reportgen.estimate.search import max_batch, max_seq
 from reportgen.fingerprint import estimator_hash
-from reportgen.results import SCHEMA_VERSION, canonical, read_result, result_path, short_hash
+from reportgen.results import SCHEMA_VERSION, canonical, result_path, short_hash
 from reportgen.setup import TrainingSetup
 from reportgen.sweep import Case, Sweep
 
@@ -125,7 +125,7 @@ def run_estimates(sweep: Sweep, results_dir: Path, force: bool = False,
                             inputs_hash(case, sweep.spec.train_tokens))
         in_sweep = case.id in listed
         # prepare() set unusable files aside; one that appeared since is only an estimate
-        old = artifact.stored(read_result)
+        old = artifact.stored(lambda path: store.read_estimate(path)[0])  # a damaged one is recomputed
         if (not force and artifact.is_current(old) and old.get("status") == "ok"
                 and old.get("in_sweep", True) == in_sweep):
             stats.skipped += 1

@@ -23,12 +23,14 @@ Rules:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from reportgen.result_schema import check_estimate, check_measurement
 from reportgen.results import (UnreadableResult, canonical, current_id, legacy_id, measurement_document, migrate,
                                read_json, read_measurement, write_json_atomic, write_json_new)
 
@@ -78,6 +80,19 @@ def measurement_files(sweep_dir: Path) -> list[Path]:
     return sorted((Path(sweep_dir) / MEASURED_DIR).glob("*.json"))
 
 
+def read_checked_measurement(path: Path) -> dict:
+    """A measurement document of the shape every reader relies on (``result_schema``); else
+    ``UnreadableResult`` saying why."""
+    return check_measurement(read_measurement(path), path)
+
+
+def read_estimate(path: Path) -> tuple[dict, list[dict]]:
+    """An estimate document as the current schema, checked (``result_schema``), and the measurement
+    blocks an older schema embedded in it. Raises ``UnreadableResult``."""
+    doc, blocks = migrate(read_json(path), path)
+    return check_estimate(doc, path), blocks
+
+
 # ----- writing ----------------------------------------------------------------------------------------
 def add_measurement(sweep_dir: Path, cid: str, case: dict, block: dict) -> Path:
     """Store one measuring attempt as a new file; never overwrites. Returns its path."""
@@ -85,6 +100,26 @@ def add_measurement(sweep_dir: Path, cid: str, case: dict, block: dict) -> Path:
     doc = measurement_document(cid, sweep_dir.name, case, block)
     name = f"{cid}.{_stamp(block.get('measured_at'))}.json"
     return write_json_new(sweep_dir / MEASURED_DIR / name, doc)
+
+
+def ready_for_measurements(sweep_dir: Path) -> None:
+    """Make sure a measurement can be stored under ``sweep_dir`` before one is made (issue 29: with
+    ``measured`` a file, a case was measured for minutes and then lost): the folder exists, is a
+    folder and takes a new file. A ``UserError`` (exit 2) saying what to fix otherwise."""
+    from reportgen.errors import UserError
+
+    folder = Path(sweep_dir) / MEASURED_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileExistsError:
+        raise UserError(f"{folder} is not a folder: measurements are stored there",
+                        hint=f"move it away (mv {folder} {folder}.old) and run again") from None
+    except OSError as exc:
+        raise UserError(f"cannot store measurements under {folder} ({exc.strerror or exc})",
+                        hint="measure into a folder you can write to: --results DIR") from None
 
 
 def set_aside(path: Path, why: str, what_to_do: str, warn: Warn = stderr_warn) -> Path:
@@ -108,7 +143,7 @@ def _known(sweep_dir: Path) -> set[str]:
     out = set()
     for p in measurement_files(sweep_dir):
         try:
-            out.add(canonical(read_measurement(p)))
+            out.add(canonical(read_checked_measurement(p)))
         except UnreadableResult:
             continue
     return out
@@ -144,7 +179,7 @@ def prepare(sweep_dir: Path, warn: Warn = stderr_warn) -> None:
         write_json_atomic(path, doc)
     for path in measurement_files(sweep_dir):
         try:
-            read_measurement(path)
+            read_checked_measurement(path)
         except UnreadableResult as exc:
             if exc.newer:  # nothing here will overwrite it: leave it where the newer version finds it
                 _newer(exc, warn)
@@ -177,7 +212,7 @@ def load_measurements(sweep_dir: Path, warn: Warn = stderr_warn) -> dict[str, li
     out: dict[str, list[dict]] = {}
     for path in measurement_files(sweep_dir):
         try:
-            doc = _as_current(read_measurement(path), path)
+            doc = _as_current(read_checked_measurement(path), path)
         except UnreadableResult as exc:
             if exc.newer:
                 _newer(exc, warn)
@@ -188,6 +223,26 @@ def load_measurements(sweep_dir: Path, warn: Warn = stderr_warn) -> dict[str, li
     for attempts in out.values():
         attempts.sort(key=_order)
     return out
+
+
+def load_case_measurements(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> list[dict]:
+    """The attempts of one case, oldest first, read now (as ``load_measurements`` reads them)."""
+    sweep_dir = Path(sweep_dir)
+    out = []
+    for p in measurement_files(sweep_dir):
+        if not p.name.startswith((cid + ".", legacy_id(cid) + ".")):
+            continue
+        try:
+            doc = _as_current(read_checked_measurement(p), p)
+        except UnreadableResult as exc:
+            if exc.newer:
+                _newer(exc, warn)
+            else:
+                warn(f"{exc}; skipped")
+            continue
+        if doc["id"] == cid:
+            out.append(doc)
+    return sorted(out, key=_order)
 
 
 def current_measurement(attempts: list[dict]) -> dict | None:
@@ -214,9 +269,9 @@ def load_results(sweep_dir: Path, warn: Warn = stderr_warn) -> list[dict]:
     results = []
     for path in estimate_files(sweep_dir):
         try:
-            doc, blocks = migrate(read_json(path), path)
+            doc, blocks = read_estimate(path)
         except UnreadableResult as exc:
-            warn(f"{exc}; skipped (a sweep of this directory sets it aside)")
+            warn(f"{exc}; skipped (a sweep of this directory recomputes or sets it aside)")
             continue
         results.append(_join(doc, blocks, measured.pop(current_id(doc), []), path))
     if measured:
@@ -245,15 +300,5 @@ def load_case(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> dict:
     """One case of a sweep directory, joined like ``load_results``. Raises ``UnreadableResult``."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / f"{cid}.json"
-    doc, blocks = migrate(read_json(path), path)
-    mine = [p for p in measurement_files(sweep_dir) if p.name.startswith((cid + ".", legacy_id(cid) + "."))]
-    measured = []
-    for p in mine:
-        try:
-            measured.append(_as_current(read_measurement(p), p))
-        except UnreadableResult as exc:
-            if exc.newer:
-                _newer(exc, warn)
-            else:
-                warn(f"{exc}; skipped")
-    return _join(doc, blocks, [m for m in measured if m["id"] == cid], path)
+    doc, blocks = read_estimate(path)
+    return _join(doc, blocks, load_case_measurements(sweep_dir, cid, warn), path)

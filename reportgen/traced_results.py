@@ -22,6 +22,7 @@ from pathlib import Path
 
 from reportgen import catalog
 from reportgen.artifacts import Artifact, is_current
+from reportgen.result_schema import check_traced
 from reportgen.results import (ADDED_SETUP_FIELDS, UnreadableResult, current_id, legacy_id, read_versioned, short_hash,
                                write_json_atomic)
 from reportgen.store import Warn, stderr_warn
@@ -130,8 +131,9 @@ def write_traced(sweep_dir: Path, cid: str, case: dict, trace: dict, ihash: str 
 
 def read_traced(path: Path) -> dict:
     """A traced document. Raises ``UnreadableResult``."""
-    return read_versioned(path, "traced", "traced result", TRACED_SCHEMA_VERSION, {"id", "case", "memory"},
-                          ok=lambda data: data.get("kind") == "traced")
+    doc = read_versioned(path, "traced", "traced result", TRACED_SCHEMA_VERSION, {"id", "case", "memory"},
+                         ok=lambda data: data.get("kind") == "traced")
+    return check_traced(doc, path)
 
 
 def staleness(doc: dict) -> str | None:

@@ -84,10 +84,12 @@ def test_gpu_page_content(docs):
     assert "`llama-3.1-8b.rtx-4090.qlora.0ab15373ec93`" in text  # a case id per row
     assert "reportgen sweep sweeps/tiny.yaml" in text and "(../data/gpus/rtx-4090.csv)" in text
     assert COMMIT[:12] in text
-    # measured values sit next to their estimate, marked, with their environment linked
-    assert 'class="rg-meas"' in text and "](../validation.md#env-" in text
+    # measured values sit next to their estimate, marked, with their environment linked; the fixture's
+    # runs are fake (test fixtures): badged "fake", never with a measurement's "meas." (issue 29)
+    assert 'class="rg-fake" title="FAKE: a test fixture' in text and "](../validation.md#env-" in text
+    assert '<span class="rg-meas" title="measured on' not in text
     # the failed (OOM) fake measurement is a status, not a number
-    assert "OOM <span class=\"rg-meas\"" in text
+    assert "OOM <span class=\"rg-fake\"" in text
     # no dollars for a card without a price
     assert "no dated price in the catalog" in (docs / "gpus" / "rtx-3060.md").read_text()
 

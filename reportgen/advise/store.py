@@ -66,7 +66,7 @@ def write_advice(sweep: Sweep, results_dir: Path, force: bool = False, progress=
         artifact = Artifact("advice", advice_path(results_dir, sweep.name, model, gpu, seq),
                             advice_inputs_hash(model, gpu, seq, sweep.spec.train_tokens))
         keep.add(artifact.path)
-        if not force and artifact.is_current(artifact.stored()):
+        if not force and artifact.is_current(intact(artifact.stored())):
             stats.skipped += 1
             continue
         try:
@@ -76,16 +76,34 @@ def write_advice(sweep: Sweep, results_dir: Path, force: bool = False, progress=
             artifact.remove()
             continue
         doc.update(sweep=sweep.name, inputs_hash=artifact.inputs_hash, reportgen_version=__version__)
-        artifact.write(doc)
+        artifact.write({**doc, CONTENT_KEY: content_hash(doc)})
         stats.written += 1
     folder = Path(results_dir) / sweep.name / ADVICE_DIR
     stats.removed = prune(sorted(folder.glob("*.json")) if folder.is_dir() else [], lambda path: path in keep)
     return stats
 
 
-def load_advice(results_dir: Path) -> dict[str, list[dict]]:
+#: the field a stored walk carries the hash of the rest of itself in
+CONTENT_KEY = "content_hash"
+
+
+def content_hash(doc: dict) -> str:
+    return short_hash({k: v for k, v in doc.items() if k != CONTENT_KEY}, 16)
+
+
+def intact(doc: dict | None) -> dict | None:
+    """``doc`` when it is the walk this code wrote, byte for byte in meaning: its ``content_hash``
+    matches the rest of it (issue 29). A walk edited or damaged after it was written (a value of
+    the wrong type, a step removed) is not: the next sweep recomputes it and the guides skip it,
+    instead of a traceback deep in a page. A walk is derived data, so one check of the whole covers
+    every field a page reads."""
+    return doc if doc is not None and doc.get(CONTENT_KEY) == content_hash(doc) else None
+
+
+def load_advice(results_dir: Path, warn=None) -> dict[str, list[dict]]:
     """``{sweep: [walk, ...]}`` of every stored walk under ``results_dir``, sorted by file name.
-    Walks written by another layout (``schema_version``) are skipped: the next sweep rewrites them."""
+    Walks written by another layout (``schema_version``) are skipped: the next sweep rewrites them;
+    walks changed since they were written (``intact``) too, with a warning naming the file."""
     out: dict[str, list[dict]] = {}
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
@@ -97,8 +115,14 @@ def load_advice(results_dir: Path) -> dict[str, list[dict]]:
                 doc = read_json(path)
             except UnreadableResult:  # not JSON, not an object, nested too deeply: not a walk
                 continue
-            if doc.get("schema_version") == ADVICE_SCHEMA_VERSION:
-                docs.append(doc)
+            if doc.get("schema_version") != ADVICE_SCHEMA_VERSION:
+                continue
+            if intact(doc) is None:
+                if warn is not None:
+                    warn(f"{path}: changed since reportgen wrote it (its content_hash does not match); skipped "
+                         f"(the next `reportgen sweep` of {folder.parent.name} recomputes it)")
+                continue
+            docs.append(doc)
         if docs:
             out[folder.parent.name] = docs
     return out

@@ -97,7 +97,7 @@ def load_site(results_dir: Path, commit: str | None = None, warn: store.Warn = s
     from reportgen.advise.store import load_advice
 
     return SiteData(results=results, reportgen_version=__version__, git_commit=commit,
-                    advice=load_advice(results_dir), traced=traced)
+                    advice=load_advice(results_dir, warn), traced=traced)
 
 
 def providers(published: Path | None = DEFAULT_PUBLISHED,

@@ -183,7 +183,7 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
         out(f"status {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
         est = r.get("estimate")
         if est:
-            mem, t = est["memory"], est["time"]
+            mem, t = est["memory"], est.get("time") or {}  # no step time: a card without a datasheet peak
             out("estimate (GiB = 2^30 bytes):")
             for key, label in TERM_LABELS.items():
                 if mem.get(key):
