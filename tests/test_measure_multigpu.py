@@ -30,9 +30,16 @@ def tiny(tmp_path_factory):
 #: DDP's wrap has no code that depends on the method; DDP over a LoRA model is built, wrapped and
 #: run to its warm-up by test_a_failing_rank_is_named (a two-rank launch costs 12-25 s here)
 @pytest.mark.parametrize("sharding,method", [("ddp", "full"), ("fsdp", "full"), ("fsdp", "lora")])
-def test_two_ranks_on_cpu(capsys, tiny, sharding, method):
+def test_two_ranks_on_cpu(capsys, tiny, sharding, method, tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "tmp"  # the temp folder of this run alone: what is left in it was left by the run
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     rc, d = measure_json(capsys, "--model", tiny, *FAST, "--sharding", sharding, "--method", method)
     assert rc == 0 and d["status"] == "ok", d["error"]
+    assert sorted(p.name for p in scratch.iterdir()) == []  # issue 29: torchrun left a torchelastic_* folder
     m, env = d["measurement"], d["environment"]
     assert set(MEASUREMENT_KEYS) <= set(m)
     # never mistaken for a single-GPU run

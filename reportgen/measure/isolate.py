@@ -83,12 +83,13 @@ def require_measure_packages() -> None:
                              "pip install -e \".[measure]\" from the reportgen checkout")
 
 
-def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambda: None):
+def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambda: None, tmpdir: str | None = None):
     """Run ``cmd`` in its own session with its output in ``log_path`` and this process's lifeline
     (``lifeline.py``: it and its scratch folder, ``log_path``'s, go when this process does); on the
     timeout kill its process group, on any exception (Ctrl-C, SIGTERM) kill it, run ``on_abort``
-    (torchrun's ranks live in their own sessions) and re-raise. Returns (process, timed out, wall
-    seconds)."""
+    (torchrun's ranks live in their own sessions) and re-raise. ``tmpdir``: the child's ``TMPDIR``
+    (torchrun's elastic agent makes a ``torchelastic_*`` folder there and leaves it behind).
+    Returns (process, timed out, wall seconds)."""
     t0 = time.perf_counter()
     timed_out = False
     read_end, write_end = os.pipe()
@@ -96,7 +97,8 @@ def _run_logged(cmd: list[str], log_path: Path, timeout_s: float, on_abort=lambd
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=lifeline.child_env(_worker_env(), read_end, log_path.parent),
+                                        env=lifeline.child_env({**_worker_env(), **({"TMPDIR": tmpdir} if tmpdir else {})},
+                                                               read_end, log_path.parent),
                                         pass_fds=(read_end,), start_new_session=True)
             finally:
                 os.close(read_end)
@@ -209,7 +211,8 @@ def _run_ranks(request: MeasureRequest, timeout_s: float) -> dict:
         guarded = [sys.executable, "-m", "reportgen.measure.worker", lifeline.GUARD_FLAG, "--"]
         proc, timed_out, wall = _run_logged(
             guarded + ranks.torchrun_command(request, req_path, ans_path), log_path, timeout_s,
-            on_abort=lambda: _kill_ranks(ranks.read_ranks(ans_path, world)[1]))
+            on_abort=lambda: _kill_ranks(ranks.read_ranks(ans_path, world)[1]),
+            tmpdir=tmp)  # torchelastic's own temp folder goes with ours (issue 29: one was left per run)
         answers, pids = ranks.read_ranks(ans_path, world)
         if timed_out:
             _kill_ranks(pids)

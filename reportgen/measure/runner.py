@@ -57,14 +57,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reportgen import catalog, store
+from reportgen import catalog, locks, store
 from reportgen.errors import UserError
 from reportgen.measure import timing
 from reportgen.measure.isolate import require_measure_packages, run_case
 from reportgen.measure.profiling import TRACE_SUFFIX
 from reportgen.measure.protocol import MeasureRequest
 from reportgen.measure.timing import timing_note
-from reportgen.results import UnreadableResult, read_result, result_path
+from reportgen.results import UnreadableResult, result_path
 from reportgen.store import DONE_STATUSES
 from reportgen.sweep import Case, Sweep
 
@@ -131,7 +131,7 @@ def stored_estimate(sweep: Sweep, case: Case, results_dir: Path) -> dict:
     memory when it is missing or unreadable; never written here."""
     path = result_path(results_dir, sweep.name, case.id)
     try:
-        return read_result(path)
+        return store.read_estimate(path)[0]
     except (UnreadableResult, FileNotFoundError):
         from reportgen.runner import compute_result
 
@@ -206,50 +206,26 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
     mine = [case for i, case in enumerate(sweep.cases) if i % count == index]
     stats = MeasureStats()
     t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[case]}"), console=console,
-                  transient=not console.is_terminal) as bar:
+    sweep_dir = Path(results_dir) / sweep.name
+    store.ready_for_measurements(sweep_dir)  # before a GPU minute is spent on a case it could not store
+    with locks.measuring_run(sweep_dir, f"{index}/{count}"), \
+            Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     TextColumn("{task.fields[case]}"), console=console, transient=not console.is_terminal) as bar:
         task = bar.add_task(f"measuring {sweep.name}" + (f" shard {index}/{count}" if count > 1 else ""),
                             total=len(mine), case="")
-        sweep_dir = Path(results_dir) / sweep.name
         measured = store.load_measurements(sweep_dir)
         for n, case in enumerate(mine):
             bar.update(task, case=f"{case.model} {case.setup.short()}")
-            if settled(measured.get(case.id, []), settings, force):
+            try:
+                with locks.hold(locks.case_lock_path(sweep_dir, case.id)):
+                    go_on = _measure_one(sweep, case, settings, force, deadline, results_dir, stats, console,
+                                         [c for c in mine[n + 1:]], measured)
+            except locks.Held as exc:  # a run of an overlapping shard is measuring it now
                 stats.skipped += 1
-                bar.advance(task)
-                continue
-            result = stored_estimate(sweep, case, results_dir)
-            why = hopeless(case, result)
-            if why:
-                stats.hopeless.append(case.id)
-                console.print(f"  skip {case.id}: {why}", highlight=False)
-                bar.advance(task)
-                continue
-            timeout = sweep.spec.measure.timeout_s
-            if deadline is not None:
-                left = deadline - time.time()
-                need = expected_s(result, settings)
-                if left < need:  # a smaller case further on may still fit
-                    stats.deferred.append(case.id)
-                    console.print(f"  defer {case.id}: {max(left, 0):.0f} s left before the deadline, it needs about "
-                                  f"{need:.0f} s", highlight=False)
-                    bar.advance(task)
-                    continue
-                timeout = min(timeout, left)
-            block = measure_case(case, settings, timeout, sweep_dir)
-            if block["status"] == "timeout" and timeout < sweep.spec.measure.timeout_s:
-                # cut by the deadline, not by the case's own limit: no result, a later call measures it
-                rest = [c.id for c in mine[n + 1:] if not settled(measured.get(c.id, []), settings, force)
-                        and hopeless(c, stored_estimate(sweep, c, results_dir)) is None]
-                stats.deferred += [case.id] + rest
-                console.print(f"  stop: the deadline came during {case.id} ({block.get('wall_s', 0):.0f} s): nothing "
-                              "written for it", highlight=False)
+                console.print(f"  skip {case.id}: another run is measuring it ({exc.holder})", highlight=False)
+                go_on = True
+            if not go_on:
                 break
-            store.add_measurement(sweep_dir, case.id, case.as_dict(), block)
-            stats.measured += 1
-            stats.by_status[block["status"]] = stats.by_status.get(block["status"], 0) + 1
-            console.print(f"  {block['status']:>7}  {case.id}  {_summary(block)}", highlight=False)
             bar.advance(task)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(stats.by_status.items())) or "none run"
     console.print(f"{sweep.name}: measured {stats.measured} ({counts}), {stats.skipped} already measured, "
@@ -257,6 +233,48 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
     if stats.deferred:
         console.print(f"deferred by the deadline ({len(stats.deferred)}): {' '.join(stats.deferred)}", highlight=False)
     return stats
+
+
+def _measure_one(sweep: Sweep, case: Case, settings: dict, force: bool, deadline: float | None, results_dir: Path,
+                 stats: MeasureStats, console, later: list[Case], measured: dict[str, list[dict]]) -> bool:
+    """One case of ``measure_sweep``, under its case lock: skipped when settled (re-read now: a run of
+    an overlapping shard may have stored it since this run started), hopeless or beyond the deadline,
+    else measured and stored. False when the deadline cut it (the loop stops)."""
+    sweep_dir = Path(results_dir) / sweep.name
+    measured[case.id] = store.load_case_measurements(sweep_dir, case.id)
+    if settled(measured[case.id], settings, force):
+        stats.skipped += 1
+        return True
+    result = stored_estimate(sweep, case, results_dir)
+    why = hopeless(case, result)
+    if why:
+        stats.hopeless.append(case.id)
+        console.print(f"  skip {case.id}: {why}", highlight=False)
+        return True
+    timeout = sweep.spec.measure.timeout_s
+    if deadline is not None:
+        left = deadline - time.time()
+        need = expected_s(result, settings)
+        if left < need:  # a smaller case further on may still fit
+            stats.deferred.append(case.id)
+            console.print(f"  defer {case.id}: {max(left, 0):.0f} s left before the deadline, it needs about "
+                          f"{need:.0f} s", highlight=False)
+            return True
+        timeout = min(timeout, left)
+    block = measure_case(case, settings, timeout, sweep_dir)
+    if block["status"] == "timeout" and timeout < sweep.spec.measure.timeout_s:
+        # cut by the deadline, not by the case's own limit: no result, a later call measures it
+        rest = [c.id for c in later if not settled(measured.get(c.id, []), settings, force)
+                and hopeless(c, stored_estimate(sweep, c, results_dir)) is None]
+        stats.deferred += [case.id] + rest
+        console.print(f"  stop: the deadline came during {case.id} ({block.get('wall_s', 0):.0f} s): nothing "
+                      "written for it", highlight=False)
+        return False
+    store.add_measurement(sweep_dir, case.id, case.as_dict(), block)
+    stats.measured += 1
+    stats.by_status[block["status"]] = stats.by_status.get(block["status"], 0) + 1
+    console.print(f"  {block['status']:>7}  {case.id}  {_summary(block)}", highlight=False)
+    return True
 
 
 def measure_case(case: Case, settings: dict, timeout_s: float, sweep_dir: Path | None = None) -> dict:
