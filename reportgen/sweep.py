@@ -234,6 +234,15 @@ def _matches(rule: dict[str, Any], cell: dict[str, Any]) -> bool:
     return all(k in cell and _normal(k, cell[k]) in [_normal(k, x) for x in _values(v)] for k, v in rule.items())
 
 
+def _excluded(rules: list[dict[str, Any]], cell: dict[str, Any], used: dict[tuple, bool]) -> bool:
+    """Whether an ``exclude`` rule matches the cell (marking the rules that do as used). A cell with
+    ``from`` is matched twice: as written, and with the setup and model its config gives (an
+    ``exclude: {method: qlora}`` sees the QLoRA a config names)."""
+    hit = [i for i, rule in enumerate(rules) if _matches(rule, cell)]
+    used.update({("exclude", i): True for i in hit})
+    return bool(hit)
+
+
 def _check_value(path: Path, line: int, where: str, key: str, value: Any, known_models: set[str],
                  known_gpus: set[str], load: bool) -> None:
     """A rule's value (``exclude``, ``override.when``; ``load``: an ``override.set`` value, which must
@@ -342,22 +351,22 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
         for combo in itertools.product(*(_values(grid[k]) for k in keys)):
             cell = dict(zip(keys, combo))
             origin = {k: ("grids", gi, k) for k in keys}  # where each value of the cell was written
-            hit = [i for i, rule in enumerate(spec.exclude) if _matches(rule, cell)]
-            if hit:
-                used.update({("exclude", i): True for i in hit})
+            if _excluded(spec.exclude, cell, used):
                 continue
             for ri, rule in enumerate(spec.override):
                 if _matches(rule.when, cell):
                     used[("override", ri)] = True
                     cell.update(rule.set)
                     origin.update({k: ("override", ri, "set", k) for k in rule.set})
+            setup = None
             if "from" in cell:
                 fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
                 model, setup = _from_config(path, _line_of(lines, ("grids", gi, "from")), cell["from"], cell, fields,
                                             str(cell["gpu"]), from_warnings)
-                case = _case(path, lines, gi, {**cell, "model": model}, origin, setup=setup)
-            else:
-                case = _case(path, lines, gi, cell, origin)
+                cell = {**cell, "model": model}
+                if _excluded(spec.exclude, {**setup.model_dump(mode="json"), **cell}, used):  # the file's values too
+                    continue
+            case = _case(path, lines, gi, cell, origin, setup=setup)
             cid = case.id
             other = seen.get(cid)
             if other is None:
@@ -380,16 +389,24 @@ def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, g
     the cell's fields overriding the file's."""
     from reportgen.configs import setup_from, translate_file
 
+    if not isinstance(config, str) or not config.strip():
+        raise UserError(f"{path}:{line}: from: names no config file (got {'null' if config is None else repr(config)})",
+                        hint="from: configs/qlora.yml (a TRL or Axolotl config, relative to this sweep file)")
     try:
         t = translate_file(path.parent / str(config), bf16_capable=catalog.load_gpu(gpu).supports_bf16)
         model = str(cell["model"]) if cell.get("model") is not None else t.model
         if model is None:
             raise UserError(f"{t.path}: names no model", hint="add it, or a model key to the grid")
-        setup = setup_from(t, fields, model=model)
+        setup = setup_from(t, fields, model=model, option=_grid_key)
     except UserError as exc:
         raise UserError(f"{path}:{line}: from: {exc.message}", exc.hint) from None
     warnings += [f"{t.path}: {text}" for text in t.lines() if text.startswith("warning")]
     return model, setup
+
+
+def _grid_key(field: str, value: str = "") -> str:
+    """A setup field as a sweep file sets it (``setup_from``'s ``option``): the grid's key."""
+    return f"`{field}: {value}` in the grid" if value else f"the grid's {field}"
 
 
 def _describe(case: Case) -> str:

@@ -161,8 +161,8 @@ BAD = [
      "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
      "config.json is not in the Hugging Face cache"),
     ("not-a-model.yaml", "output_dir: x\nmodel_name_or_path: NotAModel\n",
-     "not-a-model.yaml:2: model_name_or_path: 'NotAModel' is not a local config.json or directory, a catalog model "
-     "nor a Hub id"),
+     "not-a-model.yaml:2: model_name_or_path: 'NotAModel' is not a local config.json or directory (looked in the "
+     "working directory, "),
     ("4-and-8.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_peft: true\nload_in_4bit: true\n"
      "load_in_8bit: true\n", "4-and-8.yaml:4: load_in_8bit: contradicts load_in_4bit"),
     ("4bit-no-peft.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nload_in_4bit: true\n",
@@ -181,7 +181,26 @@ BAD = [
      "adapter: qlora needs load_in_4bit: true"),
     ("both.yaml", "base_model: a\nmodel_name_or_path: b\n", "has TRL keys (model_name_or_path) and Axolotl keys"),
     ("ds.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\ndeepspeed: missing.json\n",
-     "deepspeed: cannot read the DeepSpeed config"),
+     "deepspeed: cannot read the DeepSpeed config 'missing.json' (looked for "),
+    # issue 29, class 4: a value of the wrong type or out of range is refused as the tool refuses it
+    ("micro0.yml", "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 0\nbatch_size: 8\n",
+     "micro0.yml:2: micro_batch_size: must be at least 1 (got 0)"),
+    ("accum0.yml", "base_model: meta-llama/Llama-3.2-1B\ngradient_accumulation_steps: 0\n",
+     "accum0.yml:2: gradient_accumulation_steps: must be at least 1 (got 0)"),
+    ("plugins5.yml", "base_model: meta-llama/Llama-3.2-1B\ncut_cross_entropy: true\nplugins: 5\n",
+     "plugins5.yml:3: plugins: must be a list of plugin class paths (got 5)"),
+    ("plugins-str.yml", "base_model: meta-llama/Llama-3.2-1B\ncut_cross_entropy: true\n"
+     "plugins: axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n",
+     "plugins-str.yml:3: plugins: must be a list of plugin class paths"),
+    ("compile.yml", "base_model: meta-llama/Llama-3.2-1B\ntorch_compile: maybe\n",
+     "compile.yml:2: torch_compile: must be true or false (got 'maybe')"),
+    ("dq.yml", "base_model: meta-llama/Llama-3.2-1B\nadapter: qlora\nload_in_4bit: true\nlora_r: 8\n"
+     "lora_target_linear: true\nbnb_config_kwargs:\n  bnb_4bit_use_double_quant: \"false\"\n",
+     "dq.yml:6: bnb_config_kwargs: must be true or false (got 'false')"),
+    ("arabic.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: \"\u0664\"\n",
+     "arabic.yaml:2: per_device_train_batch_size: must be a whole number (got '\u0664')"),
+    ("ds-true.yml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed:\n  zero_optimization:\n    stage: true\n",
+     "zero_optimization.stage must be 0, 1, 2 or 3 (got True)"),
 ]
 
 
@@ -420,3 +439,42 @@ def test_keys_the_recipe_does_not_use_are_listed_as_ignored(tmp_path):
     path.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nlora_r: 64\n")  # no use_peft: full fine-tuning
     t = translate_file(path)
     assert "lora_r" in t.ignored and "lora_r" not in t.honoured
+
+
+@pytest.mark.parametrize("text, field, value", [
+    ("torch_compile: \"true\"\n", "compile", True),  # pydantic (Axolotl) reads the string as true
+    ("torch_compile: \"false\"\n", "compile", False),
+    ("plugins: [axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin]\ncut_cross_entropy: \"true\"\n",
+     "loss", "fused"),
+    ("fsdp_config:\n  offload_params: \"true\"\n", "offload", "params"),  # accelerate's str_to_bool
+])
+def test_axolotl_values_are_read_as_axolotl_reads_them(tmp_path, text, field, value):
+    """Issue 29, class 4: the value an honoured key is listed with is the value the estimate uses."""
+    path = tmp_path / "c.yml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\n" + text)
+    t = translate_file(path)
+    gpus = {"gpus": 2} if "fsdp" in text else {}
+    assert setup_from(t, gpus).model_dump(mode="json")[field] == value
+
+
+@pytest.mark.parametrize("config", ["axolotl_qlora.yml", "trl_qlora.yaml"])
+def test_method_beside_a_qlora_file_overrides_it(config, capsys):
+    """Issue 29, class 4: --method lora beside a QLoRA file is LoRA (the file's 4-bit fields go with
+    its method), not an error blaming a key the file does not have."""
+    d, _ = _json(capsys, "estimate", "--from", str(FIXTURES / config), "--method", "lora", "--gpu", "h100-sxm",
+                 "--format", "json")
+    assert d["setup"]["method"] == "lora" and d["setup"]["kbit_prep"] is None
+
+
+def test_a_relative_deepspeed_path_says_which_file_it_read(tmp_path, monkeypatch, capsys):
+    """Issue 29, class 5: beside the config first, then the working directory (where the trainer
+    opens it), and the report names the file read."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "z2.json").write_text('{"zero_optimization": {"stage": 2}}')
+    path = tmp_path / "cfg" / "c.yml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\ndeepspeed: ds/z2.json\n")
+    monkeypatch.chdir(tmp_path)
+    t = translate_file(path)
+    assert setup_from(t, {"gpus": 2}).sharding.value == "zero2"
+    assert f"read: deepspeed: {tmp_path / 'ds' / 'z2.json'} (the working directory)" in t.lines()

@@ -8,6 +8,7 @@ writes a setup as each tool's keys. Torch-free: the calculator runs it under Pyo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,17 @@ def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
     return trl.translate(r) if tool == "trl" else axolotl.translate(r, bf16_capable=bf16_capable)
 
 
-def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: str | None = None):
+def _flag(field: str, value: str = "") -> str:
+    return "--" + field.replace("_", "-") + (f" {value}" if value else "")
+
+
+def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: str | None = None,
+               option: Callable[..., str] = _flag):
     """The ``TrainingSetup`` of a translation, the ``explicit`` fields (flags given beside the file)
     overriding the file's. The number of GPUs is not in a config (the launcher sets it): a file
     with an FSDP or DeepSpeed section needs ``gpus`` among the explicit fields, and explicit
-    ``gpus`` above 1 without such a section is DDP, as ``accelerate launch``/``torchrun`` run it."""
+    ``gpus`` above 1 without such a section is DDP, as ``accelerate launch``/``torchrun`` run it.
+    ``option(field, value)`` names a field as the caller's user sets it (a flag; a sweep: a grid key)."""
     from reportgen.setup import SetupError, TrainingSetup
 
     explicit = {k: v for k, v in (explicit or {}).items() if v is not None}
@@ -64,19 +71,26 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
         if t.sharding_key and gpus == 1:
             raise ConfigError(f"{t.path}: {t.sharding_key}: shards over several GPUs; the number of GPUs is the "
                               "launcher's, not the file's",
-                              hint="give --gpus N (N > 1), or --sharding none to estimate one GPU")
+                              hint=f"give {option('gpus', 'N')} (N > 1), or {option('sharding', 'none')} to "
+                              "estimate one GPU")
         if not t.sharding_key and gpus > 1:
             values["sharding"] = "ddp"
     elif explicit["sharding"] == "none" and gpus == 1:
         values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
     values.update(explicit)
+    if "method" in explicit:  # --method beside the file overrides it: the file's fields of its own method go too
+        from reportgen.setup import METHOD_FIELDS
+
+        for name, methods in METHOD_FIELDS.items():
+            if name not in explicit and str(values["method"]) not in methods:
+                values.pop(name, None)
     try:
         setup = TrainingSetup(**values)
     except SetupError as exc:
         key = sources.get(exc.field) if exc.field not in explicit else None
         if key:
             raise ConfigError(f"{t.where(key)}: {key}: {exc.message}") from None
-        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
+        flag = option(exc.field) if exc.field else "setup"
         raise ConfigError(f"{flag} (with {t.path}): {exc.message}") from None
     model = model or t.model
     if setup.is_peft and model and "lora_targets" not in explicit:

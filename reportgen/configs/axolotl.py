@@ -70,7 +70,8 @@ def _method(r: Reader, t: Translation) -> str:
         if quant not in ("nf4", "fp4"):
             raise r.error("bnb_config_kwargs", f"bnb_4bit_quant_type must be nf4 or fp4 (got {quant!r})")
         t.set("quant", quant, "bnb_config_kwargs")
-        t.set("double_quant", bool(kwargs.get("bnb_4bit_use_double_quant", True)), "bnb_config_kwargs")
+        double = r.as_boolean("bnb_config_kwargs", kwargs.get("bnb_4bit_use_double_quant", True), strings=False)
+        t.set("double_quant", double, "bnb_config_kwargs")
     if adapter:
         rank, alpha = r.integer("lora_r"), r.integer("lora_alpha")
         if rank is None:
@@ -99,16 +100,16 @@ def _kbit_prep(r: Reader, t: Translation, method: str) -> None:
 
 def _batch(r: Reader, t: Translation) -> None:
     """Micro-batch, accumulation, sequence length and padding."""
-    t.set("batch", r.integer("micro_batch_size", 1), "micro_batch_size")
-    accum = r.integer("gradient_accumulation_steps")
+    t.set("batch", r.integer("micro_batch_size", 1, minimum=1), "micro_batch_size")
+    accum = r.integer("gradient_accumulation_steps", minimum=1)
     if accum is None and r.has("batch_size"):
-        total = r.integer("batch_size")
+        total = r.integer("batch_size", minimum=1)
         if total % t.values["batch"]:
             raise r.error("batch_size", f"{total} is not a multiple of micro_batch_size {t.values['batch']}")
         t.set("accum", total // t.values["batch"], "batch_size")
     else:
         t.set("accum", accum or 1, "gradient_accumulation_steps")
-    t.set("seq", r.integer("sequence_len", 512), "sequence_len")
+    t.set("seq", r.integer("sequence_len", 512, minimum=1), "sequence_len")
     if r.boolean("sample_packing", False):
         t.set("padding", "packed", "sample_packing")
     elif r.boolean("batch_flattening", False):
@@ -137,6 +138,8 @@ def _step(r: Reader, t: Translation) -> None:
         t.approx("gradient_checkpointing", "offload: the checkpointed layer inputs offloaded to host RAM, modelled as "
                  "checkpointing with activation offloading")
     compile_ = r.get("torch_compile", False)
+    if compile_ != "auto":  # Axolotl: bool | "auto"; pydantic reads the string "true" as true
+        compile_ = r.as_boolean("torch_compile", compile_)
     t.set("compile", compile_ in (True, "auto"), "torch_compile")
     if compile_ == "auto":
         t.approx("torch_compile", "auto: read as true")
@@ -150,7 +153,10 @@ def _loss(r: Reader, t: Translation) -> None:
     liger = bool(r.boolean("liger_fused_linear_cross_entropy", False))
     cce = r.get("cut_cross_entropy")
     plugins = r.get("plugins") or []
-    cce_on = bool(cce) and any("cut_cross_entropy" in str(p) for p in plugins)
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise r.error("plugins", f"must be a list of plugin class paths (got {plugins!r})",
+                      hint="plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin")
+    cce_on = bool(r.as_boolean("cut_cross_entropy", cce)) and any("cut_cross_entropy" in p for p in plugins)
     if liger and cce_on:
         raise r.error("cut_cross_entropy", "contradicts liger_fused_linear_cross_entropy: one fused loss at a time")
     if liger:
@@ -262,5 +268,6 @@ def _fsdp_config(r: Reader, t: Translation) -> None:
         reshard = _get("reshard_after_forward")
         t.set("sharding", "shard-grad-op" if reshard is False else "fsdp", "fsdp_config")
         t.sharding_key = "fsdp_config"
-    if _get("offload_params") is True:
+    # accelerate reads the value as str_to_bool does: true, "true" (Axolotl passes it through the environment)
+    if r.as_boolean("fsdp_config", _get("offload_params")) is True:
         t.set("offload", "params", "fsdp_config")

@@ -42,6 +42,7 @@ class Translation:
     sharding_key: str | None = None  # the key that asks for several GPUs (fsdp, deepspeed)
     present: frozenset = frozenset()  # the keys the file has (the others took the tool's default)
     key_lines: dict = field(default_factory=dict)  # key -> its line in the file
+    read_from: list[tuple[str, str]] = field(default_factory=list)  # (key, the file a relative path named)
 
     def where(self, key: str) -> str:
         line = self.key_lines.get(key)
@@ -59,6 +60,8 @@ class Translation:
         """The report the CLI prints: each group on one line, ignored and unknown keys by name."""
         name = f"{table.TOOLS[self.tool]} {table.version(self.tool)}"
         out = [f"from {self.path} ({name} keys): model {self.model}"]
+        for key, where in self.read_from:
+            out.append(f"read: {key}: {where}")
         if self.honoured:
             out.append("honoured: " + ", ".join(self.honoured))
         for key, note in self.approximated:
@@ -105,19 +108,28 @@ class Reader:
         return ConfigError(f"{self.where(key)}: {key}: {message}", hint=hint)
 
     def boolean(self, key: str, default: Any = None) -> bool | None:
-        value = self.get(key, default)
+        return self.as_boolean(key, self.get(key, default))
+
+    def as_boolean(self, key: str, value: Any, strings: bool = True) -> bool | None:
+        """``value`` (read under ``key``) as a boolean: true or false, or with ``strings`` the strings
+        "true" and "false" (what pydantic's fields in Axolotl and accelerate's ``str_to_bool`` take);
+        without (``BitsAndBytesConfig`` checks ``isinstance(..., bool)``) a string is refused."""
         if value is None or isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
+        if strings and isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise self.error(key, f"must be true or false (got {value!r})")
 
-    def integer(self, key: str, default: Any = None) -> int | None:
+    def integer(self, key: str, default: Any = None, minimum: int | None = None) -> int | None:
+        """A whole number written in ASCII digits (``int("٤")`` is 4 in Python, not to a trainer), at
+        least ``minimum`` when given."""
         value = self.get(key, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"\d+", str(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"[0-9]+", str(value)):
             raise self.error(key, f"must be a whole number (got {value!r})")
+        if minimum is not None and int(value) < minimum:
+            raise self.error(key, f"must be at least {minimum} (got {value!r})")
         return int(value)
 
     def number(self, key: str, default: Any = None) -> float | None:
@@ -181,10 +193,13 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
         raise r.error(key, f"must be a model id or path (got {value!r})")
     value = value.strip()
     path = Path(value)
+    relative = "" if path.is_absolute() else " (relative to the working directory, as the trainer opens it)"
     if path.is_dir() and (path / "config.json").is_file():
         t.model = str(path / "config.json")
+        t.read_from.append((key, f"{path / 'config.json'}{relative}"))
     elif path.suffix == ".json" and path.is_file():
         t.model = str(path)
+        t.read_from.append((key, f"{path}{relative}"))
     elif value in catalog.model_names():
         t.model = value
     else:
@@ -208,8 +223,8 @@ def resolve_model(r: Reader, key: str, t: Translation) -> None:
                 import difflib
 
                 close = difflib.get_close_matches(value, list(ids), n=3, cutoff=0.5)
-                raise r.error(key, f"{value!r} is not a local config.json or directory, a catalog model nor a "
-                              "Hub id (ORG/NAME)",
+                raise r.error(key, f"{value!r} is not a local config.json or directory (looked in the working "
+                              f"directory, {Path.cwd()}), a catalog model nor a Hub id (ORG/NAME)",
                               hint=("did you mean " + " or ".join(repr(c) for c in close) + "? " if close else "")
                               + "name a model by its Hugging Face Hub id (e.g. Qwen/Qwen3-14B), a catalog name "
                               "(reportgen models) or a path to its config.json")
@@ -304,19 +319,24 @@ def fsdp_words(r: Reader, key: str, value: Any, t: Translation) -> None:
 
 
 def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
-    """A DeepSpeed config (a JSON path relative to the config file, or an inline mapping): ZeRO stage
-    and CPU offload of the optimizer states or the parameters."""
+    """A DeepSpeed config (a JSON path, or an inline mapping): ZeRO stage and CPU offload of the
+    optimizer states or the parameters. A relative path is looked for beside the config file, then in
+    the working directory (where the trainer opens it: Axolotl's examples name
+    ``deepspeed_configs/zero2.json`` from the repository's root); the report says which was read."""
     if isinstance(value, str):
         path = Path(value)
         if not path.is_absolute():
-            path = Path(r.path).parent / path
+            beside, here = Path(r.path).parent / path, Path.cwd() / path
+            path = beside if beside.is_file() or not here.is_file() else here
+            t.read_from.append((key, f"{path} ({'beside the config file' if path == beside else 'the working directory'})"))
         try:  # as DeepSpeed reads it (json.load), not as YAML
             value = json.loads(userfile.read_bytes(path, yamlfile.MAX_FILE_BYTES).decode("utf-8"))
         except userfile.TooLarge as exc:
             raise r.error(key, f"{path}: {exc.amount()}; a DeepSpeed config is read up to "
                                f"{yamlfile.MAX_FILE_BYTES:,} bytes") from None
         except OSError:
-            raise r.error(key, f"cannot read the DeepSpeed config {str(path)!r}",
+            looked = f"{Path(r.path).parent / value} and {Path.cwd() / value}" if not Path(value).is_absolute() else value
+            raise r.error(key, f"cannot read the DeepSpeed config {value!r} (looked for {looked})",
                           hint="give the path relative to the config file, or the DeepSpeed settings inline") from None
         except ValueError as exc:  # UnicodeDecodeError too
             raise r.error(key, f"{path} is not valid JSON: {exc}") from None
@@ -327,7 +347,7 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         raise r.error(key, f"must be a DeepSpeed config path or mapping (got {value!r})")
     zero = value.get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
-    if stage not in (0, 1, 2, 3):
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):  # true == 1 in Python, not to DeepSpeed
         raise r.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3 (got {stage!r})")
     t.set("sharding", "ddp" if stage == 0 else f"zero{stage}", key)
     t.sharding_key = key
