@@ -124,12 +124,30 @@ def _main(args: argparse.Namespace) -> int:
         from rich.markup import escape
 
         where = f" {exc.filename}" if exc.filename else ""
-        Console(stderr=True).print(f"[bold red]error:[/] cannot use{escape(where)}: {escape(exc.strerror or str(exc))}",
+        Console(stderr=True).print(f"[bold red]error:[/] cannot use{escape(where)}: {escape(_why(exc))}",
                                    highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt as exc:
-        print("interrupted: finished results are saved; rerun to continue", file=sys.stderr)
+        # only a sweep stores each case as it ends; every other command writes once, at its end
+        saved = "finished cases are saved; rerun to continue" if args.command == "sweep" else "nothing was written"
+        print(f"interrupted: {saved}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+
+
+def _why(exc: OSError) -> str:
+    """What is wrong with a path, in words: "File exists" for a folder that cannot be made is a file
+    in the way (``--out afile/x.json``, ``--docs afile/docs``): name it."""
+    import errno
+    import os
+    from pathlib import Path
+
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR) and exc.filename:
+        for parent in Path(exc.filename).parents:
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+    if exc.strerror == os.strerror(errno.EEXIST) and exc.filename and not Path(exc.filename).is_dir():
+        return f"{exc.filename} is a file, not a folder"  # mkdir of a folder a file already holds
+    return exc.strerror or str(exc)
 
 
 def run_command(args: argparse.Namespace) -> int:

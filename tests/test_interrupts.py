@@ -42,7 +42,7 @@ def test_ctrl_c_during_the_estimates_keeps_the_finished_cases(tmp_path, monkeypa
     argv = ["sweep", str(path), "--results", str(out), "--no-render"]
     monkeypatch.setattr(runner, "compute_result", _stop_after(3, runner.compute_result))
     assert main(argv) == 130
-    assert "interrupted: finished results are saved; rerun to continue" in capsys.readouterr().err
+    assert "interrupted: finished cases are saved; rerun to continue" in capsys.readouterr().err
     files = sorted((out / "tiny").iterdir())
     assert len(files) == 3 and all(json.loads(p.read_text())["status"] == "ok" for p in files)  # no temp file
     monkeypatch.undo()

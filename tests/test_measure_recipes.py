@@ -36,8 +36,18 @@ def test_a_recipe_is_measured_through_its_trainer(capsys, tiny, recipe, method, 
 
 def test_a_recipe_on_several_gpus_is_refused_before_any_process_starts(capsys, tiny):
     """Refused by the parent (isolate.refusal): no torchrun, no rank imports torch only to refuse."""
-    rc, d = measure_json(capsys, "--model", tiny, *FAST, "--method", "lora", "--recipe", "trl-sft", "--gpus", "2",
-                         "--sharding", "ddp")
-    assert rc == 1 and d["status"] == "error" and "the trainer is measured on one GPU" in d["error"]
+    from reportgen.cli import main
+    from reportgen.measure.isolate import refusal
+    from reportgen.measure.protocol import MeasureRequest
+
+    # `reportgen measure`: exit 2 before running, no answer written as if a run had failed (issue 29)
+    assert main(["measure", "--model", tiny, *FAST, "--method", "lora", "--recipe", "trl-sft", "--gpus", "2",
+                 "--sharding", "ddp", "--format", "json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "the trainer is measured on one GPU" in " ".join(captured.err.split())
+    # a sweep stores the same refusal as the case's answer, made by the parent
+    setup = {"method": "lora", "recipe": "trl-sft", "gpus": 2, "sharding": "ddp", "batch": 2, "seq": 32}
+    d = refusal(MeasureRequest(model=tiny, gpu="h100-sxm", setup=setup, device="cpu"))
+    assert d["status"] == "error" and "the trainer is measured on one GPU" in d["error"]
     assert d["environment"]["source"] == "parent" and d["wall_s"] == 0
     assert d["measurement"]["failed_in"] == "setup" and d["measurement"]["tokens_per_step"] == 2 * 32 * 2

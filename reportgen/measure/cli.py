@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -66,32 +68,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from reportgen.measure.isolate import require_measure_packages, run_case
     from reportgen.measure.protocol import MeasureRequest
     from reportgen.results import case_id
-    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
 
     setup = setup_from_args(args)
     require_measure_packages()
     model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
-    if args.warmup < 0:
-        raise UserError("--warmup: must be 0 or more")
-    if args.steps < 1:
-        raise UserError("--steps: must be 1 or more")
-    max_steps = args.max_steps if args.max_steps is not None else max(args.steps, DEFAULT_MAX_STEPS)
-    if max_steps < args.steps:
-        raise UserError(f"--max-steps {max_steps}: below --steps {args.steps}, the minimum number of timed steps",
-                        hint=f"--max-steps {args.steps} times exactly {args.steps} steps")
-    if args.max_timed_s is not None and args.max_timed_s <= 0:
-        raise UserError("--max-timed-s: must be a positive number of seconds")
-    if args.target_rel_ci is not None and not 0 <= args.target_rel_ci < 1:
-        raise UserError(f"--target-rel-ci {args.target_rel_ci:g}: a fraction of the median, 0 <= F < 1 (0.02: +-2%)")
-    if args.profile_steps is not None and args.profile is None:
-        raise UserError("--profile-steps: only with --profile")
-    profile_steps = args.profile_steps if args.profile_steps is not None else MeasureConfig().profile_steps
-    if profile_steps < 1:
-        raise UserError("--profile-steps: must be 1 or more")
-    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
-        raise UserError(f"--profile {args.profile}: not a directory", hint="name a directory for the trace files")
-    if args.timeout <= 0:
-        raise UserError("--timeout: must be a positive number of seconds")
+    max_steps, profile_steps = _checked(args)
     setup_dict = setup.model_dump(mode="json")
     snapshot = None
     if args.snapshot is not None:
@@ -114,6 +95,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
                              warmup=args.warmup, steps=args.steps, max_steps=max_steps, max_timed_s=args.max_timed_s,
                              target_rel_ci=args.target_rel_ci or None, cap_to_gpu=args.cap_to_gpu, snapshot=snapshot,
                              profile=trace, profile_steps=profile_steps)
+    from reportgen.measure.isolate import refusal
+
+    refused = refusal(request)
+    if refused is not None:  # what no machine measures: exit 2 before running, not 1 as a failed run
+        raise UserError(f"cannot measure this setup: {refused['error']}", hint="`reportgen estimate` estimates it")
     err = Console(stderr=True)
     how = "subprocess" if setup.gpus == 1 else f"torchrun, {setup.gpus} processes"
     what = f"measuring {model.name} {setup.short()} on {args.device} ({how}, timeout {args.timeout:g} s)"
@@ -131,3 +117,48 @@ def cmd_measure(args: argparse.Namespace) -> int:
             est = None
         print_measurement(result, est)
     return 0 if result["status"] == "ok" else 1
+
+
+def _writable(folder: Path, flag: str) -> None:
+    """A folder the run will write into at its end, made and tried now: a path that cannot be written
+    fails before minutes of measuring, not after them."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        from reportgen.errors import UserError
+
+        raise UserError(f"{flag} {folder}: cannot be written ({exc.strerror or exc})",
+                        hint="name a folder you can write to") from None
+
+def _checked(args: argparse.Namespace) -> tuple[int, int]:
+    """The flags' own checks, before anything runs: ``(max_steps, profile_steps)``."""
+    from reportgen.errors import UserError
+    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
+
+    if args.warmup < 0:
+        raise UserError("--warmup: must be 0 or more")
+    if args.steps < 1:
+        raise UserError("--steps: must be 1 or more")
+    max_steps = args.max_steps if args.max_steps is not None else max(args.steps, DEFAULT_MAX_STEPS)
+    if max_steps < args.steps:
+        raise UserError(f"--max-steps {max_steps}: below --steps {args.steps}, the minimum number of timed steps",
+                        hint=f"--max-steps {args.steps} times exactly {args.steps} steps")
+    if args.max_timed_s is not None and not (math.isfinite(args.max_timed_s) and args.max_timed_s > 0):
+        raise UserError(f"--max-timed-s {args.max_timed_s:g}: must be a positive number of seconds")
+    if args.target_rel_ci is not None and not 0 <= args.target_rel_ci < 1:
+        raise UserError(f"--target-rel-ci {args.target_rel_ci:g}: a fraction of the median, 0 <= F < 1 (0.02: +-2%)")
+    if args.profile_steps is not None and args.profile is None:
+        raise UserError("--profile-steps: only with --profile")
+    profile_steps = args.profile_steps if args.profile_steps is not None else MeasureConfig().profile_steps
+    if profile_steps < 1:
+        raise UserError("--profile-steps: must be 1 or more")
+    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
+        raise UserError(f"--profile {args.profile}: not a directory", hint="name a directory for the trace files")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if args.profile is not None:
+        _writable(args.profile, "--profile")
+    return max_steps, profile_steps

@@ -84,13 +84,23 @@ def csv_row(r: dict, terms: bool = False) -> dict:
     return out
 
 
+#: first characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value):
+    """A cell a spreadsheet shows as the text it is: a string that starts like a formula (a model
+    path ``=HYPERLINK(...)``) gets a leading ``'``, as OWASP recommends; numbers (``-0.05``) pass."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def write_csv(rows: list[dict], terms: bool = False) -> str:
     columns = list(CSV_COLUMNS) + ([f"est_{t}_gib" for t in TERM_LABELS] if terms else [])
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow(csv_row(r, terms))
+        w.writerow({k: csv_safe(v) for k, v in csv_row(r, terms).items()})
     return buf.getvalue()
 
 

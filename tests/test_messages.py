@@ -1,0 +1,101 @@
+"""Issue 29, classes 5 and 6: messages that said something untrue or unhelpful, each now saying what
+happened and what to do (exit 2 before anything runs), and the spreadsheet-formula leak of the CSVs."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from reportgen.cli import main
+
+ONE = ["--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--device", "cpu"]
+
+
+def _err(capsys) -> str:
+    captured = capsys.readouterr()
+    return " ".join((captured.out + captured.err).split())
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["measure", *ONE, "--max-timed-s", "nan"], "--max-timed-s nan: must be a positive number of seconds"),
+    (["measure", *ONE, "--timeout", "inf"], "--timeout inf: must be a positive number of seconds"),
+    (["measure", *ONE, "--gpus", "2", "--sharding", "zero2"],
+     "cannot measure this setup: sharding='zero2' is estimated only"),
+])
+def test_measure_refuses_before_running(monkeypatch, capsys, argv, needle):
+    from reportgen.measure import cli
+
+    monkeypatch.setattr("reportgen.measure.isolate.run_case", lambda *a: pytest.fail("it ran"))
+    assert cli is not None and main(argv) == 2
+    assert needle in _err(capsys)
+
+
+def test_profile_into_an_unwritable_place_fails_before_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("reportgen.measure.isolate.run_case", lambda *a: pytest.fail("it ran"))
+    (tmp_path / "afile").write_text("x")
+    assert main(["measure", *ONE, "--profile", str(tmp_path / "afile" / "p")]) == 2
+    assert f"--profile {tmp_path / 'afile' / 'p'}: cannot be written" in _err(capsys)
+
+
+def test_ctrl_c_in_measure_does_not_claim_anything_was_saved(monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("reportgen.measure.isolate.run_case", interrupted)
+    assert main(["measure", *ONE]) == 130
+    err = _err(capsys)
+    assert "interrupted: nothing was written" in err and "saved" not in err
+
+
+@pytest.mark.parametrize("argv", [["cards", "--out", "{f}/x.json"], ["render", "--results", "{r}", "--docs", "{f}/docs"]])
+def test_a_file_in_the_way_of_an_output_folder_is_named(tmp_path, capsys, argv):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "results").mkdir()
+    argv = [a.format(f=tmp_path / "afile", r=tmp_path / "results") for a in argv]
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in err and "File exists" not in err
+
+
+def _sweep(tmp_path, text: str) -> int:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return main(["sweep", str(path), "--no-render", "--results", str(tmp_path / "results")])
+
+
+def test_from_null_says_no_config_is_named(tmp_path, capsys):
+    assert _sweep(tmp_path, "name: s\ngrids:\n  - from: null\n    gpu: rtx-4090\n") == 2
+    err = _err(capsys)
+    assert "s.yaml:3: from: names no config file (got null)" in err and "None" not in err
+
+
+def test_a_sweeps_hint_names_the_grid_key_not_a_flag(tmp_path, capsys):
+    (tmp_path / "c.yml").write_text("base_model: meta-llama/Llama-3.2-1B\nfsdp: [full_shard]\n")
+    assert _sweep(tmp_path, "name: s\ngrids:\n  - from: c.yml\n    gpu: h100-sxm\n") == 2
+    err = _err(capsys)
+    assert "`gpus: N` in the grid" in err and "--gpus" not in err
+
+
+def test_exclude_sees_the_values_a_from_config_gives(tmp_path, capsys):
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures" / "configs"
+    (tmp_path / "q.yml").write_text((fixtures / "axolotl_qlora.yml").read_text())
+    text = ("name: s\ngrids:\n  - from: q.yml\n    gpu: h100-sxm\n  - model: llama-3.2-1b\n    gpu: h100-sxm\n"
+            "exclude:\n  - method: qlora\n")
+    assert _sweep(tmp_path, text) == 0
+    files = sorted(p.name for p in (tmp_path / "results" / "s").glob("*.json"))
+    assert files and not any(".qlora." in f for f in files) and "matches no cell" not in _err(capsys)
+
+
+def test_a_cell_that_starts_like_a_formula_is_text_in_the_csv(monkeypatch):
+    from reportgen.report import pages
+
+    monkeypatch.setattr(pages, "csv_row", lambda r, terms: {k: r.get(k, "") for k in pages.CSV_COLUMNS})
+    text = pages.write_csv([{"model": "=HYPERLINK(\"http://x\")", "case_id": "+1", "seq_tokens": -5,
+                             "sweep": "@SUM(A1)", "gpu": "-2+3"}])
+    row = next(csv.DictReader(io.StringIO(text)))
+    assert row["model"].startswith("'=") and row["case_id"] == "'+1" and row["sweep"] == "'@SUM(A1)"
+    assert row["gpu"] == "'-2+3" and row["seq_tokens"] == "-5"  # a number stays a number
