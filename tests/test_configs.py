@@ -478,3 +478,56 @@ def test_a_relative_deepspeed_path_says_which_file_it_read(tmp_path, monkeypatch
     t = translate_file(path)
     assert setup_from(t, {"gpus": 2}).sharding.value == "zero2"
     assert f"read: deepspeed: {tmp_path / 'ds' / 'z2.json'} (the working directory)" in t.lines()
+
+
+#: setup-bearing keys of each tool the readers act on (the others are only listed as ignored)
+ACTED_ON = {
+    "axolotl": ["adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear",
+                "lora_target_modules", "micro_batch_size", "gradient_accumulation_steps", "batch_size", "sequence_len",
+                "sample_packing", "pad_to_sequence_len", "gradient_checkpointing", "activation_offloading",
+                "torch_compile", "optimizer", "flash_attention", "sdp_attention", "bf16", "fp16", "tf32",
+                "cut_cross_entropy", "plugins", "liger_fused_linear_cross_entropy", "fsdp", "fsdp_config", "deepspeed",
+                "bnb_config_kwargs", "peft_use_dora", "bfloat16", "float16"],
+    "trl": ["use_peft", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+            "per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "max_seq_length", "packing",
+            "padding_free", "gradient_checkpointing", "optim", "attn_implementation", "bf16", "fp16", "dtype",
+            "torch_dtype", "use_liger_kernel", "fsdp", "fsdp_config", "deepspeed", "torch_compile",
+            "bnb_4bit_quant_type", "use_bnb_nested_quant"],
+}
+
+
+@pytest.mark.parametrize("tool", ["axolotl", "trl"])
+def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
+    """Property (hypothesis), issue 29 class 4: a valid config (the fixture, with Cut Cross-Entropy or
+    Liger on) with one to three of the keys the readers act on set to any YAML value (of any type,
+    nested or not) or removed is an estimate or a file:line error, never a traceback, on one GPU or two."""
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = yaml.safe_load((FIXTURES / ("axolotl_qlora.yml" if tool == "axolotl" else "trl_qlora.yaml")).read_text())
+    base.update({"cut_cross_entropy": True, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
+                if tool == "axolotl" else {"use_liger_kernel": True})
+    known = [k for k in ACTED_ON[tool] if k in table.schema()[tool]["keys"]]
+    leaves = st.one_of(st.none(), st.booleans(), st.integers(min_value=-3, max_value=70_000),
+                       st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(
+                           ["true", "false", "auto", "4", "\u0664", "", "nf4", "offload", "full_shard", "adamw_torch",
+                            "paged_adamw_8bit", "lora", "qlora", "all-linear", "sdpa", "bfloat16", "x.json"]))
+    values = st.one_of(leaves, st.lists(leaves, max_size=3), st.dictionaries(
+        st.sampled_from(["stage", "offload_params", "bnb_4bit_use_double_quant", "zero_optimization", "x"]), leaves,
+        max_size=2), st.just(_REMOVE))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.sampled_from(known), values, min_size=1, max_size=3), st.sampled_from(["1", "2"]))
+    def check(changes, gpus):
+        doc = {k: v for k, v in {**base, **changes}.items() if v is not _REMOVE}
+        path = tmp_path_factory.mktemp("cfg") / ("c.yml" if tool == "axolotl" else "c.yaml")
+        path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+        rc = main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--gpus", gpus, "--format", "json"])
+        err = capsys.readouterr().err
+        assert rc in (0, 2) and "Traceback" not in err, (changes, err)
+
+    check()
+
+
+_REMOVE = object()
