@@ -156,7 +156,8 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
       a file without a GPU name is not checked by name);
     * its figures are physically possible: numbers, finite and not negative; peak reserved at least
       peak allocated (the caching allocator reserves what it allocates); the device total at least
-      the reserved; a step time is not zero; MFU within the card's peak (at most 1);
+      the reserved; neither above the memory of the GPU that ran it, nor, capped, the reserved above
+      the cap; a step time is not zero; MFU within the card's peak (at most 1);
       peak allocated at least the weights it had to hold (half a byte per parameter, the NF4 floor,
       divided over the ranks; not checked with parameters offloaded to the CPU).
     """
@@ -176,6 +177,9 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
         return "its peak reserved is below its peak allocated"
     if reserved is not None and used is not None and used < reserved:
         return "its device total is below its peak reserved"
+    why = _beyond_the_card(block, env, reserved, used)
+    if why:
+        return why
     mfu = measurement.get("mfu")
     if mfu is not None and mfu > 1:
         return f"its MFU ({mfu!r}) is beyond what the card can do"
@@ -183,6 +187,22 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
         return "its step time is zero"
     if block.get("status") == "ok":
         return _holds_too_little(block, alloc, world)
+    return None
+
+
+def _beyond_the_card(block: dict, env: dict, reserved, used) -> str | None:
+    """A CUDA run cannot reserve more than its device holds, nor, capped, more than the cap allowed
+    (``torch.cuda.set_per_process_memory_fraction`` refuses the allocation: an OOM)."""
+    total = env.get("gpu_total_bytes")
+    if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
+        for name, value in (("peak reserved", reserved), ("device total", used)):
+            if value is not None and value > total:
+                return f"its {name} ({value:,} bytes) is more than its GPU holds ({total:,})"
+    cap = block.get("cap") if isinstance(block.get("cap"), dict) else {}
+    limit = cap.get("emulated_memory_bytes")
+    if cap.get("applied") and isinstance(limit, (int, float)) and not isinstance(limit, bool) and reserved is not None \
+            and reserved > limit:
+        return f"its peak reserved ({reserved:,} bytes) is more than its cap allowed ({limit:,})"
     return None
 
 

@@ -199,6 +199,9 @@ def _forge(path: str, value) -> dict:
     ("measurement.device_used", 2**30, "its device total is below its peak reserved"),
     ("measurement.mfu", 50.0, "its MFU (50.0) is beyond what the card can do"),
     ("measurement.step_s", 0, "its step time is zero"),
+    ("environment.gpu_total_bytes", 2**30, "is more than its GPU holds"),
+    ("cap", {"applied": True, "emulated_gpu": "rtx-4090", "emulated_memory_bytes": 2**30},
+     "is more than its cap allowed"),
     ("measurement.step_s", float("inf"), "its step_s (inf) is not a size, time or rate"),
 ])
 def test_a_forged_or_damaged_measurement_compares_with_nothing_and_says_why(path, value, reason):

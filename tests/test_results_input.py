@@ -184,6 +184,14 @@ def test_an_edited_walk_is_skipped_and_recomputed(work, capsys):
     assert isinstance(json.loads(walk.read_text())["steps"], list)
 
 
+def test_validation_names_a_forged_run_it_sets_aside(work, capsys):
+    _edit(_measurement(work), "settings.device", "cpu")  # a CPU run edited to say cuda
+    assert _run("validation", "--results", str(work / "results")) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "set aside, compared with nothing: llama-3.2-1b.h100-sxm.lora." in err
+    assert "its settings say it ran on the CPU" in err
+
+
 # ----- property: no damaged file is a traceback, a hang or a published impossibility ---------------------
 def _paths(doc, prefix=()):
     yield prefix

@@ -58,6 +58,21 @@ def measured_items(results_dir: Path) -> tuple[list[dict], list[dict]]:
     return items, envs
 
 
+def set_aside_runs(results_dir: Path) -> list[tuple[str, str]]:
+    """``(case id, why)`` of every stored current measurement that cannot be what it says
+    (``provenance.inconsistency``): compared with nothing, and listed so that nobody wonders where it went."""
+    from reportgen import store
+    from reportgen.provenance import provenance_of
+
+    out = []
+    for folder in sorted(p.parent for p in Path(results_dir).glob(f"*/{store.MEASURED_DIR}") if p.is_dir()):
+        for doc in store.load_measured(folder, warn=lambda m: None):  # load_measured's own warnings came first
+            why = provenance_of(doc["measurement"]).mismatch
+            if why:
+                out.append((doc["id"], why))
+    return out
+
+
 def cmd_validation(args: argparse.Namespace) -> int:
     from reportgen.errors import UserError
     from reportgen.report import compare
@@ -65,8 +80,11 @@ def cmd_validation(args: argparse.Namespace) -> int:
     if not args.results.is_dir():
         raise UserError(f"--results {args.results}: not a directory", hint="run from the repository root")
     items, envs = measured_items(args.results)
+    aside = set_aside_runs(args.results)
+    said = "; ".join(f"{cid}: {why}" for cid, why in aside)
     if not items:
-        raise UserError(f"no measurement under {args.results}/*/measured/ counts for its case's card",
+        raise UserError(f"no measurement under {args.results}/*/measured/ counts for its case's card"
+                        + (f" (set aside, compared with nothing: {said})" if aside else ""),
                         hint="measure a sweep on a GPU: reportgen sweep sweeps/validation.yaml --measure")
     headline = compare.summary(items)
     groups = compare.environment_groups(envs)
@@ -89,6 +107,8 @@ def cmd_validation(args: argparse.Namespace) -> int:
                      f"{100 * step['spread_median']:.0f}%)")
         note += ("; the time model was fitted to these step times, so its row is in-sample "
                  "(scripts/calibrate.py prints the leave-one-out error).")
+    if aside:
+        note += f"\n\nSet aside, compared with nothing ({len(aside)}): {said}."
     if args.format == "markdown":
         print(head + ".\n\n" + compare.headline_markdown(headline) + ("\n\n" + note if note else ""))
         return 0
