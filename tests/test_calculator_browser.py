@@ -486,3 +486,75 @@ def test_a_hostile_pasted_config_is_an_error_and_the_page_recovers(served_site, 
         assert error is not None and needle in error and "Traceback" not in error, error
     browser.execute_async_script(SET_FORM, {"paste_train": True, "train_config": TRL_QLORA, "gpu": "rtx-4090"}, False)
     assert browser.execute_script(READ_PAGE)["error"] is None
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    """The Hub's ``resolve`` URLs for the calculator's fetch (another origin, with the CORS header the
+    Hub sends): one public config, one gated repository, 404 for the rest."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path == "/acme/Tiny-Mistral/resolve/main/config.json":
+            status, body = 200, MISTRAL.encode()
+        elif self.path.startswith("/acme/Gated/"):
+            status, body = 401, b"gated"
+        else:
+            status, body = 404, b"Entry not found"
+        self.send_response(status)
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+FETCH_HUB = """
+const [hub, base, done] = arguments;
+const root = document.getElementById('rg-calc'), form = root.querySelector('form');
+root.dataset.hubBase = base;
+const note = document.getElementById('rg-hub-note');
+form.elements.hub.value = hub;
+const before = root.dataset.seq;
+document.getElementById('rg-hub-fetch').click();
+const t0 = performance.now();
+(function wait() {
+  const settled = !note.textContent.startsWith('fetching') && note.textContent !== '';
+  const answered = !note.textContent.includes('fetched from the Hub') || (root.dataset.seq !== before && root.dataset.busy === '0');
+  if (settled && answered) done(note.textContent);
+  else if (performance.now() - t0 > 30000) done('timeout: ' + note.textContent);
+  else setTimeout(wait, 50);
+})();
+"""
+
+
+def test_a_hub_id_fetches_its_config_and_says_why_when_it_cannot(served_site, browser, shots):
+    """Issue 28: the calculator takes a Hub id. Its config.json is fetched by the browser (here from a
+    stand-in for huggingface.co on another origin) only on the button, pasted, and estimated as a
+    pasted config is; a gated repository, a missing one, a malformed id and an unreachable Hub each
+    say what to do instead."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        on_calculator(browser, served_site)
+        browser.execute_async_script(SET_FORM, {"gpu": "rtx-4090"}, False)
+        note = browser.execute_async_script(FETCH_HUB, "acme/Tiny-Mistral", base)
+        assert "config.json of acme/Tiny-Mistral fetched from the Hub" in note
+        assert "reportgen estimate --model acme/Tiny-Mistral" in note
+        fetched = browser.execute_script(READ_PAGE)
+        assert fetched["command"].startswith("reportgen estimate --model config.json") and fetched["error"] is None
+        screenshot(browser, shots / "calculator-hub.png")
+        browser.execute_async_script(SET_FORM, {"paste": True, "config": MISTRAL, "gpu": "rtx-4090"}, False)
+        pasted = browser.execute_script(READ_PAGE)
+        assert fetched["json"] == pasted["json"]  # the same numbers as the config pasted by hand
+        for hub, needle in (("acme/Gated", "is gated or private, and this page sends no token"),
+                            ("acme/Nothing", "no repository acme/Nothing on the Hub"),
+                            ("acme/Nothing@v9", 'has no revision "v9"'),
+                            ("not a hub id", "is not a Hub id: write ORG/NAME")):
+            assert needle in browser.execute_async_script(FETCH_HUB, hub, base), hub
+    finally:
+        server.shutdown()
+        server.server_close()
+    unreachable = browser.execute_async_script(FETCH_HUB, "acme/Tiny-Mistral", base)  # the server is gone
+    assert "could not reach the Hub" in unreachable and "paste it below" in unreachable

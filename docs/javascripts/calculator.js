@@ -32,7 +32,7 @@ function el(tag, attrs = {}, ...children) {
 
 // ----- the form <-> an object <-> the URL hash ----------------------------------------------------
 function controls(form) {
-  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config"].includes(e.name));
+  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config", "hub"].includes(e.name));
 }
 
 function method(form) { return form.elements["setup.method"]?.value || ""; }
@@ -120,6 +120,55 @@ function sync(form) {
     const methods = box.dataset.applies.split(" ").filter(Boolean);
     box.classList.toggle("rg-calc-off", methods.length > 0 && !methods.includes(method(form)));
   }
+}
+
+// ----- a model by its Hub id: its config.json fetched by the browser, pasted as the reader would ---------
+// Only on the button (or Enter): the page makes no request to another site by itself. What cannot be
+// fetched says why and what to do instead: offline or blocked (CORS, an extension), gated or private
+// (the page sends no token), no such repository or revision.
+const HUB_ID = /^([A-Za-z0-9][A-Za-z0-9._-]{0,95})\/([A-Za-z0-9][A-Za-z0-9._-]{0,95})(?:@([A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}))?$/;
+
+function hubNote(text, bad) {
+  const note = $("rg-hub-note");
+  note.textContent = text;
+  note.classList.toggle("rg-no", !!bad);
+  note.hidden = !text;
+}
+
+async function fetchHub(form, changed) {
+  const text = form.elements.hub.value.trim();
+  const m = HUB_ID.exec(text);
+  if (!m) { hubNote(`${JSON.stringify(text)} is not a Hub id: write ORG/NAME or ORG/NAME@REVISION, e.g. Qwen/Qwen3-14B`, true); return; }
+  const [, org, name, revision] = m;
+  const repo = `${org}/${name}`, page = `https://huggingface.co/${repo}`;
+  const base = $("rg-calc").dataset.hubBase || "https://huggingface.co";
+  const url = `${base}/${repo}/resolve/${encodeURIComponent(revision || "main")}/config.json`;
+  const byHand = `download config.json from ${page}/tree/${revision || "main"} and paste it below`;
+  hubNote(`fetching ${repo}'s config.json from the Hugging Face Hub ...`, false);
+  let response;
+  try {
+    response = await fetch(url, { credentials: "omit", cache: "no-cache" });
+  } catch (exc) {
+    hubNote(`could not reach the Hub (offline, or the browser blocked the request): ${byHand}`, true);
+    return;
+  }
+  if (response.status === 401 || response.status === 403) {
+    hubNote(`${repo} is gated or private, and this page sends no token: accept its licence at ${page}, then ${byHand}`, true);
+    return;
+  }
+  if (response.status === 404) {
+    hubNote(revision ? `${repo} has no revision ${JSON.stringify(revision)}, or no such repository (check ${page})`
+      : `no repository ${repo} on the Hub (check the spelling at ${page})`, true);
+    return;
+  }
+  if (!response.ok) { hubNote(`the Hub answered ${response.status}: try again later, or ${byHand}`, true); return; }
+  const body = await response.text();
+  try { JSON.parse(body); } catch { hubNote(`the Hub's answer for ${repo} is not a config.json: ${byHand}`, true); return; }
+  form.elements.paste.checked = true;
+  form.elements.config.value = body;
+  hubNote(`config.json of ${repo}${revision ? "@" + revision : ""} fetched from the Hub and pasted below; ` +
+    `on your machine: reportgen estimate --model ${text} (the numbers are the same)`, false);
+  changed();
 }
 
 // ----- the result --------------------------------------------------------------------------------
@@ -269,8 +318,10 @@ async function main(root) {
     compute();
   }
 
-  form.addEventListener("input", changed);
-  form.addEventListener("change", changed);
+  form.addEventListener("input", (e) => { if (e.target.name !== "hub") changed(); });
+  form.addEventListener("change", (e) => { if (e.target.name !== "hub") changed(); });
+  $("rg-hub-fetch").addEventListener("click", () => fetchHub(form, changed));
+  form.elements.hub.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); fetchHub(form, changed); } });
   window.addEventListener("hashchange", () => { restore(form, location.hash); changed(); });
   $("rg-copy").addEventListener("click", async () => {
     const share = $("rg-share");
