@@ -32,7 +32,8 @@ LAYERS = [
     (1, ("reportgen.estimate",)),
     (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
          "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.format",
-         "reportgen.configs", "reportgen.flags", "reportgen.layers", "reportgen.yamlfile", "reportgen.userfile", "reportgen.hub",
+         "reportgen.configs", "reportgen.vision", "reportgen.flags",
+         "reportgen.layers", "reportgen.yamlfile", "reportgen.userfile", "reportgen.hub",
          "reportgen")),
 ]
 

@@ -23,6 +23,7 @@ Tests pin the totals to the published figures (e.g. Llama-2-7B 6,738,415,616).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from pathlib import Path
 from reportgen import userfile
 from reportgen.config_check import check_config
 from reportgen.errors import UserError
+from reportgen.vision import TEXT_TOWER, VisionTower, vision_tower
 
 #: model_type -> family name used by the estimator (same module structure => same family)
 FAMILIES = {
@@ -39,6 +41,7 @@ FAMILIES = {
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "gemma3": "gemma3",  # the multimodal checkpoint: its text_config's language model (vision.py)
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "phi": "phi",
@@ -157,6 +160,8 @@ class ModelSpec:
     lm_head_bias: bool = False
     #: the Hub commit the config came from (a model given by Hub id, ``hub.py``); None otherwise
     revision: str | None = None
+    #: a multimodal checkpoint's vision tower and projector (``vision.py``): loaded, not run on text
+    vision: VisionTower | None = None
     config: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ----- structure -------------------------------------------------------------------
@@ -394,12 +399,12 @@ def from_config(config: dict, name: str | None = None, source: str = "<config>")
     ``PhiConfig.partial_rotary_factor = 0.5``).
     """
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type == "gemma3" and "text_config" in config:
-        raise UserError(
-            f"{source}: model_type 'gemma3' is the multimodal Gemma 3 (SigLIP vision tower + language "
-            "model); only its language model is supported",
-            hint="pass the text part: a config.json with model_type 'gemma3_text' (e.g. google/gemma-3-1b-pt)",
-        )
+    if model_type in TEXT_TOWER:
+        if not isinstance(config.get("text_config"), dict):
+            raise UserError(f"{source}: model_type {model_type!r} is a multimodal checkpoint: its config.json holds its "
+                            "language model under text_config, which this one lacks",
+                            hint=f"pass the checkpoint's own config.json, or its language model's ({TEXT_TOWER[model_type]})")
+        return _multimodal(config, model_type, name, source)
     raw = config
     if isinstance(config, dict) and model_type in MOE_DEFAULTS:  # a key left out (or null) takes its default
         config = {**config, **{k: v for k, v in MOE_DEFAULTS[model_type].items() if config.get(k) is None}}
@@ -445,6 +450,23 @@ def from_config(config: dict, name: str | None = None, source: str = "<config>")
     except KeyError as exc:
         raise UserError(f"{source}: config.json lacks the key {exc.args[0]!r}") from None
     return spec
+
+
+def _multimodal(config: dict, model_type: str, name: str | None, source: str) -> ModelSpec:
+    """A multimodal checkpoint whose language model is a supported family (``vision.TEXT_TOWER``):
+    the language model from its ``text_config``, the vision tower beside it (``vision.py``); the raw
+    config is kept whole, so the harness and the tracer build the checkpoint's own class."""
+    text = dict(config["text_config"])
+    expected = TEXT_TOWER[model_type]
+    if text.setdefault("model_type", expected) != expected:
+        raise UserError(f"{source}: text_config.model_type {text['model_type']!r} is not {expected!r}, the language "
+                        f"model of model_type {model_type!r}")
+    spec = from_config(text, name=name or config.get("_name_or_path") or Path(source).stem,
+                       source=f"{source} (text_config)")
+    tower = vision_tower(config, spec.hidden_size, source)
+    # the checkpoint's own model_type: the harness and the tracer build its class (Gemma3ForConditionalGeneration)
+    return dataclasses.replace(spec, vision=tower, config=config, hf_repo=config.get("_name_or_path", ""),
+                               model_type=model_type)
 
 
 def _check_structure(config: dict, model_type: str, source: str) -> None:

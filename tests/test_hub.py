@@ -75,6 +75,22 @@ def test_a_hub_id_estimates_from_the_cache_offline_with_the_publishers_count(cac
     assert "fetching" not in proc.stderr  # from the cache: no network asked
 
 
+def test_a_multimodal_checkpoint_estimates_its_text_tower_and_says_so(cache):
+    """Issue 28: a Gemma 3 checkpoint with its vision tower (the shape of google/gemma-3-4b-it's
+    config: the 1B's language model here, tests/test_vision.py pins the tower) by its Hub id."""
+    from tests.test_vision import multimodal
+
+    put_in_cache(cache, "acme/gemma-3-vision", multimodal(layers=26))
+    proc = run(["estimate", "--model", "acme/gemma-3-vision", "--gpu", "rtx-4090", "--method", "qlora",
+                "--format", "json"], cache)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert any("acme/gemma-3-vision is multimodal" in n and "do not run" in n for n in out["notes"])
+    text = run(["estimate", "--model", "gemma-3-1b", "--gpu", "rtx-4090", "--method", "qlora", "--format", "json"],
+               cache)
+    assert out["params"]["total"] > json.loads(text.stdout)["params"]["total"]
+
+
 def test_the_table_names_the_commit_and_a_revision_can_be_given(cache):
     proc = run(["estimate", "--model", f"Qwen/Qwen3-14B@{COMMIT}", "--gpu", "rtx-4090", "--method", "qlora"], cache)
     assert proc.returncode == 0, proc.stderr

@@ -125,13 +125,17 @@ def test_qwen3_moe_with_dense_layers_is_refused(tmp_path):
     assert "mlp_only_layers" in str(exc.value)
 
 
-def test_multimodal_gemma3_points_to_the_text_config(tmp_path):
+def test_multimodal_gemma3_errors_name_the_text_config(tmp_path):
+    """The multimodal Gemma 3 is estimated from its text_config (tests/test_vision.py); an empty or
+    missing one is an error that says where the language model belongs."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
                                 "vision_config": {}}))
-    with pytest.raises(UserError) as exc:
+    with pytest.raises(UserError, match=r"\(text_config\)"):
         catalog.load_model(str(path))
-    assert "gemma3_text" in str(exc.value)
+    path.write_text(json.dumps({"model_type": "gemma3", "hidden_size": 2560}))
+    with pytest.raises(UserError, match="holds its language model under text_config"):
+        catalog.load_model(str(path))
 
 
 def test_lora_targets_of_phi2():

@@ -18,6 +18,7 @@ from reportgen import hub
 from reportgen.errors import UserError, unknown_name
 from reportgen.hardware import GpuSpec, gpu_from_entry
 from reportgen.model import FAMILIES, ModelSpec, from_config, load_config_file
+from reportgen.vision import TEXT_TOWER
 
 _ROOT = resources.files(__package__)
 
@@ -71,7 +72,7 @@ def load_hub_model(repo: str, revision: str | None, label: str) -> ModelSpec:
     fetched = hub.fetch_config(repo, revision, catalog_ids())
     config = fetched.config
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type not in FAMILIES and not (model_type == "gemma3" and "text_config" in config):
+    if model_type not in FAMILIES and model_type not in TEXT_TOWER:
         raise UserError(f"model {label!r} ({fetched.source}): model_type {model_type!r} has no analytic formulas "
                         "in reportgen; estimate and advise cover the families of `reportgen models`",
                         hint=f"`reportgen trace --model {label} --gpu GPU [setup flags]` runs its real training "

@@ -88,12 +88,15 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
     notes = list(dict.fromkeys(mem.notes + t.notes))
     if model.max_position_embeddings and setup.seq > model.max_position_embeddings:
         notes.append(context_note(model, setup.seq))
+    if model.vision is not None:
+        notes.append(vision_note(model, setup))
     if t.peak_dtype in gpu.derived:
         notes.append(f"{gpu.name}: {t.peak_dtype} peak FLOP/s derived by reportgen, not published (GPU catalog)")
     return Estimate(
         model=model.name, gpu=gpu.key, setup=setup,
-        params_total=model.total_params,
-        params_trainable=P.trainable_params(model, setup),
+        params_total=model.total_params + (model.vision.params if model.vision else 0),
+        params_trainable=P.trainable_params(model, setup) + P.vision_lora_params(model, setup)
+        + (model.vision.params if model.vision and setup.method.value == "full" else 0),
         memory=mem, time=t, judgement=judge(mem, gpu.memory_bytes, setup.method.value),
         max_batch=max_batch(model, setup, gpu) if reverse else None,
         max_seq=max_seq(model, setup, gpu) if reverse else None,
@@ -110,6 +113,19 @@ def context_note(model: ModelSpec, seq: int) -> str:
     return (f"seq {seq:,} is past {model.name}'s max_position_embeddings {model.max_position_embeddings:,}{scaled}: "
             "the memory estimate holds, but the model was not trained this long (extrapolation; a RoPE scaling such "
             "as linear, dynamic NTK or YaRN would be needed)")
+
+
+def vision_note(model: ModelSpec, setup: TrainingSetup) -> str:
+    """What a multimodal checkpoint's estimate covers (``params.vision_weights_bytes``)."""
+    vis = model.vision
+    adapters = P.vision_lora_params(model, setup)
+    tower = (f"{model.name} is multimodal: the language model is estimated on text batches; its vision tower and "
+             f"projector ({vis.params:,} parameters) are loaded{' (linears 4-bit)' if setup.method.value == 'qlora' else ''}"
+             " but do not run, so they add weights only")
+    if adapters:
+        tower += (f", and peft's target modules also reach the tower's linears: {adapters:,} adapter parameters that "
+                  "never get a gradient")
+    return tower + " (images in the batches are not modelled)"
 
 
 __all__ = ["Estimate", "Verdict", "estimate", "estimator_hash"]

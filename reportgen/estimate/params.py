@@ -55,7 +55,29 @@ def weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
     q = quantized_linear_params(model, setup) if setup.method == Method.qlora else 0
     if head_quantized(model, setup):
         embed -= model.vocab_size * model.hidden_size  # the head is among the 4-bit weights
-    return q // 2 + (model.total_params - q - embed) * dt.base + embed * dt.embed_bytes
+    return q // 2 + (model.total_params - q - embed) * dt.base + embed * dt.embed_bytes + vision_weights_bytes(
+        model, setup, dt)
+
+
+def vision_weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """A multimodal checkpoint's vision tower and projector (``vision.py``): loaded with the model in
+    the base dtype, its ``nn.Linear`` weights 4-bit under QLoRA like the decoder's. It does not run on
+    text batches, so it has no activations, and no gradients or optimizer states even when trainable
+    (a parameter without a gradient gets no AdamW state: ``torch.optim.AdamW`` skips ``grad is None``)."""
+    vis = model.vision
+    if vis is None:
+        return 0
+    q = vis.linear_weight_params if setup.method == Method.qlora else 0
+    return q // 2 + (vis.params - q) * dt.base
+
+
+def vision_lora_params(model: ModelSpec, setup: TrainingSetup) -> int:
+    """LoRA adapters peft puts on a vision tower's linears (``vision.py``): weights only, never a
+    gradient (the tower does not run on text)."""
+    if model.vision is None or not setup.is_peft:
+        return 0
+    sel = model.lora_selection(setup.lora_targets)
+    return model.vision.lora_params(setup.lora_rank, sel.linears, setup.lora_targets == "all-linear")
 
 
 def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
@@ -79,12 +101,21 @@ def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
             total += blocks + nested * 4 + 4 + 256 * 4 + code
         else:
             total += blocks * 4 + code
+    vision = sum(n * _constants(a * b, setup) for _, a, b, n in model.vision.linears()) if model.vision else 0
     if head_quantized(model, setup):
         blocks = math.ceil(model.vocab_size * model.hidden_size / BNB_4BIT_BLOCKSIZE)
         nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
         head = (blocks + nested * 4 + 4 + 256 * 4 if setup.double_quant else blocks * 4) + 16 * 4
-        return total * model.num_layers + head
-    return total * model.num_layers
+        return total * model.num_layers + head + vision
+    return total * model.num_layers + vision
+
+
+def _constants(n: int, setup: TrainingSetup) -> int:
+    """``quant_constants_bytes`` of one quantized weight of ``n`` values."""
+    blocks = math.ceil(n / BNB_4BIT_BLOCKSIZE)
+    if setup.double_quant:
+        return blocks + math.ceil(blocks / BNB_NESTED_BLOCKSIZE) * 4 + 4 + 256 * 4 + 16 * 4
+    return blocks * 4 + 16 * 4
 
 
 def lora_params(model: ModelSpec, setup: TrainingSetup) -> int:
@@ -105,8 +136,9 @@ def trainable_params(model: ModelSpec, setup: TrainingSetup) -> int:
 
 
 def adapter_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
-    """LoRA A and B matrices, fp32 unless pure bf16 (peft ``autocast_adapter_dtype``)."""
-    return lora_params(model, setup) * dt.adapter
+    """LoRA A and B matrices, fp32 unless pure bf16 (peft ``autocast_adapter_dtype``); a vision
+    tower's too (``vision_lora_params``)."""
+    return (lora_params(model, setup) + vision_lora_params(model, setup)) * dt.adapter
 
 
 def trainable_dtype_bytes(setup: TrainingSetup, dt: Dtypes) -> int:
