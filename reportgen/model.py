@@ -41,7 +41,8 @@ FAMILIES = {
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
-    "gemma3": "gemma3",  # the multimodal checkpoint: its text_config's language model (vision.py)
+    "gemma3": "gemma3",  # the multimodal checkpoints: their text_config's language model (vision.py)
+    "mistral3": "llama",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "phi": "phi",
@@ -457,6 +458,9 @@ def _multimodal(config: dict, model_type: str, name: str | None, source: str) ->
     the language model from its ``text_config``, the vision tower beside it (``vision.py``); the raw
     config is kept whole, so the harness and the tracer build the checkpoint's own class."""
     text = dict(config["text_config"])
+    # transformers 5 ties the head by the checkpoint's own config (modeling_utils: the top-level
+    # tie_word_embeddings; Gemma3Config and Mistral3Config default it to True), not the text_config's
+    text["tie_word_embeddings"] = config.get("tie_word_embeddings", True)
     expected = TEXT_TOWER[model_type]
     if text.setdefault("model_type", expected) != expected:
         raise UserError(f"{source}: text_config.model_type {text['model_type']!r} is not {expected!r}, the language "

@@ -29,22 +29,28 @@ from dataclasses import dataclass
 from reportgen.errors import UserError
 
 #: top-level model_type of a multimodal checkpoint -> the model_type of its language model
-TEXT_TOWER = {"gemma3": "gemma3_text"}
+TEXT_TOWER = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+#: top-level model_type -> the vision tower it carries (``vision_config.model_type``)
+TOWER_KIND = {"gemma3": "siglip_vision_model", "mistral3": "pixtral"}
 
-#: ``SiglipVisionConfig``'s defaults: a key a ``vision_config`` leaves out takes these
-SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
-                   "image_size": 224, "patch_size": 16, "vision_use_head": True}
+#: the vision config classes' defaults (``SiglipVisionConfig``, ``PixtralVisionConfig``): a key a
+#: ``vision_config`` leaves out takes these
+DEFAULTS = {
+    "siglip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
+                            "image_size": 224, "patch_size": 16, "vision_use_head": True},
+    "pixtral": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_channels": 3,
+                "image_size": 1540, "patch_size": 14, "vision_use_head": False},
+}
 #: the largest value each read key may have (far above any released tower): a typo is refused, not estimated
 _LIMITS = {"hidden_size": 65_536, "intermediate_size": 262_144, "num_hidden_layers": 1_024, "num_channels": 64,
            "image_size": 16_384, "patch_size": 1_024}
-#: the tower's ``nn.Linear`` modules per encoder layer, by peft's name for them
-LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
 
 @dataclass(frozen=True)
 class VisionTower:
-    """A SigLIP vision tower and the projector into the language model's width."""
+    """A vision tower and the projector into the language model's width."""
 
+    kind: str  # "siglip_vision_model" (Gemma 3) or "pixtral" (Mistral 3)
     hidden: int
     intermediate: int
     layers: int
@@ -53,53 +59,69 @@ class VisionTower:
     patch: int
     head: bool
     text_hidden: int
+    merge: int = 2  # Mistral 3's patch merger: spatial_merge_size
+    projector_bias: bool = False  # Mistral 3's multimodal_projector_bias
 
-    def linears(self) -> list[tuple[str, int, int, int]]:
-        """``(peft name, in, out, how many)`` of every ``nn.Linear`` of the tower."""
+    def linears(self) -> list[tuple[str, int, int, int, bool]]:
+        """``(peft name, in, out, how many, bias)`` of every ``nn.Linear`` of the tower and projector."""
         h, i, n = self.hidden, self.intermediate, self.layers
-        out = [("q_proj", h, h, n), ("k_proj", h, h, n), ("v_proj", h, h, n), ("out_proj", h, h, n),
-               ("fc1", h, i, n), ("fc2", i, h, n)]
+        if self.kind == "pixtral":  # PixtralAttention, PixtralMLP (no biases); Mistral3MultiModalProjector
+            t, b = self.text_hidden, self.projector_bias
+            return [("q_proj", h, h, n, False), ("k_proj", h, h, n, False), ("v_proj", h, h, n, False),
+                    ("o_proj", h, h, n, False), ("gate_proj", h, i, n, False), ("up_proj", h, i, n, False),
+                    ("down_proj", i, h, n, False), ("merging_layer", h * self.merge ** 2, h, 1, False),
+                    ("linear_1", h, t, 1, b), ("linear_2", t, t, 1, b)]
+        out = [("q_proj", h, h, n, True), ("k_proj", h, h, n, True), ("v_proj", h, h, n, True),
+               ("out_proj", h, h, n, True), ("fc1", h, i, n, True), ("fc2", i, h, n, True)]
         if self.head:  # the pooling head: nn.MultiheadAttention's out_proj and an MLP
-            out += [("out_proj", h, h, 1), ("fc1", h, i, 1), ("fc2", i, h, 1)]
+            out += [("out_proj", h, h, 1, True), ("fc1", h, i, 1, True), ("fc2", i, h, 1, True)]
         return out
 
     @property
     def params(self) -> int:
         """Every parameter of the tower and the projector (loaded with the model)."""
-        h, i = self.hidden, self.intermediate
+        h = self.hidden
+        linears = sum(n * (a * b + (b if bias else 0)) for _, a, b, n, bias in self.linears())
+        if self.kind == "pixtral":  # patch_conv (no bias), ln_pre, two RMSNorms a layer; the projector's norm
+            return linears + self.channels * self.patch ** 2 * h + h + self.layers * 2 * h + h
         embeddings = self.channels * self.patch ** 2 * h + h + (self.image // self.patch) ** 2 * h
-        layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h
-        head = (h + 3 * h * h + 3 * h + h * h + h + 2 * h + (h * i + i) + (i * h + h)) if self.head else 0
-        projector = h * self.text_hidden + h
-        return embeddings + self.layers * layer + 2 * h + head + projector
+        norms = self.layers * 2 * 2 * h + 2 * h  # two LayerNorms a layer, the post LayerNorm
+        head = (h + 3 * h * h + 3 * h + 2 * h) if self.head else 0  # probe, MHA in_proj, its LayerNorm
+        projector = h * self.text_hidden + h  # mm_input_projection_weight and mm_soft_emb_norm
+        return linears + embeddings + norms + head + projector
 
     @property
     def linear_weight_params(self) -> int:
         """The weights bitsandbytes packs to 4 bits under QLoRA (its ``nn.Linear`` weights, biases not)."""
-        return sum(a * b * n for _, a, b, n in self.linears())
+        return sum(a * b * n for _, a, b, n, _ in self.linears())
 
     def lora_params(self, rank: int, names: frozenset, all_linear: bool) -> int:
         """LoRA's ``A`` and ``B`` on the tower's linears that peft's ``target_modules`` reach: every one
         for ``all-linear``, else those whose name is targeted (``q_proj``, ``v_proj``: the text names)."""
-        return sum(rank * (a + b) * n for name, a, b, n in self.linears() if all_linear or name in names)
+        return sum(rank * (a + b) * n for name, a, b, n, _ in self.linears() if all_linear or name in names)
 
 
 def vision_tower(config: dict, text_hidden: int, source: str) -> VisionTower:
-    """The tower of a multimodal ``config.json`` (its ``vision_config`` over ``SiglipVisionConfig``'s
-    defaults); a ``UserError`` naming the key for a value that cannot be one."""
+    """The tower of a multimodal ``config.json`` (its ``vision_config`` over its class's defaults); a
+    ``UserError`` naming the key for a value that cannot be one."""
     vision = config.get("vision_config") or {}
     if not isinstance(vision, dict):
         raise UserError(f"{source}: vision_config must be a mapping (got {type(vision).__name__})")
-    kind = vision.get("model_type", "siglip_vision_model")
-    if kind != "siglip_vision_model":
-        raise UserError(f"{source}: vision_config.model_type {kind!r} is not modelled (a SigLIP tower is)")
-    values = {**SIGLIP_DEFAULTS, **{k: v for k, v in vision.items() if k in SIGLIP_DEFAULTS and v is not None}}
-    for key, limit in _LIMITS.items():
+    expected = TOWER_KIND[config["model_type"]]
+    kind = vision.get("model_type", expected)
+    if kind != expected:
+        raise UserError(f"{source}: vision_config.model_type {kind!r} is not modelled (a {expected} tower is)")
+    values = {**DEFAULTS[kind], **{k: v for k, v in vision.items() if k in DEFAULTS[kind] and v is not None}}
+    values["spatial_merge_size"] = config.get("spatial_merge_size", 2)
+    for key, limit in {**_LIMITS, "spatial_merge_size": 64}.items():
         v = values[key]
+        where = key if key == "spatial_merge_size" else f"vision_config.{key}"
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
-            raise UserError(f"{source}: vision_config.{key} must be a whole number from 1 to {limit:,} (got {v!r})")
-    if not isinstance(values["vision_use_head"], bool):
-        raise UserError(f"{source}: vision_config.vision_use_head must be true or false")
-    return VisionTower(hidden=values["hidden_size"], intermediate=values["intermediate_size"],
+            raise UserError(f"{source}: {where} must be a whole number from 1 to {limit:,} (got {v!r})")
+    bias = config.get("multimodal_projector_bias", False)
+    if not isinstance(values["vision_use_head"], bool) or not isinstance(bias, bool):
+        raise UserError(f"{source}: vision_config.vision_use_head and multimodal_projector_bias are true or false")
+    return VisionTower(kind=kind, hidden=values["hidden_size"], intermediate=values["intermediate_size"],
                        layers=values["num_hidden_layers"], channels=values["num_channels"], image=values["image_size"],
-                       patch=values["patch_size"], head=values["vision_use_head"], text_hidden=text_hidden)
+                       patch=values["patch_size"], head=values["vision_use_head"], text_hidden=text_hidden,
+                       merge=values["spatial_merge_size"], projector_bias=bias)

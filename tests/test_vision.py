@@ -1,5 +1,6 @@
 """Issue 28: multimodal checkpoints whose language model is a supported family (Gemma 3 4B/12B/27B,
-``model_type: gemma3`` with a SigLIP vision tower). The tower's parameters are pinned to the modules
+``model_type: gemma3`` with a SigLIP vision tower; Mistral Small 3.1/3.2, ``mistral3`` with a Pixtral
+tower and a patch-merging projector). The tower's parameters are pinned to the modules
 transformers builds on the meta device, peft's adapters on it to peft's own count, and the estimate
 of the whole checkpoint to the trace of ``Gemma3ForConditionalGeneration`` (the tracer builds the
 checkpoint's own class from the config)."""
@@ -46,9 +47,42 @@ def test_the_towers_parameters_are_transformers(head):
     assert spec.total_params == sum(p.numel() for n, p in model.named_parameters() if n not in tower)
 
 
+#: Mistral Small 3.1's Pixtral tower at its real widths (1024 wide, 24 layers, 1540-pixel images)
+PIXTRAL = {"model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+           "num_attention_heads": 16, "head_dim": 64, "image_size": 1540, "patch_size": 14}
+
+
+def mistral3(bias: bool = False, **vision) -> dict:
+    text = dict(catalog.load_model("mistral-7b-v0.3").config, num_hidden_layers=2)
+    return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"], "text_config": text,
+            "vision_config": {**PIXTRAL, **vision}, "spatial_merge_size": 2, "multimodal_projector_bias": bias}
+
+
+@pytest.mark.parametrize("bias, tied", [(False, None), (True, False)])
+def test_the_pixtral_towers_parameters_are_transformers(bias, tied):
+    """Also the head: tied unless the checkpoint's own (top-level) tie_word_embeddings says false."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = mistral3(bias, num_hidden_layers=2, hidden_size=96, intermediate_size=160, num_attention_heads=4,
+                      head_dim=24, image_size=112)
+    if tied is not None:
+        config["tie_word_embeddings"] = tied
+    spec = from_config(config, name="t")
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(transformers.Mistral3Config(**config))
+    tower = {n: p.numel() for n, p in model.named_parameters() if ".vision_tower." in n or ".multi_modal_projector." in n}
+    linears = sum(m.weight.numel() for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and (".vision_tower." in n or ".multi_modal_projector." in n))
+    assert spec.vision.params == sum(tower.values())
+    assert spec.vision.linear_weight_params == linears
+    assert spec.total_params == sum(p.numel() for n, p in model.named_parameters() if n not in tower)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3"])
 @pytest.mark.parametrize("targets", ["qv", "attn", "all-linear"])
-def test_peft_adapts_the_towers_linears_as_counted(targets):
-    """peft matches target names by suffix over the whole model: q_proj/v_proj reach the tower."""
+def test_peft_adapts_the_towers_linears_as_counted(targets, kind):
+    """peft matches target names by suffix over the whole model: q_proj/v_proj reach the tower (and
+    Pixtral's o_proj and MLP names are the language model's), all-linear every linear of it."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("peft")
@@ -56,13 +90,19 @@ def test_peft_adapts_the_towers_linears_as_counted(targets):
     from reportgen.measure.build import lora_target_modules
     from peft import LoraConfig, get_peft_model
 
-    config = multimodal(num_hidden_layers=2, hidden_size=96, intermediate_size=160, image_size=64, patch_size=8,
-                        num_attention_heads=4)
+    small = dict(num_hidden_layers=2, hidden_size=96, intermediate_size=160, num_attention_heads=4)
+    if kind == "gemma3":
+        config = multimodal(**small, image_size=64, patch_size=8)
+        cls, auto = transformers.Gemma3Config, transformers.AutoModelForCausalLM
+    else:
+        config = mistral3(**small, head_dim=24, image_size=112)
+        cls, auto = transformers.Mistral3Config, transformers.AutoModelForImageTextToText
     spec = from_config(config, name="t")
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.Gemma3Config(**config))
+        model = auto.from_config(cls(**config))
         peft = get_peft_model(model, LoraConfig(r=8, target_modules=lora_target_modules(spec, targets)))
-    in_tower = sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n and ".vision_tower." in n)
+    in_tower = sum(p.numel() for n, p in peft.named_parameters()
+                   if "lora_" in n and (".vision_tower." in n or ".multi_modal_projector." in n))
     assert vision_lora_params(spec, TrainingSetup(method="lora", lora_rank=8, lora_targets=targets)) == in_tower > 0
 
 

@@ -125,6 +125,8 @@ def vision_note(model: ModelSpec, setup: TrainingSetup) -> str:
     if adapters:
         tower += (f", and peft's target modules also reach the tower's linears: {adapters:,} adapter parameters that "
                   "never get a gradient")
+    if vis.kind == "pixtral":  # transformers builds Mistral3ForConditionalGeneration for image-text-to-text only
+        tower += "; not checked by a trace (the tracer and the harness build causal-LM classes)"
     return tower + " (images in the batches are not modelled)"
 
 

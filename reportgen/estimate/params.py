@@ -101,7 +101,7 @@ def quant_constants_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
             total += blocks + nested * 4 + 4 + 256 * 4 + code
         else:
             total += blocks * 4 + code
-    vision = sum(n * _constants(a * b, setup) for _, a, b, n in model.vision.linears()) if model.vision else 0
+    vision = sum(n * _constants(a * b, setup) for _, a, b, n, _ in model.vision.linears()) if model.vision else 0
     if head_quantized(model, setup):
         blocks = math.ceil(model.vocab_size * model.hidden_size / BNB_4BIT_BLOCKSIZE)
         nested = math.ceil(blocks / BNB_NESTED_BLOCKSIZE)
