@@ -182,6 +182,13 @@ BAD = [
     ("both.yaml", "base_model: a\nmodel_name_or_path: b\n", "has TRL keys (model_name_or_path) and Axolotl keys"),
     ("ds.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\ndeepspeed: missing.json\n",
      "deepspeed: cannot read the DeepSpeed config 'missing.json' (looked for "),
+    # issue 33: a LLaMA-Factory file (it shares model_name_or_path with TRL) or a torchtune one is
+    # refused naming its tool, never estimated as a TRL config
+    ("lf.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\n"
+     "lora_rank: 16\ncutoff_len: 2048\nper_device_train_batch_size: 1\n",
+     "lf.yaml: a LLaMA-Factory (llamafactory-cli train) config (its keys finetuning_type, quantization_bit, cutoff_len"),
+    ("tt.yaml", "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\nbatch_size: 2\n",
+     "tt.yaml: a torchtune (tune run) config (its keys model._component_)"),
     # issue 29, class 4: a value of the wrong type or out of range is refused as the tool refuses it
     ("micro0.yml", "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 0\nbatch_size: 8\n",
      "micro0.yml:2: micro_batch_size: must be at least 1 (got 0)"),

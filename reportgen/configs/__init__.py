@@ -23,7 +23,37 @@ _AXOLOTL_MARKS = ("base_model", "adapter", "micro_batch_size", "sequence_len", "
                   "lora_target_linear")
 
 
+#: keys of the tools whose configs are not read (issue 33): a LLaMA-Factory file shares
+#: model_name_or_path and per_device_train_batch_size with TRL and was estimated as a TRL config (a full
+#: fine-tune at 1,024 tokens for a QLoRA file); such a file is refused naming its tool instead
+_OTHER_TOOLS = {
+    "LLaMA-Factory (llamafactory-cli train)": ("finetuning_type", "quantization_bit", "cutoff_len", "lora_target",
+                                               "template", "stage", "pure_bf16", "use_unsloth", "neat_packing",
+                                               "dataset_dir", "flash_attn"),
+}
+
+
+def _other_tool(doc: dict) -> tuple[str, list[str]] | None:
+    """The tool whose config this is when it is none reportgen reads: LLaMA-Factory by its own keys,
+    torchtune by its ``_component_`` builders."""
+    for tool, marks in _OTHER_TOOLS.items():
+        found = [k for k in marks if k in doc]
+        if found:
+            return tool, found
+    components = [k for k, v in doc.items() if isinstance(v, dict) and "_component_" in v]
+    if components or "_component_" in doc:
+        return "torchtune (tune run)", [f"{k}._component_" for k in components] or ["_component_"]
+    return None
+
+
 def detect(doc: dict, path: Path) -> str:
+    other = _other_tool(doc)
+    if other:
+        tool, keys = other
+        raise ConfigError(f"{path}: a {tool} config (its keys {', '.join(keys[:4])}); reportgen reads TRL and "
+                          "Axolotl configs, not this tool's yet, and will not guess",
+                          hint="give the same run as flags: reportgen estimate --model ORG/NAME --method lora|qlora|full "
+                               "--lora-rank R --batch B --accum A --seq S --grad-ckpt (reportgen estimate --help)")
     trl = [k for k in _TRL_MARKS if k in doc]
     axo = [k for k in _AXOLOTL_MARKS if k in doc]
     if trl and not axo:
