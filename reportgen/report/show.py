@@ -156,8 +156,6 @@ def show_traced_only(results_dir: Path, traced: list[dict], out=print) -> None:
 
 
 def show(results_dir: Path, case_id: str, out=print) -> None:
-    from reportgen.format import TERM_LABELS, gib, money, pct, rate, seconds
-
     case_id = resolve_id(results_dir, case_id)
     found = find_case(results_dir, case_id, missing_ok=True)
     if not found:
@@ -166,62 +164,75 @@ def show(results_dir: Path, case_id: str, out=print) -> None:
             show_traced_only(results_dir, traced, out=out)
             return
         find_case(results_dir, case_id)  # raises the unknown-case error with close ids
-    for sweep, r in found:
-        case = r["case"]
-        setup = TrainingSetup.model_validate(case["setup"])
-        out(f"case {r['id']}  (sweep {sweep}, sweep hash {r.get('sweep_hash')}, "
-            f"reportgen {r.get('reportgen_version')}, estimator code {r.get('estimator_hash')})")
-        out(f"  model {case['model']}   GPU {case['gpu']}")
-        out(f"  setup {setup.short()}")
-        out("  " + json.dumps(case["setup"], sort_keys=True))
-        if r.get("in_sweep") is False:
-            out(f"  (a measured case that sweeps/{sweep}.yaml no longer lists: still estimated, so that its "
-                "measurement has an estimate of the same code to compare with)")
-        if r.get("estimator_hash") != estimator_hash():
-            out(f"  note: estimated by other estimator code ({r.get('estimator_hash')}) than this reportgen's "
-                f"({estimator_hash()}): `reportgen sweep sweeps/{sweep}.yaml` recomputes it")
-        out(f"status {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
-        est = r.get("estimate")
-        if est:
-            mem, t = est["memory"], est.get("time") or {}  # no step time: a card without a datasheet peak
-            out("estimate (GiB = 2^30 bytes):")
-            for key, label in TERM_LABELS.items():
-                if mem.get(key):
-                    out(f"  {label:<42} {gib(mem[key]):>10}")
-            out(f"  {'peak allocated':<42} {gib(mem['peak_allocated']):>10}   at {est.get('peak_phase')}")
-            out(f"  {'peak reserved':<42} {gib(mem['peak_reserved']):>10}")
-            out(f"  {'device total (nvidia-smi)':<42} {gib(mem['device_total']):>10}")
-            out(f"  {verdict_fields(est, case['gpu'])['verdict_text']}")
-            if mem.get("host_ram"):
-                out(f"  {'host RAM (offload)':<42} {gib(mem['host_ram']):>10}")
-            out(f"  largest micro-batch that fits {est.get('max_batch') or '-'}   "
-                f"longest sequence that fits {est.get('max_seq') or '-'}")
-            out(f"  step {seconds(t.get('step_s'))}   tokens/s {rate(t.get('tokens_per_s'))}   MFU {pct(t.get('mfu'))}"
-                f"   bound by {t.get('bound')}")
-            if t.get("train_tokens"):
-                hours = "-" if t.get("train_hours") is None else f"{t['train_hours']:.1f} h"
-                out(f"  {t['train_tokens'] / 1e6:,.0f}M tokens: {hours}, {money(t.get('train_dollars'))}")
-            for note in est.get("notes") or []:
-                out(f"  note: {note}")
-        attempts = r.get("measurements") or []
-        if not attempts:
-            out("measurement: none (estimate only)")
-        current = r.get("measurement")
-        for m in attempts:
-            _print_attempt(m, case["gpu"], current=m is current, many=len(attempts) > 1, out=out, est=est)
-        traced = find_traced(results_dir, r["id"])
-        if not traced:
-            out("traced: none (`reportgen sweep sweeps/<sweep>.yaml --trace` stores one; the command below prints one)")
-        for t in traced:
-            _print_traced(t, est, out=out)
-        cmds = commands(r)
-        out("recompute the estimate:")
-        out(f"  {cmds['estimate']}")
-        out("trace it (no GPU):")
-        out(f"  {cmds['trace']}")
-        out("remeasure on a GPU:")
-        out(f"  {cmds['measure']}")
-        out(f"rerun the whole sweep:\n  reportgen sweep sweeps/{sweep}.yaml")
+    # one case, once: the result with a measurement first (issue 31: a case in two sweeps was printed
+    # twice, "measurement: none" above the measurement, and its trace once per stored copy)
+    found.sort(key=lambda sr: -len(sr[1].get("measurements") or []))
+    sweep, r = found[0]
+    case = r["case"]
+    setup = TrainingSetup.model_validate(case["setup"])
+    others = [s for s, _ in found[1:]]
+    out(f"case {r['id']}  (sweep {sweep}" + (f"; also in {', '.join(others)}" if others else "")
+        + f", sweep hash {r.get('sweep_hash')}, reportgen {r.get('reportgen_version')}, "
+        f"estimator code {r.get('estimator_hash')})")
+    out(f"  model {case['model']}   GPU {case['gpu']}")
+    out(f"  setup {setup.short()}")
+    out("  " + json.dumps(case["setup"], sort_keys=True))
+    if r.get("in_sweep") is False:
+        out(f"  (a measured case that sweeps/{sweep}.yaml no longer lists: still estimated, so that its "
+            "measurement has an estimate of the same code to compare with)")
+    if r.get("estimator_hash") != estimator_hash():
+        out(f"  note: estimated by other estimator code ({r.get('estimator_hash')}) than this reportgen's "
+            f"({estimator_hash()}): `reportgen sweep sweeps/{sweep}.yaml` recomputes it")
+    out(f"status {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
+    est = r.get("estimate")
+    if est:
+        _print_estimate(est, case["gpu"], out)
+    attempts = r.get("measurements") or []
+    if not attempts:
+        out("measurement: none (estimate only)")
+    current = r.get("measurement")
+    for m in attempts:
+        _print_attempt(m, case["gpu"], current=m is current, many=len(attempts) > 1, out=out, est=est)
+    traced = find_traced(results_dir, r["id"])
+    if not traced:
+        out("traced: none (`reportgen sweep sweeps/<sweep>.yaml --trace` stores one; the command below prints one)")
+    else:
+        _print_traced(traced[0], est, out=out)
+        if len(traced) > 1:
+            out("  the same case is also traced in: " + ", ".join(t["path"] for t in traced[1:]))
+    cmds = commands(r)
+    out("recompute the estimate:")
+    out(f"  {cmds['estimate']}")
+    out("trace it (no GPU):")
+    out(f"  {cmds['trace']}")
+    out("remeasure on a GPU:")
+    out(f"  {cmds['measure']}")
+    out(f"rerun the whole sweep:\n  reportgen sweep sweeps/{sweep}.yaml")
+
+
+def _print_estimate(est: dict, gpu: str, out=print) -> None:
+    from reportgen.format import TERM_LABELS, gib, money, pct, rate, seconds
+
+    mem, t = est["memory"], est.get("time") or {}  # no step time: a card without a datasheet peak
+    out("estimate (GiB = 2^30 bytes):")
+    for key, label in TERM_LABELS.items():
+        if mem.get(key):
+            out(f"  {label:<42} {gib(mem[key]):>10}")
+    out(f"  {'peak allocated':<42} {gib(mem['peak_allocated']):>10}   at {est.get('peak_phase')}")
+    out(f"  {'peak reserved':<42} {gib(mem['peak_reserved']):>10}")
+    out(f"  {'device total (nvidia-smi)':<42} {gib(mem['device_total']):>10}")
+    out(f"  {verdict_fields(est, gpu)['verdict_text']}")
+    if mem.get("host_ram"):
+        out(f"  {'host RAM (offload)':<42} {gib(mem['host_ram']):>10}")
+    out(f"  largest micro-batch that fits {est.get('max_batch') or '-'}   "
+        f"longest sequence that fits {est.get('max_seq') or '-'}")
+    out(f"  step {seconds(t.get('step_s'))}   tokens/s {rate(t.get('tokens_per_s'))}   MFU {pct(t.get('mfu'))}"
+        f"   bound by {t.get('bound')}")
+    if t.get("train_tokens"):
+        hours = "-" if t.get("train_hours") is None else f"{t['train_hours']:.1f} h"
+        out(f"  {t['train_tokens'] / 1e6:,.0f}M tokens: {hours}, {money(t.get('train_dollars'))}")
+    for note in est.get("notes") or []:
+        out(f"  note: {note}")
 
 
 def _print_comparison(est: dict | None, m: dict, gpu: str, out=print) -> bool:
