@@ -265,7 +265,7 @@ def view(d: dict) -> dict:
         "sections": [
             {"id": "memory", "title": "Memory on one GPU, by term (GiB = 2^30 bytes)", "rows": memory},
             {"id": "totals", "title": "Totals and fit", "rows": totals},
-            {"id": "time", "title": "Time (analytic roofline)", "rows": time_rows},
+            {"id": "time", "title": "Time (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows},
             {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
                                         "the whole error band within the card)", "rows": reverse},
         ],

@@ -99,3 +99,17 @@ def test_a_cell_that_starts_like_a_formula_is_text_in_the_csv(monkeypatch):
     row = next(csv.DictReader(io.StringIO(text)))
     assert row["model"].startswith("'=") and row["case_id"] == "'+1" and row["sweep"] == "'@SUM(A1)"
     assert row["gpu"] == "'-2+3" and row["seq_tokens"] == "-5"  # a number stays a number
+
+
+def test_a_setup_that_does_not_fit_says_so_beside_its_speed_and_points_to_advise(capsys):
+    """Issue 31: 'does not fit' printed tokens/s as if the step ran, '-' where the calculator says
+    'none fits', and no pointer to what would make it fit."""
+    assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--method", "qlora", "--batch", "4",
+                 "--seq", "2048"]) == 0
+    out = _err(capsys)
+    assert "does not fit: needs" in out and "time if it fit (it does not" in out
+    assert "largest micro-batch that fits at seq 2,048: none fits" in out
+    assert "reportgen advise --model llama-3.1-8b --gpu rtx-4090 --seq 2048" in out
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--method", "lora"]) == 0
+    out = _err(capsys)
+    assert "reportgen advise" not in out and "time if it fit" not in out
