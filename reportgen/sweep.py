@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reportgen import catalog, yamlfile
+from reportgen.measure import defaults as D
 from reportgen.errors import UserError
 from reportgen.results import case_id, short_hash
 from reportgen.setup import SetupError, TrainingSetup
@@ -41,7 +42,7 @@ CASE_KEYS = {"model", "gpu", "gpu_memory"} | set(TrainingSetup.model_fields)
 
 
 #: ``measure.max_steps`` when a sweep does not set it (at least ``steps``)
-DEFAULT_MAX_STEPS = 50
+DEFAULT_MAX_STEPS = D.MAX_STEPS
 
 
 class MeasureConfig(BaseModel):
@@ -52,21 +53,21 @@ class MeasureConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
-    warmup: int = Field(3, ge=0)
+    warmup: int = Field(D.WARMUP, ge=0)
     #: the minimum number of timed steps
-    steps: int = Field(5, ge=1)
+    steps: int = Field(D.STEPS, ge=1)
     #: the most timed steps (default: the larger of ``steps`` and ``DEFAULT_MAX_STEPS``)
     max_steps: int | None = Field(None, ge=1)
     #: time cap on the timed steps' wall times, seconds (null: no cap)
-    max_timed_s: float | None = Field(5.0, gt=0)
+    max_timed_s: float | None = Field(D.MAX_TIMED_S, gt=0)
     #: stop once the median is known to +- this fraction at 95 % (null: no early stop)
-    target_rel_ci: float | None = Field(0.02, gt=0, lt=1)
-    timeout_s: int = Field(900, ge=10)
+    target_rel_ci: float | None = Field(D.TARGET_REL_CI, gt=0, lt=1)
+    timeout_s: int = Field(D.TIMEOUT_S, ge=10)
     #: emulate this GPU's memory on a larger card (torch.cuda.set_per_process_memory_fraction)
     cap_to_gpu: bool = False
     #: run ``profile_steps`` more steps under torch.profiler after the timed ones (trace + per-step figures)
     profile: bool = False
-    profile_steps: int = Field(2, ge=1)
+    profile_steps: int = Field(D.PROFILE_STEPS, ge=1)
 
     @model_validator(mode="after")
     def _steps_fit(self) -> "MeasureConfig":

@@ -21,7 +21,7 @@ DEFAULT_TIMEOUT_S = 900.0
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
     from reportgen.flags import add_setup_flags
-    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
+    from reportgen.measure import defaults as D  # not the sweep module: pydantic is not imported to build the parser
 
     p = sub.add_parser("measure", help="measure one setup for real (peak memory, step time) on this machine",
                        description="Train a few steps of the setup on random weights and tokens, in a subprocess, "
@@ -29,26 +29,25 @@ def register(sub) -> None:
     add_setup_flags(p)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cuda (default) or cpu (timings only: memory figures are null on CPU)")
-    defaults = MeasureConfig()
-    p.add_argument("--warmup", type=int, default=defaults.warmup,
-                   help=f"untimed steps first (optimizer states appear here; default {defaults.warmup})")
-    p.add_argument("--steps", type=int, default=defaults.steps,
-                   help=f"timed steps, at least (default {defaults.steps}); more until the median is stable "
+    p.add_argument("--warmup", type=int, default=D.WARMUP,
+                   help=f"untimed steps first (optimizer states appear here; default {D.WARMUP})")
+    p.add_argument("--steps", type=int, default=D.STEPS,
+                   help=f"timed steps, at least (default {D.STEPS}); more until the median is stable "
                         "(--target-rel-ci), --max-steps ran or --max-timed-s is reached")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help=f"at most N timed steps (default: the larger of --steps and {DEFAULT_MAX_STEPS}; "
+                   help=f"at most N timed steps (default: the larger of --steps and {D.MAX_STEPS}; "
                         "equal to --steps: exactly that many)")
-    p.add_argument("--max-timed-s", type=float, default=defaults.max_timed_s, metavar="S",
-                   help=f"stop the timed steps once their times add up to S seconds (default {defaults.max_timed_s:g})")
-    p.add_argument("--target-rel-ci", type=float, default=defaults.target_rel_ci, metavar="F",
+    p.add_argument("--max-timed-s", type=float, default=D.MAX_TIMED_S, metavar="S",
+                   help=f"stop the timed steps once their times add up to S seconds (default {D.MAX_TIMED_S:g})")
+    p.add_argument("--target-rel-ci", type=float, default=D.TARGET_REL_CI, metavar="F",
                    help="stop once the median's 95%% confidence interval is within +-F of it "
-                        f"(default {defaults.target_rel_ci:g}; 0: never early)")
+                        f"(default {D.TARGET_REL_CI:g}; 0: never early)")
     p.add_argument("--profile", type=Path, nargs="?", const=Path("profiles"), default=None, metavar="DIR",
                    help="after the timed steps, run --profile-steps more under torch.profiler and write the trace "
                         "(Chrome trace JSON, gzipped: open it in https://ui.perfetto.dev) into DIR (default ./profiles); "
                         "the answer gets each profiled step's GPU-busy time, wall time, kernels and CPU ops")
     p.add_argument("--profile-steps", type=int, default=None, metavar="N",
-                   help=f"steps to profile with --profile (default {defaults.profile_steps})")
+                   help=f"steps to profile with --profile (default {D.PROFILE_STEPS})")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--cap-to-gpu", action="store_true",
                    help="limit PyTorch's allocator to the --gpu card's memory (emulate a smaller card)")
@@ -136,13 +135,13 @@ def _writable(folder: Path, flag: str) -> None:
 def _checked(args: argparse.Namespace) -> tuple[int, int]:
     """The flags' own checks, before anything runs: ``(max_steps, profile_steps)``."""
     from reportgen.errors import UserError
-    from reportgen.sweep import DEFAULT_MAX_STEPS, MeasureConfig
+    from reportgen.measure import defaults as D
 
     if args.warmup < 0:
         raise UserError("--warmup: must be 0 or more")
     if args.steps < 1:
         raise UserError("--steps: must be 1 or more")
-    max_steps = args.max_steps if args.max_steps is not None else max(args.steps, DEFAULT_MAX_STEPS)
+    max_steps = args.max_steps if args.max_steps is not None else max(args.steps, D.MAX_STEPS)
     if max_steps < args.steps:
         raise UserError(f"--max-steps {max_steps}: below --steps {args.steps}, the minimum number of timed steps",
                         hint=f"--max-steps {args.steps} times exactly {args.steps} steps")
@@ -152,7 +151,7 @@ def _checked(args: argparse.Namespace) -> tuple[int, int]:
         raise UserError(f"--target-rel-ci {args.target_rel_ci:g}: a fraction of the median, 0 <= F < 1 (0.02: +-2%)")
     if args.profile_steps is not None and args.profile is None:
         raise UserError("--profile-steps: only with --profile")
-    profile_steps = args.profile_steps if args.profile_steps is not None else MeasureConfig().profile_steps
+    profile_steps = args.profile_steps if args.profile_steps is not None else D.PROFILE_STEPS
     if profile_steps < 1:
         raise UserError("--profile-steps: must be 1 or more")
     if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
