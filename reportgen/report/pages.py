@@ -185,7 +185,8 @@ def home_pages(site: SiteData) -> list[Page]:
                       "setup that fits and its tokens per second, or says that nothing fits"),
         "seqs": seqs_used,
         "n_cases": len(rows),
-        "n_measured": sum(1 for r in rows if r["measured"]),
+        # the Methodology page's count: a case whose measurement counts (an OOM verdict counts too)
+        "n_measured": sum(1 for r in rows if r["compare"]),
         "overview": measured_overview(site, rows, path) if any(r["compare"] for r in rows) else None,
         "sweeps": [{"name": n, "cases": len(site.results[n]), "csv": f"data/sweeps/{n}.csv"}
                    for n in sorted(site.results)],
