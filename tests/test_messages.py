@@ -113,3 +113,19 @@ def test_a_setup_that_does_not_fit_says_so_beside_its_speed_and_points_to_advise
     assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--method", "lora"]) == 0
     out = _err(capsys)
     assert "reportgen advise" not in out and "time if it fit" not in out
+
+
+def test_the_moe_qlora_note_says_what_the_kbit_preparation_does_to_the_experts():
+    """Issue 31: MoE QLoRA needed twice LoRA's cards while the note said the experts stay 16-bit. peft's
+    prepare_model_for_kbit_training casts them to fp32 (they are not 4-bit); the note says so and how
+    to keep them 16-bit, and the weights follow it."""
+    from reportgen import catalog
+    from reportgen.estimate import estimate
+    from reportgen.setup import TrainingSetup
+
+    model, gpu = catalog.load_model("mixtral-8x7b"), catalog.load_gpu("h100-sxm")
+    prepared = estimate(model, gpu, TrainingSetup(method="qlora"), reverse=False)
+    plain = estimate(model, gpu, TrainingSetup(method="qlora", kbit_prep="none"), reverse=False)
+    assert any("casts them to fp32" in n and "--kbit-prep none" in n for n in prepared.notes)
+    assert any("they stay 16-bit" in n for n in plain.notes)
+    assert prepared.memory.terms["weights"] > 1.9 * plain.memory.terms["weights"]

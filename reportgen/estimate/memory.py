@@ -51,7 +51,7 @@ from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
-from reportgen.setup import Attention, Method, Offload, Optimizer, Sharding, TrainingSetup
+from reportgen.setup import Attention, KbitPrep, Method, Offload, Optimizer, Sharding, TrainingSetup
 
 
 #: keys of ``MemoryEstimate.as_dict()`` that are totals or side figures, not memory terms
@@ -330,6 +330,18 @@ def optimizer_temp_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> 
     return adafactor_copies(setup, dt) * 4 * largest
 
 
+def _experts_note(setup: TrainingSetup) -> str:
+    """What QLoRA does with a mixture of experts' weights (``dtypes.py``'s ``base``): bitsandbytes does
+    not quantize them (3-D ``nn.Parameter`` tensors, not ``nn.Linear``), and the k-bit preparation's
+    cast of every parameter that is not 4-bit to fp32 (peft ``prepare_model_for_kbit_training``;
+    TRL's, before its cast back) takes them to fp32 too: twice the 16-bit bytes, often most of the model."""
+    head = "MoE experts are 3-D parameters in transformers >= 5, which bitsandbytes does not quantize"
+    if setup.kbit in (KbitPrep.peft, KbitPrep.trl):
+        return (f"{head}; the k-bit preparation ({setup.kbit.value}) casts them to fp32 with every other parameter "
+                "that is not 4-bit, so they weigh 4 bytes each: --kbit-prep none keeps them 16-bit")
+    return f"{head}: they stay 16-bit"
+
+
 def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | None) -> list[str]:
     """What the estimate says about the setup before any figure: an attention fallback, and where
     peft or bitsandbytes treat a part of the model otherwise than the formulas assume."""
@@ -337,7 +349,7 @@ def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | No
     if attention_note:
         notes.append(attention_note)
     if model.num_experts and setup.method == Method.qlora:
-        notes.append("MoE experts are 3-D parameters in transformers >= 5: bitsandbytes leaves them 16-bit")
+        notes.append(_experts_note(setup))
     if setup.is_peft and setup.dora and (model.lora_selection(setup.lora_targets).head
                                          or model.lora_selection(setup.lora_targets).embed):
         notes.append("DoRA on lm_head/embed_tokens: their magnitudes are counted, not the V x h norm work "
