@@ -188,6 +188,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from reportgen.views.progress import Stages
 
     console = Console(stderr=True)
+    if not console.is_terminal:  # piped or logged: one line per message, never wrapped inside a number
+        console = Console(stderr=True, soft_wrap=True)
     sweep = load_sweep(args.file, max_cases=args.max_cases or DEFAULT_MAX_CASES)
     measuring = args.measure or sweep.spec.measure.enabled
     slurm = _slurm_options(args, measuring=measuring)

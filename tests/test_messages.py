@@ -129,3 +129,22 @@ def test_the_moe_qlora_note_says_what_the_kbit_preparation_does_to_the_experts()
     assert any("casts them to fp32" in n and "--kbit-prep none" in n for n in prepared.notes)
     assert any("they stay 16-bit" in n for n in plain.notes)
     assert prepared.memory.terms["weights"] > 1.9 * plain.memory.terms["weights"]
+
+
+def test_piped_sweep_output_is_never_wrapped_inside_a_line(tmp_path):
+    """Issue 31: piped output of reportgen sweep wrapped at 80 columns, in the middle of a number."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / ("a-long-folder-name-" * 4) / "results"
+    proc = subprocess.run([sys.executable, "-m", "reportgen", "sweep", str(root / "tests/fixtures/sweeps/tiny.yaml"),
+                           "--results", str(out), "--no-render"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    summary = [line for line in proc.stderr.splitlines() if " cases, " in line]
+    assert summary and str(out) in summary[0]
+    timing = [line for line in proc.stderr.splitlines() if line.startswith("time: ")]
+    assert timing and timing[0].rstrip().endswith(" s") and "=" in timing[0]
