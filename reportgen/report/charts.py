@@ -49,6 +49,27 @@ TERM_COLORS = {
 #: a marker per technique (lines and points), so no chart leans on colour alone
 TECHNIQUE_MARKERS = {"Full": "o", "Full + ckpt": "s", "LoRA": "^", "LoRA + ckpt": "v", "QLoRA": "P",
                      "QLoRA + ckpt": "X"}
+#: the second, third, ... setup of one technique on one chart (LoRA r16 and r64, all-linear and qv, ...):
+#: its own marker and a lighter or darker shade of the technique's colour, so no two lines look alike
+VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+VARIANT_SHADES = (0.0, 0.35, -0.3, 0.55, -0.5)
+
+
+def variant_style(technique: str, k: int) -> tuple[str, str]:
+    """``(colour, marker)`` of the ``k``-th setup (0-based) of ``technique`` on a chart: the technique's
+    own for the first, then shades of its colour (mixed with white for a positive shade, black for a
+    negative one) and the next markers."""
+    color, marker = TECHNIQUE_COLORS[technique], TECHNIQUE_MARKERS[technique]
+    if k == 0:
+        return color, marker
+    shade = VARIANT_SHADES[k % len(VARIANT_SHADES)] or 0.7
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    target = 255 if shade > 0 else 0
+    mixed = [round(c + (target - c) * abs(shade)) for c in rgb]
+    others = [m for m in VARIANT_MARKERS if m != marker]
+    return "#" + "".join(f"{c:02x}" for c in mixed), others[(k - 1) % len(others)]
+
+
 #: "+ ckpt" cells and bars are hatched
 CKPT_HATCH = "...."
 #: the smallest text on a chart, in points. Charts are at most ``MAX_WIDTH_IN`` wide, so a page column
@@ -434,11 +455,13 @@ def memory_by_seq(series: list[dict], capacities: list[tuple[float, str]], title
         ax.axhline(y, color="#888888", linestyle=":", linewidth=0.9)
         labels.append((y, textwrap.fill(f"{y:.0f} GiB: {names}", 26, subsequent_indent="  ")))  # inside MAX_WIDTH_IN
     _capacity_labels(ax, labels, ylim, fig.get_size_inches()[1] * ax.get_position().height * 72)
+    seen: dict[str, int] = {}
     for se in series:
         pts = sorted(se["points"])
+        k = seen[se["technique"]] = seen.get(se["technique"], -1) + 1
+        color, marker = variant_style(se["technique"], k)
         ax.plot([p[0] for p in pts], [p[1] / GIB for p in pts], "--" if se["multi_gpu"] else "-",
-                marker=TECHNIQUE_MARKERS[se["technique"]], markersize=5, linewidth=1.6,
-                color=TECHNIQUE_COLORS[se["technique"]], label=se["label"])
+                marker=marker, markersize=5, linewidth=1.6, color=color, label=se["label"])
         if se.get("measured"):
             ms = sorted(se["measured"])
             ax.plot([p[0] for p in ms], [p[1] / GIB for p in ms], **MEASURED)

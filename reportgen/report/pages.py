@@ -458,8 +458,9 @@ def model_pages(site: SiteData) -> list[Page]:
                         measured.append((seq, mv))
             series.append({"label": se["label"], "technique": se["technique"], "multi_gpu": se["multi_gpu"],
                            "points": points, "measured": sorted(measured)})
-            table.append({"label": se["label"], "color": TECHNIQUE_COLORS[se["technique"]],
-                          "cells": [cells.get(s) for s in seqs]})
+            k = sum(1 for t in table if t["technique"] == se["technique"])  # as memory_by_seq counts
+            table.append({"label": se["label"], "technique": se["technique"],
+                          "color": charts.variant_style(se["technique"], k)[0], "cells": [cells.get(s) for s in seqs]})
         chart = None
         if series:
             chart_path = f"charts/models/{name}-memory-by-seq.svg"
