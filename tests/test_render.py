@@ -463,3 +463,16 @@ def test_the_home_and_methodology_pages_count_the_same_measured_cases(results):
     assert n_home == methodology_pages(site)[0].context["n_compared"] > 0
     # the fixture has such a case, so the test tells the two counts apart
     assert any(r["compare"] and not r["measured"] for r in site_rows(site))
+
+
+def test_no_sentence_runs_into_the_next(docs):
+    """Issue 31: 'traced case.Measured' on the GPU pages (a template's line break eaten by trim_blocks).
+    Outside code spans, links and URLs, a word, a full stop and a capitalised word with no space
+    between them is such a join (``torch.optim.AdamW`` is a path: what precedes it is a dot)."""
+    joined = {}
+    for page in sorted(docs.rglob("*.md")):
+        text = re.sub(r"`+[^`]*`+", "", page.read_text())
+        text = re.sub(r"\]\([^)]*\)|https?://\S+", "]", text)
+        for m in re.finditer(r"(?<![\w.])[a-z]{3,}\.[A-Z][a-z]{2,}", text):
+            joined.setdefault(page.relative_to(docs).as_posix(), []).append(m.group())
+    assert joined == {}
