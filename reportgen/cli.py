@@ -211,7 +211,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
             pages = render_all(args.results, args.docs, progress=stages.render_progress())
             stages.finish_render()
-            console.print(f"rendered {len(pages)} pages into {args.docs}")
+            console.print(pages.said(args.docs))
     console.print(f"time: {stages.summary()}", highlight=False)
     return 1 if run.failed else 0
 

@@ -476,3 +476,29 @@ def test_no_sentence_runs_into_the_next(docs):
         for m in re.finditer(r"(?<![\w.])[a-z]{3,}\.[A-Z][a-z]{2,}", text):
             joined.setdefault(page.relative_to(docs).as_posix(), []).append(m.group())
     assert joined == {}
+
+
+def test_a_render_with_nothing_changed_writes_nothing_and_says_so(results, tmp_path, capsys):
+    """Issue 31: a second run with nothing changed re-rendered every page. Now the key of every
+    input (result files, code, data, commit) is kept in the manifest: the same key and every file
+    in place is no render; a changed result file, or a page deleted, renders again."""
+    import os
+    import time
+
+    docs = tmp_path / "docs"
+    first = render.render_all(results[0], docs, published=PUBLISHED, commit=COMMIT, providers=OWN)
+    assert not first.unchanged and first
+    page = docs / "index.md"
+    mtime = page.stat().st_mtime_ns
+    t0 = time.perf_counter()
+    again = render.render_all(results[0], docs, published=PUBLISHED, commit=COMMIT, providers=OWN)
+    assert again.unchanged and sorted(again) == sorted(first) and page.stat().st_mtime_ns == mtime
+    assert time.perf_counter() - t0 < 1.0
+    assert "site unchanged" in again.said(docs)
+    result = next(results[0].rglob("*.json"))
+    os.utime(result, ns=(result.stat().st_atime_ns, result.stat().st_mtime_ns + 10**9))
+    assert not render.render_all(results[0], docs, published=PUBLISHED, commit=COMMIT, providers=OWN).unchanged
+    page.unlink()
+    assert not render.render_all(results[0], docs, published=PUBLISHED, commit=COMMIT, providers=OWN).unchanged
+    assert page.is_file()
+    assert not render.render_all(results[0], docs, published=PUBLISHED, commit="another", providers=OWN).unchanged

@@ -145,7 +145,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     with Stages(console) as stages:
         pages = render_all(args.results, args.docs, published=args.published, progress=stages.render_progress())
         stages.finish_render()
-    print(f"rendered {len(pages)} pages into {args.docs} in {stages.summary()}")
+    print(f"{pages.said(args.docs)} in {stages.summary()}")
     return 0
 
 

@@ -257,17 +257,24 @@ def build_outputs(site: SiteData, published: Path | None = DEFAULT_PUBLISHED,
     return {rel: drawn[v.key] if isinstance(v, ChartJob) else v for rel, v in outputs.items()}, pages
 
 
-def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
+def read_manifest(docs_dir: Path) -> dict:
+    """The last render's manifest (``{}`` when there is none or it cannot be read)."""
+    try:
+        data = json.loads((Path(docs_dir) / MANIFEST).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes], pages: list[str] | None = None,
+                  inputs: str | None = None) -> None:
     """Write what changed (unchanged files keep their mtime for ``mkdocs serve``), remove what the
-    last render wrote and this one did not, and record the list in the manifest."""
+    last render wrote and this one did not, and record the list in the manifest, with the pages and
+    the key of the inputs they were made from (``unchanged.py``)."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     manifest = docs_dir / MANIFEST
-    old: list[str] = []
-    if manifest.exists():
-        try:
-            old = json.loads(manifest.read_text()).get("files", [])
-        except (ValueError, AttributeError, RecursionError):
-            old = []
+    old = read_manifest(docs_dir).get("files", [])
+    old = old if isinstance(old, list) else []
     for rel in sorted(outputs):
         target = docs_dir / rel
         data = outputs[rel] if isinstance(outputs[rel], bytes) else outputs[rel].encode()
@@ -288,7 +295,21 @@ def write_outputs(docs_dir: Path, outputs: dict[str, str | bytes]) -> None:
         while parent != docs_dir and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
-    manifest.write_text(json.dumps({"generated_by": "reportgen render", "files": sorted(outputs)}, indent=1) + "\n")
+    record = {"generated_by": "reportgen render", "files": sorted(outputs), "pages": pages, "inputs": inputs}
+    manifest.write_text(json.dumps(record, indent=1) + "\n")
+
+
+class Rendered(list):
+    """The pages of a render; ``unchanged``: none was rewritten, the inputs being those of the last."""
+
+    def __init__(self, pages, unchanged: bool = False):
+        super().__init__(pages)
+        self.unchanged = unchanged
+
+    def said(self, docs_dir) -> str:
+        if self.unchanged:
+            return f"site unchanged: its {len(self)} pages in {docs_dir} were made from these same results and code"
+        return f"rendered {len(self)} pages into {docs_dir}"
 
 
 def render_all(results_dir: Path, docs_dir: Path, published: Path | None = DEFAULT_PUBLISHED,
@@ -301,9 +322,16 @@ def render_all(results_dir: Path, docs_dir: Path, published: Path | None = DEFAU
     this code; a string or None sets it. ``providers``: ``module:function`` specs (default
     ``PROVIDERS``: all of them). ``progress(stage, done, total)`` hears of each step. Returns the
     pages written."""
-    site = load_site(Path(results_dir), git_commit() if commit is True else commit or None)
+    from reportgen.report.unchanged import render_key, unchanged
+
+    commit = git_commit() if commit is True else commit or None
+    key = render_key(Path(results_dir), published, commit, providers)
+    same = unchanged(Path(docs_dir), read_manifest(Path(docs_dir)), key)
+    if same is not None:  # nothing a page reads changed, and the pages are where the last render left them
+        return Rendered([Path(docs_dir) / p for p in same], unchanged=True)
+    site = load_site(Path(results_dir), commit)
     outputs, pages = build_outputs(site, published, providers, progress)
     progress("writing", 0, 1)
-    write_outputs(Path(docs_dir), outputs)
+    write_outputs(Path(docs_dir), outputs, pages=[str(p) for p in pages], inputs=key)
     progress("writing", 1, 1)
-    return [Path(docs_dir) / p for p in pages]
+    return Rendered([Path(docs_dir) / p for p in pages])
