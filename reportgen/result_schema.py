@@ -50,10 +50,10 @@ class StoredCase(_Loose):
         """A setup this version reads (an estimate is recomputed from it, a measurement compared with
         its estimate): an older file whose setup no longer reads is refused, with the field."""
         try:
-            TrainingSetup.model_validate(setup)
+            full = TrainingSetup.model_validate(setup).model_dump(mode="json")
         except SetupError as exc:
             raise ValueError(f"not a setup of this version ({exc})") from None
-        return setup
+        return {**setup, **full}  # every field, a field left out read as its default
 
 
 class _Figures(_Loose):
@@ -206,11 +206,10 @@ def _check(model: type[BaseModel], doc: dict, path, noun: str) -> dict:
     """``doc`` when it validates, with its setup in full (a field left out read as its default, as
     ``TrainingSetup`` reads it: the pages read every field)."""
     try:
-        model.model_validate(doc)
+        setup = model.model_validate(doc).case.setup
     except ValidationError as exc:
         raise UnreadableResult(path, f"not a well-formed {noun}: {_first_error(exc)}") from None
-    setup = TrainingSetup.model_validate(doc["case"]["setup"]).model_dump(mode="json")
-    return {**doc, "case": {**doc["case"], "setup": {**doc["case"]["setup"], **setup}}}
+    return {**doc, "case": {**doc["case"], "setup": setup}}
 
 
 def check_estimate(doc: dict, path) -> dict:
