@@ -148,3 +148,13 @@ def test_piped_sweep_output_is_never_wrapped_inside_a_line(tmp_path):
     assert summary and str(out) in summary[0]
     timing = [line for line in proc.stderr.splitlines() if line.startswith("time: ")]
     assert timing and timing[0].rstrip().endswith(" s") and "=" in timing[0]
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs /proc")
+def test_a_results_folder_nothing_can_be_written_to_is_refused_before_the_first_estimate(tmp_path, capsys):
+    from pathlib import Path
+
+    sweep = Path(__file__).parent / "fixtures" / "sweeps" / "tiny.yaml"
+    assert main(["sweep", str(sweep), "--results", "/proc/reportgen-results", "--no-render"]) == 2
+    err = _err(capsys)
+    assert "--results /proc/reportgen-results: cannot be written" in err and "Traceback" not in err
