@@ -341,7 +341,9 @@ def throughput_by_batch(panels: list[tuple[str, list[dict]]], title: str) -> str
     n = len(panels)
     ncols = min(4, n)
     nrows = math.ceil(n / ncols)
-    w, h = 2.0 * ncols + 0.8, 1.95 * nrows + 1.35
+    # at least the width of its title (11 pt bold: about 10.5 characters an inch) and legend (one or two
+    # panels cut both off: a 4.8-inch figure)
+    w, h = max(2.0 * ncols + 0.8, min(max(6.3, len(title) / 10.5 + 0.4), MAX_WIDTH_IN)), 1.95 * nrows + 1.35
     fig, axes = plt.subplots(nrows, ncols, figsize=(w, h), squeeze=False)
     fig.subplots_adjust(left=0.7 / w, right=1 - 0.1 / w, top=1 - 0.55 / h, bottom=1.15 / h, wspace=0.3, hspace=0.55)
     batches = sorted({r["batch"] for _, rows in panels for r in rows})
