@@ -502,3 +502,11 @@ def test_a_render_with_nothing_changed_writes_nothing_and_says_so(results, tmp_p
     assert not render.render_all(results[0], docs, published=PUBLISHED, commit=COMMIT, providers=OWN).unchanged
     assert page.is_file()
     assert not render.render_all(results[0], docs, published=PUBLISHED, commit="another", providers=OWN).unchanged
+
+
+def test_no_page_prints_none_for_a_missing_figure(docs):
+    """Issue 31: the A10G page said 'Host link None' (its catalog entry has no published host link)."""
+    found = {p.relative_to(docs).as_posix() for p in docs.rglob("*.md")
+             if re.search(r"\|\s*None\s*(\||\()|\bNone\b \(", p.read_text())}
+    assert found == set()
+    assert "| Host link | not published |" in (docs / "gpus" / "a10g.md").read_text()
