@@ -510,3 +510,22 @@ def test_no_page_prints_none_for_a_missing_figure(docs):
              if re.search(r"\|\s*None\s*(\||\()|\bNone\b \(", p.read_text())}
     assert found == set()
     assert "| Host link | not published |" in (docs / "gpus" / "a10g.md").read_text()
+
+
+def test_a_gpu_page_opens_with_its_answer(docs):
+    """Issue 31: the answer first. The box under the title says how many swept models fine-tune on
+    one card, the largest with its fastest setup (the 'Fastest setup per model' row of that model),
+    and how many fit a full fine-tune."""
+    text = (docs / "gpus" / "rtx-4090.md").read_text()
+    head = text.split("## The card")[0]
+    box = re.search(r'!!! abstract "On one RTX 4090 \(24\.0 GiB\)"\n((?:    .*\n)+)', head)
+    assert box, head[:600]
+    body = " ".join(box.group(1).split())
+    fitting, models = map(int, re.search(r"\*\*(\d+) of (\d+)\*\* swept models", body).groups())
+    assert 0 < fitting <= models
+    largest = re.search(r"the largest of them, \[([^\]]+)\]", body).group(1)
+    row = next(line for line in text.split("## Fastest setup per model")[1].splitlines()
+               if line.startswith(f"| [{largest}]"))
+    tokens = re.search(r"about ([0-9,]+) tokens/s", body).group(1)
+    assert tokens in row
+    assert re.search(r"Full fine-tuning fits \d+ of them on one card", body)

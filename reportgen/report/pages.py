@@ -361,6 +361,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             files[csv_path] = write_csv(rows)
         context = {
             "root": "../",
+            "answer": gpu_answer(models, rows),
             "gpu": facts,
             "covered": bool(rows),
             "sweeps": sorted({r["sweep"] for r in rows}),
@@ -382,6 +383,25 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
         pages.append(Page(path=path, template="gpu.md.j2", context=context, files=files))
     pages.append(_gpus_index(site, by_gpu))
     return pages
+
+
+def _params(model: str) -> int:
+    try:
+        return catalog.load_model(model).total_params
+    except Exception:  # noqa: BLE001 - a model this machine cannot resolve (a path gone): orders last
+        return 0
+
+
+def gpu_answer(models: list[dict], rows: list[dict]) -> dict | None:
+    """What a GPU page opens with (issue 31: the answer first): how many of the swept models fine-tune
+    on one card, the largest of them with its fastest fitting setup, and how many fit a full
+    fine-tune on one card. None without a swept case."""
+    if not models:
+        return None
+    fitting = [x for x in models if x["best"] and x["best"]["gpus"] == 1]
+    largest = max(fitting, key=lambda x: (_params(x["name"]), x["name"]), default=None)
+    full = {r["model"] for r in rows if r["fits"] and r["gpus"] == 1 and r["technique"].startswith("Full")}
+    return {"fitting": len(fitting), "models": len(models), "largest": largest, "full": len(full)}
 
 
 def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
