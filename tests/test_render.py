@@ -529,3 +529,18 @@ def test_a_gpu_page_opens_with_its_answer(docs):
     tokens = re.search(r"about ([0-9,]+) tokens/s", body).group(1)
     assert tokens in row
     assert re.search(r"Full fine-tuning fits \d+ of them on one card", body)
+
+
+def test_a_model_page_opens_with_its_answer(docs):
+    """Issue 31: the answer first, inside one box above the legend: the smallest card the model
+    fine-tunes on alone, with the setup its 'Where it fits' row names, and where full fine-tuning fits."""
+    text = (docs / "models" / "llama-3.1-8b.md").read_text()
+    head = text.split("## Architecture")[0]
+    box = re.search(r'!!! abstract "Where llama-3.1-8b fine-tunes"\n((?:    .*\n)+)', head)
+    assert box, head[:800]
+    body = " ".join(box.group(1).split())
+    card = re.search(r"\*\*On one (.+?)\*\*", body).group(1)
+    tokens = re.search(r"about ([0-9,]+) tokens/s", body).group(1)
+    row = next(line for line in text.split("## Where it fits")[1].splitlines() if line.startswith(f"| [{card}]"))
+    assert tokens in row
+    assert "Full fine-tuning fits" in body and "every card is [below](#where-it-fits)" in body

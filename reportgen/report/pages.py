@@ -404,6 +404,23 @@ def gpu_answer(models: list[dict], rows: list[dict]) -> dict | None:
     return {"fitting": len(fitting), "models": len(models), "largest": largest, "full": len(full)}
 
 
+def model_answer(fits: list[dict], rows: list[dict]) -> dict | None:
+    """What a model page opens with (issue 31): the smallest swept card that fine-tunes it alone, with
+    its fastest fitting setup; the fastest single card; the smallest card a full fine-tune fits on.
+    None without a swept case."""
+    if not fits:
+        return None
+    memory = {f["gpu"]: catalog.load_gpu(f["gpu"]).memory_bytes for f in fits}
+    alone = [f for f in fits if f["best"] and f["best"]["gpus"] == 1]
+    smallest = min(alone, key=lambda f: (memory[f["gpu"]], f["gpu"]), default=None)
+    fastest = max(alone, key=lambda f: (f["best"]["tokens_per_s"] or 0, f["gpu"]), default=None)
+    full = [r["gpu"] for r in rows if r["fits"] and r["gpus"] == 1 and r["technique"].startswith("Full")]
+    full_card = min(full, key=lambda g: (memory[g], g), default=None)
+    by_gpu = {f["gpu"]: f for f in fits}
+    return {"smallest": smallest, "fastest": fastest if fastest is not smallest else None,
+            "full": by_gpu.get(full_card), "cards": len(fits), "alone": len(alone)}
+
+
 def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
     path = "gpus/index.md"
     items = []
@@ -504,7 +521,7 @@ def model_pages(site: SiteData) -> list[Page]:
             "chart_alt": (f"Line chart: estimated device memory of {name} on one GPU against sequence length, one "
                           "line per technique at micro-batch 1, with the memory of each catalog GPU as a dotted "
                           "horizontal line"),
-            "seqs": seqs, "memory_table": table, "fits": fits,
+            "seqs": seqs, "memory_table": table, "fits": fits, "answer": model_answer(fits, rows),
             "max_spread": max((c["spread"] for t in table for c in t["cells"] if c), default=0),
             "csv": rel(path, csv_path) if rows else None,
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
