@@ -558,3 +558,37 @@ def test_a_hub_id_fetches_its_config_and_says_why_when_it_cannot(served_site, br
         server.server_close()
     unreachable = browser.execute_async_script(FETCH_HUB, "acme/Tiny-Mistral", base)  # the server is gone
     assert "could not reach the Hub" in unreachable and "paste it below" in unreachable
+
+
+class _SubPath(_Handler):
+    """The site under /reportgen/, as GitHub Pages serves a project site; anything else is 404."""
+
+    PREFIX = "/reportgen"
+
+    def do_GET(self):
+        if not self.path.startswith(self.PREFIX + "/"):
+            self.send_error(404)
+            return
+        self.path = self.path[len(self.PREFIX):]
+        super().do_GET()
+
+
+def test_the_site_and_its_calculator_work_under_a_project_sub_path(fixture_site_built, served_site, browser):
+    """Issue 31: GitHub Pages serves a project site under /<repository>/; every URL the calculator and
+    its worker build is relative to the page, so the estimator answers there too, and the numbers are
+    the ones served at the root."""
+    site, _ = fixture_site_built
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_SubPath, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/reportgen/"
+        first_answer(browser, base + "calculator/")
+        under = browser.execute_script(READ_PAGE)
+        assert under["error"] is None and under["command"].startswith("reportgen estimate")
+        requests = json.loads(browser.execute_script("return document.getElementById('rg-calc').dataset.workerRequests"))
+        assert requests and all(u.startswith(base) for u in requests), requests
+        first_answer(browser, served_site + "calculator/")
+        assert browser.execute_script(READ_PAGE)["json"] == under["json"]
+    finally:
+        server.shutdown()
+        server.server_close()
