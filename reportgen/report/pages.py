@@ -447,6 +447,44 @@ def _capacities() -> list[tuple[int, str]]:
     return [(b, ", ".join(names)) for b, names in merged]
 
 
+def memory_by_seq_view(rows: list[dict]) -> tuple[list[dict], list[dict], list[int]]:
+    """A model page's memory against sequence length: per setup at its smallest batch, the highest
+    device total over the GPUs, as the chart's series and the table's rows (colours as the chart
+    draws them, ``charts.variant_style``), and the sequence lengths."""
+    # memory against sequence length: per setup, batch 1 (smallest batch), highest over the GPUs
+    series_map: dict[tuple, dict] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["device_total"] is None:
+            continue
+        key = (TECHNIQUES.index(r["technique"]), r["gpus"], r["family"])
+        se = series_map.setdefault(key, {"label": r["family"], "technique": r["technique"],
+                                         "multi_gpu": r["gpus"] > 1, "by_seq": {}})
+        se["by_seq"].setdefault(r["seq"], []).append(r)
+    series, table = [], []
+    seqs = sorted({r["seq"] for r in rows})
+    for key in sorted(series_map):
+        se = series_map[key]
+        points, measured, cells = [], [], {}
+        for seq, rs in sorted(se["by_seq"].items()):
+            b = min(r["batch"] for r in rs)
+            at = [r for r in rs if r["batch"] == b]
+            top = max(at, key=lambda r: (r["device_total"], r["id"]))
+            points.append((seq, top["device_total"]))
+            cells[seq] = {"device_total": top["device_total"], "batch": b,
+                          "spread": top["device_total"] - min(r["device_total"] for r in at),
+                          "gpus_n": len(at), "id": top["id"]}
+            for r in at:
+                mv = (r["measured"] or {}).get("device_total")
+                if mv is not None:
+                    measured.append((seq, mv))
+        series.append({"label": se["label"], "technique": se["technique"], "multi_gpu": se["multi_gpu"],
+                       "points": points, "measured": sorted(measured)})
+        k = sum(1 for t in table if t["technique"] == se["technique"])  # as memory_by_seq counts
+        table.append({"label": se["label"], "technique": se["technique"],
+                      "color": charts.variant_style(se["technique"], k)[0], "cells": [cells.get(s) for s in seqs]})
+    return series, table, seqs
+
+
 def model_pages(site: SiteData) -> list[Page]:
     walks = _walks(site)
     all_rows = site_rows(site)
@@ -467,37 +505,7 @@ def model_pages(site: SiteData) -> list[Page]:
         }
         components = [{"name": k, "params": v, "share": v / spec.total_params} for k, v in comps.items()]
         files: dict[str, str] = {}
-        # memory against sequence length: per setup, batch 1 (smallest batch), highest over the GPUs
-        series_map: dict[tuple, dict] = {}
-        for r in rows:
-            if r["status"] != "ok" or r["device_total"] is None:
-                continue
-            key = (TECHNIQUES.index(r["technique"]), r["gpus"], r["family"])
-            se = series_map.setdefault(key, {"label": r["family"], "technique": r["technique"],
-                                             "multi_gpu": r["gpus"] > 1, "by_seq": {}})
-            se["by_seq"].setdefault(r["seq"], []).append(r)
-        series, table = [], []
-        seqs = sorted({r["seq"] for r in rows})
-        for key in sorted(series_map):
-            se = series_map[key]
-            points, measured, cells = [], [], {}
-            for seq, rs in sorted(se["by_seq"].items()):
-                b = min(r["batch"] for r in rs)
-                at = [r for r in rs if r["batch"] == b]
-                top = max(at, key=lambda r: (r["device_total"], r["id"]))
-                points.append((seq, top["device_total"]))
-                cells[seq] = {"device_total": top["device_total"], "batch": b,
-                              "spread": top["device_total"] - min(r["device_total"] for r in at),
-                              "gpus_n": len(at), "id": top["id"]}
-                for r in at:
-                    mv = (r["measured"] or {}).get("device_total")
-                    if mv is not None:
-                        measured.append((seq, mv))
-            series.append({"label": se["label"], "technique": se["technique"], "multi_gpu": se["multi_gpu"],
-                           "points": points, "measured": sorted(measured)})
-            k = sum(1 for t in table if t["technique"] == se["technique"])  # as memory_by_seq counts
-            table.append({"label": se["label"], "technique": se["technique"],
-                          "color": charts.variant_style(se["technique"], k)[0], "cells": [cells.get(s) for s in seqs]})
+        series, table, seqs = memory_by_seq_view(rows)
         chart = None
         if series:
             chart_path = f"charts/models/{name}-memory-by-seq.svg"

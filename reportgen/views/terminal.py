@@ -55,9 +55,26 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
         table.add_row("host RAM (offload)", gib(mem.host_ram), "")
     console.print(table)
 
+    console.print(_time_table(t, gpu, v.kind))
+    mb = "none fits" if est.max_batch is None else str(est.max_batch)  # the calculator's words
+    ms = "none fits" if est.max_seq is None else f"{est.max_seq:,}"
+    console.print(f"[{style}]{escape(v.text())}[/]", highlight=False)
+    console.print(f"largest micro-batch that fits at seq {est.setup.seq:,}: [bold]{mb}[/]   "
+                  f"longest sequence that fits at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
+    if v.kind == "does not fit":
+        import shlex
+
+        console.print(escape(f"what to turn on first, each step estimated: reportgen advise --model {shlex.quote(model.name)} "
+                             f"--gpu {gpu.key} --seq {est.setup.seq}"), highlight=False)
+    for note in est.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    console.print(f"[dim]{escape(footer)}[/]", highlight=False)
+
+def _time_table(t, gpu, kind: str) -> Table:
+    """The step time of an estimate, GPU and host, as a table (said to be hypothetical when it does not fit)."""
     basis = ("GEMM efficiency fitted to published tokens/s of consumer cards, the rest to H100 step times"
              if gpu.is_consumer else "constants fitted to H100 step times")
-    ran = " if it fit (it does not: the step would run out of memory)" if v.kind == "does not fit" else ""
+    ran = " if it fit (it does not: the step would run out of memory)" if kind == "does not fit" else ""
     tt = Table(title=f"time{ran} (kernels priced on the GPU and on the host, overlapped; {basis})", title_justify="left")
     tt.add_column("")
     tt.add_column("", justify="right")
@@ -79,17 +96,4 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
     tt.add_row("hardware FLOPs per token", f"{t.hardware_flops_per_token / 1e9:.1f} GFLOP")
     tt.add_row(f"{t.train_tokens / 1e6:,.0f}M tokens", "-" if t.train_hours is None else
                f"{t.train_hours:.1f} h, {money(t.train_dollars)}")
-    console.print(tt)
-    mb = "none fits" if est.max_batch is None else str(est.max_batch)  # the calculator's words
-    ms = "none fits" if est.max_seq is None else f"{est.max_seq:,}"
-    console.print(f"[{style}]{escape(v.text())}[/]", highlight=False)
-    console.print(f"largest micro-batch that fits at seq {est.setup.seq:,}: [bold]{mb}[/]   "
-                  f"longest sequence that fits at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
-    if v.kind == "does not fit":
-        import shlex
-
-        console.print(escape(f"what to turn on first, each step estimated: reportgen advise --model {shlex.quote(model.name)} "
-                             f"--gpu {gpu.key} --seq {est.setup.seq}"), highlight=False)
-    for note in est.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
-    console.print(f"[dim]{escape(footer)}[/]", highlight=False)
+    return tt
