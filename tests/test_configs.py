@@ -204,6 +204,8 @@ BAD = [
     ("dq.yml", "base_model: meta-llama/Llama-3.2-1B\nadapter: qlora\nload_in_4bit: true\nlora_r: 8\n"
      "lora_target_linear: true\nbnb_config_kwargs:\n  bnb_4bit_use_double_quant: \"false\"\n",
      "dq.yml:6: bnb_config_kwargs: must be true or false (got 'false')"),
+    ("batch0.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: 0\n",
+     "batch0.yaml:2: per_device_train_batch_size: must be at least 1 (got 0)"),
     ("arabic.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: \"\u0664\"\n",
      "arabic.yaml:2: per_device_train_batch_size: must be a whole number (got '\u0664')"),
     ("ds-true.yml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed:\n  zero_optimization:\n    stage: true\n",

@@ -32,56 +32,12 @@ def translate(r: Reader) -> Translation:
     if not isinstance(init, dict):
         raise r.error("model_init_kwargs", f"must be a mapping (got {init!r})")
 
-    # ----- method and quantization -----
-    peft = r.boolean("use_peft", False)
-    four, eight = r.boolean("load_in_4bit", False), r.boolean("load_in_8bit", False)
-    if four and eight:
-        raise r.error("load_in_8bit", "contradicts load_in_4bit: true (a model is loaded in one of them)",
-                      hint="keep load_in_4bit: true for QLoRA")
-    if eight:
-        raise r.error("load_in_8bit", "8-bit (LLM.int8) training is not modelled",
-                      hint="use load_in_4bit: true (QLoRA) or drop it (LoRA on 16-bit weights)")
-    if four and not peft:
-        raise r.error("load_in_4bit", "a 4-bit model trains only through adapters: needs use_peft: true",
-                      hint="add use_peft: true")
-    method = "qlora" if four else "lora" if peft else "full"
-    t.set("method", method, "use_peft" if not four else "load_in_4bit")
-    if four:
-        quant = str(r.tool_default("bnb_4bit_quant_type"))
-        if quant not in ("nf4", "fp4"):
-            raise r.error("bnb_4bit_quant_type", f"must be nf4 or fp4 (got {quant!r})")
-        t.set("quant", quant, "bnb_4bit_quant_type")
-        t.set("double_quant", bool(r.boolean("use_bnb_nested_quant", False)), "use_bnb_nested_quant")
-    if peft:
-        t.set("lora_rank", r.integer("lora_r", 16), "lora_r")
-        t.set("lora_alpha", r.integer("lora_alpha", 32), "lora_alpha")
-        t.set("lora_dropout", r.number("lora_dropout", 0.05), "lora_dropout")
-        _targets(r, t)
-        t.set("dora", bool(r.boolean("use_dora", False)), "use_dora")
+    method = _method(r, t)
 
     # ----- precision -----
     _precision(r, t, init, method)
 
-    # ----- batch, length, padding -----
-    t.set("batch", r.integer("per_device_train_batch_size", 8), "per_device_train_batch_size")
-    t.set("accum", r.integer("gradient_accumulation_steps", 1), "gradient_accumulation_steps")
-    length_key = "max_length" if r.has("max_length") or not r.has("max_seq_length") else "max_seq_length"
-    if length_key == "max_seq_length":
-        t.approx("max_seq_length", "the name of max_length before TRL 0.20: read as max_length")
-    if "max_length" in r.doc and r.doc["max_length"] is None:
-        raise r.error("max_length", "null (no truncation): the longest sample decides the memory",
-                      hint="set max_length to your longest sample, or pass --seq N")
-    t.set("seq", r.integer(length_key, 1024), length_key)
-    packing, free = r.boolean("packing", False), r.boolean("padding_free", False)
-    r.get("packing_strategy")
-    if packing:
-        t.set("padding", "packed", "packing")
-    elif free:
-        t.set("padding", "packed", "padding_free")
-        t.approx("padding_free", "the samples of a micro-batch flattened into one row without padding: modelled as "
-                 "packed rows of max_length tokens")
-    else:
-        t.set("padding", "longest", "packing")
+    _batch(r, t)
 
     # ----- the step -----
     t.set("grad_ckpt", bool(r.boolean("gradient_checkpointing", True)), "gradient_checkpointing")
@@ -111,6 +67,59 @@ def translate(r: Reader) -> Translation:
             raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
         deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
     return finish(r, t)
+
+
+def _method(r: Reader, t: Translation) -> str:
+    """Full fine-tuning, LoRA or QLoRA (``use_peft``, ``load_in_4bit``), the 4-bit type and the adapters."""
+    peft = r.boolean("use_peft", False)
+    four, eight = r.boolean("load_in_4bit", False), r.boolean("load_in_8bit", False)
+    if four and eight:
+        raise r.error("load_in_8bit", "contradicts load_in_4bit: true (a model is loaded in one of them)",
+                      hint="keep load_in_4bit: true for QLoRA")
+    if eight:
+        raise r.error("load_in_8bit", "8-bit (LLM.int8) training is not modelled",
+                      hint="use load_in_4bit: true (QLoRA) or drop it (LoRA on 16-bit weights)")
+    if four and not peft:
+        raise r.error("load_in_4bit", "a 4-bit model trains only through adapters: needs use_peft: true",
+                      hint="add use_peft: true")
+    method = "qlora" if four else "lora" if peft else "full"
+    t.set("method", method, "use_peft" if not four else "load_in_4bit")
+    if four:
+        quant = str(r.tool_default("bnb_4bit_quant_type"))
+        if quant not in ("nf4", "fp4"):
+            raise r.error("bnb_4bit_quant_type", f"must be nf4 or fp4 (got {quant!r})")
+        t.set("quant", quant, "bnb_4bit_quant_type")
+        t.set("double_quant", bool(r.boolean("use_bnb_nested_quant", False)), "use_bnb_nested_quant")
+    if peft:
+        t.set("lora_rank", r.integer("lora_r", 16), "lora_r")
+        t.set("lora_alpha", r.integer("lora_alpha", 32), "lora_alpha")
+        t.set("lora_dropout", r.number("lora_dropout", 0.05), "lora_dropout")
+        _targets(r, t)
+        t.set("dora", bool(r.boolean("use_dora", False)), "use_dora")
+    return method
+
+
+def _batch(r: Reader, t: Translation) -> None:
+    """Micro-batch, accumulation, length and padding (``packing``, ``padding_free``)."""
+    t.set("batch", r.integer("per_device_train_batch_size", 8, minimum=1), "per_device_train_batch_size")
+    t.set("accum", r.integer("gradient_accumulation_steps", 1, minimum=1), "gradient_accumulation_steps")
+    length_key = "max_length" if r.has("max_length") or not r.has("max_seq_length") else "max_seq_length"
+    if length_key == "max_seq_length":
+        t.approx("max_seq_length", "the name of max_length before TRL 0.20: read as max_length")
+    if "max_length" in r.doc and r.doc["max_length"] is None:
+        raise r.error("max_length", "null (no truncation): the longest sample decides the memory",
+                      hint="set max_length to your longest sample, or pass --seq N")
+    t.set("seq", r.integer(length_key, 1024, minimum=1), length_key)
+    packing, free = r.boolean("packing", False), r.boolean("padding_free", False)
+    r.get("packing_strategy")
+    if packing:
+        t.set("padding", "packed", "packing")
+    elif free:
+        t.set("padding", "packed", "padding_free")
+        t.approx("padding_free", "the samples of a micro-batch flattened into one row without padding: modelled as "
+                 "packed rows of max_length tokens")
+    else:
+        t.set("padding", "longest", "packing")
 
 
 def _targets(r: Reader, t: Translation) -> None:
