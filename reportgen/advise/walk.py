@@ -255,6 +255,22 @@ def _compare(recommended: dict | None, model: ModelSpec, gpu: GpuSpec, seq: int,
 
 
 # ----- the walk ----------------------------------------------------------------------------------
+def _act(node, setup: TrainingSetup, ev) -> tuple[TrainingSetup, dict]:
+    """An action node applied to ``setup``: the new setup and the walk's step (the fields it changed,
+    before and after; skipped when it changed none)."""
+    notes: list[str] = []
+    before = setup
+    setup = _with(setup, _resolve(node.change, setup, ev, notes))
+    changed = {} if node.id == T.ROOT else {
+        f: [getattr(before, f), getattr(setup, f)] for f in TrainingSetup.model_fields
+        if getattr(before, f) != getattr(setup, f)}
+    changed = {f: [v.value if hasattr(v, "value") else v for v in pair] for f, pair in changed.items()}
+    return setup, {"kind": "action", "node": node.id, "stage": node.stage, "title": node.title, "why": node.why,
+                   "tradeoff": node.tradeoff, "technique": node.technique, "changed": changed,
+                   "skipped": node.id != T.ROOT and not changed, "label": setup.short(), "notes": notes,
+                   "numbers": None, "delta": None}
+
+
 def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_tokens: int = 100_000_000) -> dict:
     """Walk the tree for one model, GPU and sequence length; a JSON-ready dict (all numbers are
     estimates)."""
@@ -270,17 +286,7 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
         node = T.BY_ID[node_id]
         path.append(node_id)
         if isinstance(node, T.Action):
-            notes: list[str] = []
-            before = setup
-            setup = _with(setup, _resolve(node.change, setup, ev, notes))
-            changed = {} if node_id == T.ROOT else {
-                f: [getattr(before, f), getattr(setup, f)] for f in TrainingSetup.model_fields
-                if getattr(before, f) != getattr(setup, f)}
-            changed = {f: [v.value if hasattr(v, "value") else v for v in pair] for f, pair in changed.items()}
-            step = {"kind": "action", "node": node.id, "stage": node.stage, "title": node.title, "why": node.why,
-                    "tradeoff": node.tradeoff, "technique": node.technique, "changed": changed,
-                    "skipped": node_id != T.ROOT and not changed, "label": setup.short(), "notes": notes,
-                    "numbers": None, "delta": None}
+            setup, step = _act(node, setup, ev)
             if node.evaluate:
                 step["numbers"] = ev.numbers(setup)
                 step["delta"] = _delta(last.get("as-is"), step["numbers"])
