@@ -240,6 +240,30 @@ def _segments(points: list[tuple[float, float, float]]) -> tuple[list[float], li
     return xs, ys
 
 
+def _group_labels(ax, rows: list[dict], x: float) -> list[int]:
+    """Each group's name (a model) beside its rows, at ``x`` in axes units; the first row of each
+    group and the row count."""
+    n = len(rows)
+    starts = [i for i in range(n) if i == 0 or rows[i]["group"] != rows[i - 1]["group"]] + [n]
+    for a, b in zip(starts, starts[1:]):
+        ax.text(x, (a + b - 1) / 2, rows[a]["group"], transform=ax.get_yaxis_transform(),
+                ha="left", va="center", fontsize=9, fontweight="bold")
+    return starts
+
+
+def _breakdown_legend(used_terms: list[str], measured: bool) -> list:
+    """``memory_breakdown``'s legend: the terms drawn, then the marks."""
+    handles = [Patch(facecolor=TERM_COLORS[t], label=TERM_LABELS.get(t, t)) for t in used_terms]
+    handles += [Line2D([], [], color="#000000", linewidth=1.6, label="peak allocated (est.)"),
+                Line2D([], [], marker="o", color="#000000", linestyle="none", markersize=4.2,
+                       label="device total (est.)"),
+                Line2D([], [], color=CAPACITY, linestyle="--", label="GPU capacity")]
+    if measured:
+        handles.append(Line2D([], [], label="peak allocated (meas.)", **MEASURED))
+    handles.append(Patch(facecolor="#333333", label="cut bar: its sum of terms (GiB)"))
+    return handles
+
+
 @job
 def memory_breakdown(rows: list[dict], capacity_bytes: int, title: str) -> str:
     """Horizontal stacked bars of the memory terms of each row (``label``, ``group``, ``technique``,
@@ -306,10 +330,7 @@ def memory_breakdown(rows: list[dict], capacity_bytes: int, title: str) -> str:
     ax.set_ylim(n - 0.5, -1.0)
     ax.set_yticks(range(n), [r["label"] for r in rows], fontsize=MIN_FONT)
     ax.tick_params(axis="y", length=0, pad=2)
-    starts = [i for i in range(n) if i == 0 or rows[i]["group"] != rows[i - 1]["group"]] + [n]
-    for a, b in zip(starts, starts[1:]):
-        ax.text(-(label_w - 0.1) / plot_w, (a + b - 1) / 2, rows[a]["group"], transform=ax.get_yaxis_transform(),
-                ha="left", va="center", fontsize=9, fontweight="bold")
+    starts = _group_labels(ax, rows, -(label_w - 0.1) / plot_w)
     ax.set_xlabel("GiB on one GPU (2³⁰ bytes); the axis ends at twice the capacity: a longer bar is cut and "
                   "labelled with its sum", fontsize=9)
     ax.grid(axis="x")
@@ -317,15 +338,8 @@ def memory_breakdown(rows: list[dict], capacity_bytes: int, title: str) -> str:
     for i in starts[1:-1]:
         ax.plot([-(label_w - 0.1) / plot_w, 1], [i - 0.5, i - 0.5], color="#999999", linewidth=0.6,
                 transform=ax.get_yaxis_transform(), clip_on=False)
-    handles = [Patch(facecolor=TERM_COLORS[t], label=TERM_LABELS.get(t, t)) for t in used_terms]
-    handles += [Line2D([], [], color="#000000", linewidth=1.6, label="peak allocated (est.)"),
-                Line2D([], [], marker="o", color="#000000", linestyle="none", markersize=4.2,
-                       label="device total (est.)"),
-                Line2D([], [], color=CAPACITY, linestyle="--", label="GPU capacity")]
-    if meas:
-        handles.append(Line2D([], [], label="peak allocated (meas.)", **MEASURED))
-    handles.append(Patch(facecolor="#333333", label="cut bar: its sum of terms (GiB)"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(-(label_w - 0.1) / plot_w, -0.6 / (height - top - bottom)),
+    ax.legend(handles=_breakdown_legend(used_terms, bool(meas)), loc="upper left",
+              bbox_to_anchor=(-(label_w - 0.1) / plot_w, -0.6 / (height - top - bottom)),
               ncol=3, fontsize=MIN_FONT, title="bars: memory terms, stacked; marks: the step's totals",
               title_fontsize=MIN_FONT, alignment="left")
     ax.set_title(title, loc="left", pad=14)
