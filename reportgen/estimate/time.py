@@ -243,6 +243,35 @@ def pipeline_seconds(phases: list[tuple[float, float]], slices: int) -> float:
     return max(host, device)
 
 
+def _no_peak(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str], dtype: str, executed: float,
+             model_flops: float, train_tokens: int, work: StepWork) -> TimeEstimate:
+    """The time estimate of a card without a datasheet peak for the dtype: FLOPs and transfers, no step time."""
+    notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
+    return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=None,
+                        memory_s=0.0, transfer_s=_transfer_s(model, setup, gpu, notes), step_s=None,
+                        tokens_per_s=None, mfu=None, hfu=None,
+                        bound=None, peak_dtype=dtype, train_tokens=train_tokens, train_hours=None,
+                        train_dollars=None, parts={}, work=work.as_dict(), notes=notes)
+
+
+def _exposed_transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str], phases,
+                        offloaded: float) -> float:
+    """What a step waits for beyond its kernels: host transfers (``_transfer_s``), the part of the
+    activation offload copies (``offloaded`` bytes per micro-batch, there and back) the micro-batch's
+    kernels do not hide, and the collectives of several GPUs not overlapped (``comm.py``)."""
+    micro = phases[0][1] + phases[1][1]
+    transfer = _transfer_s(model, setup, gpu, notes, backward_s=phases[1][1])
+    if offloaded:
+        link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+        copies = 2 * offloaded / link if link else 0.0
+        transfer += setup.accum * max(0.0, copies - micro)
+    if setup.gpus > 1:  # collectives over the real link, overlapped (comm.py)
+        comm = communication(model, setup, gpu, micro)
+        transfer += comm.exposed_s
+        notes += comm.notes
+    return transfer
+
+
 def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int = 0,
                   logits_bytes: int = 0, train_tokens: int = 100_000_000,
                   matmul_efficiency: float | None = None, offloaded_bytes: int = 0,
@@ -287,22 +316,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     consts = TimeConstants.current(gpu, matmul_efficiency)
     phases = step_phases(work, gpu, dtype, consts)
     if phases is None:
-        notes.append(f"{gpu.name}: no datasheet peak for {dtype}; step time not estimated")
-        return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=None,
-                            memory_s=0.0, transfer_s=_transfer_s(model, setup, gpu, notes), step_s=None,
-                            tokens_per_s=None, mfu=None, hfu=None,
-                            bound=None, peak_dtype=dtype, train_tokens=train_tokens, train_hours=None,
-                            train_dollars=None, parts={}, work=work.as_dict(), notes=notes)
-    micro = phases[0][1] + phases[1][1]
-    transfer = _transfer_s(model, setup, gpu, notes, backward_s=phases[1][1])
-    if offloaded_bytes:
-        link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
-        copies = 2 * offloaded_bytes * scale / link if link else 0.0
-        transfer += setup.accum * max(0.0, copies - micro)
-    if setup.gpus > 1:  # collectives over the real link, overlapped (comm.py)
-        comm = communication(model, setup, gpu, micro)
-        transfer += comm.exposed_s
-        notes += comm.notes
+        return _no_peak(model, setup, gpu, notes, dtype, executed, model_flops, train_tokens, work)
+    transfer = _exposed_transfer_s(model, setup, gpu, notes, phases, offloaded_bytes * scale)
     overlapped = pipeline_seconds(phases, model.num_layers)
     total = work.total
     # math.fsum, not sum: Python 3.12 made sum() of floats compensated, so the calculator's Pyodide and
