@@ -233,19 +233,23 @@ def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
         parent = next((p for p in folder.absolute().parents if p.exists()), None)
         if not folder.exists() and parent is not None and not parent.is_dir():
             raise UserError(f"{flag} {folder}: {parent} is a file, not a directory")
+    for flag, folder in folders:
         _writable(flag, folder)
 
 
 def _writable(flag: str, folder: Path) -> None:
-    """Make ``folder`` (the sweep would) and write a file in it, so that a folder nothing can be written
-    to (read-only, ``/proc``) is an error before the first estimate, not after it."""
+    """Make ``folder`` and write a file in it, then remove what was made, so that a folder nothing can
+    be written to (read-only, ``/proc``) is an error before the first estimate, not after it."""
     import os
 
+    made = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        for p in made:
+            p.rmdir()
     except OSError as exc:
         raise UserError(f"{flag} {folder}: cannot be written ({exc.strerror or exc})",
                         hint=f"pass a directory you can write to for {flag}") from None
