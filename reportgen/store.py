@@ -30,7 +30,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reportgen.result_schema import check_estimate, check_measurement
 from reportgen.results import (UnreadableResult, canonical, current_id, legacy_id, measurement_document, migrate,
                                read_json, read_measurement, write_json_atomic, write_json_new)
 
@@ -83,12 +82,16 @@ def measurement_files(sweep_dir: Path) -> list[Path]:
 def read_checked_measurement(path: Path) -> dict:
     """A measurement document of the shape every reader relies on (``result_schema``); else
     ``UnreadableResult`` saying why."""
+    from reportgen.result_schema import check_measurement  # pydantic: imported when a file is read
+
     return check_measurement(read_measurement(path), path)
 
 
 def read_estimate(path: Path) -> tuple[dict, list[dict]]:
     """An estimate document as the current schema, checked (``result_schema``), and the measurement
     blocks an older schema embedded in it. Raises ``UnreadableResult``."""
+    from reportgen.result_schema import check_estimate
+
     doc, blocks = migrate(read_json(path), path)
     return check_estimate(doc, path), blocks
 
