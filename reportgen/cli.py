@@ -238,18 +238,11 @@ def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
 
 
 def _writable(flag: str, folder: Path) -> None:
-    """Make ``folder`` and write a file in it, then remove what was made, so that a folder nothing can
-    be written to (read-only, ``/proc``) is an error before the first estimate, not after it."""
-    import os
+    """``folder`` takes a file (``userfile.try_writing``; nothing it made is left), else a ``UserError``."""
+    from reportgen.userfile import try_writing
 
-    made = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()]  # deepest first
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-        for p in made:
-            p.rmdir()
+        try_writing(folder, keep=False)
     except OSError as exc:
         raise UserError(f"{flag} {folder}: cannot be written ({exc.strerror or exc})",
                         hint=f"pass a directory you can write to for {flag}") from None

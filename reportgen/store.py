@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from reportgen.results import (UnreadableResult, canonical, current_id, legacy_id, measurement_document, migrate,
                                read_json, read_measurement, write_json_atomic, write_json_new)
+from reportgen.userfile import try_writing
 
 MEASURED_DIR = "measured"
 ASIDE_DIR = "set-aside"
@@ -113,10 +113,7 @@ def ready_for_measurements(sweep_dir: Path) -> None:
 
     folder = Path(sweep_dir) / MEASURED_DIR
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try_writing(folder)
     except FileExistsError:
         raise UserError(f"{folder} is not a folder: measurements are stored there",
                         hint=f"move it away (mv {folder} {folder}.old) and run again") from None

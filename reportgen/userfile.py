@@ -40,3 +40,19 @@ def read_bytes(path: Path | str, limit: int) -> bytes:
     if len(data) > limit:
         raise TooLarge(Path(path), limit, st.st_size if regular else None)
     return data
+
+
+def try_writing(folder: Path | str, keep: bool = True) -> None:
+    """Make ``folder`` (with its parents) and write and remove a file in it, so that a folder nothing
+    can be written to (read-only, ``/proc``, a file in the way) fails before the work whose results
+    go there, not after it. ``keep=False`` removes again the folders it made. ``OSError`` as the
+    system raises it (``FileExistsError`` when a file stands where a folder is to be made)."""
+    folder = Path(folder)
+    made = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+    if not keep:
+        for p in made:
+            p.rmdir()

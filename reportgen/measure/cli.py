@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -119,18 +118,17 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def _writable(folder: Path, flag: str) -> None:
-    """A folder the run will write into at its end, made and tried now: a path that cannot be written
-    fails before minutes of measuring, not after them."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        from reportgen.errors import UserError
+    """A folder the run writes into at its end, tried now (``userfile.try_writing``): a path that
+    cannot be written fails before minutes of measuring, not after them."""
+    from reportgen.errors import UserError
+    from reportgen.userfile import try_writing
 
+    try:
+        try_writing(folder)
+    except OSError as exc:
         raise UserError(f"{flag} {folder}: cannot be written ({exc.strerror or exc})",
                         hint="name a folder you can write to") from None
+
 
 def _checked(args: argparse.Namespace) -> tuple[int, int]:
     """The flags' own checks, before anything runs: ``(max_steps, profile_steps)``."""
