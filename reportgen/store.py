@@ -210,39 +210,30 @@ def load_measurements(sweep_dir: Path, warn: Warn = stderr_warn) -> dict[str, li
     """``{case id: [attempts, oldest first]}`` of a sweep directory; each attempt is its document
     with ``path`` added (in memory only). Unreadable files are skipped with a warning."""
     out: dict[str, list[dict]] = {}
-    for path in measurement_files(sweep_dir):
-        try:
-            doc = _as_current(read_checked_measurement(path), path)
-        except UnreadableResult as exc:
-            if exc.newer:
-                _newer(exc, warn)
-            else:
-                warn(f"{exc}; skipped")
-            continue
+    for doc in _attempts(measurement_files(sweep_dir), warn):
         out.setdefault(doc["id"], []).append(doc)
     for attempts in out.values():
         attempts.sort(key=_order)
     return out
 
 
-def load_case_measurements(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> list[dict]:
-    """The attempts of one case, oldest first, read now (as ``load_measurements`` reads them)."""
-    sweep_dir = Path(sweep_dir)
-    out = []
-    for p in measurement_files(sweep_dir):
-        if not p.name.startswith((cid + ".", legacy_id(cid) + ".")):
-            continue
+def _attempts(paths: list[Path], warn: Warn):
+    """The measurement documents of ``paths`` keyed by their case's current id (``_as_current``),
+    the unreadable ones skipped with a warning (a newer schema's once per process)."""
+    for path in paths:
         try:
-            doc = _as_current(read_checked_measurement(p), p)
+            yield _as_current(read_checked_measurement(path), path)
         except UnreadableResult as exc:
             if exc.newer:
                 _newer(exc, warn)
             else:
                 warn(f"{exc}; skipped")
-            continue
-        if doc["id"] == cid:
-            out.append(doc)
-    return sorted(out, key=_order)
+
+
+def load_case_measurements(sweep_dir: Path, cid: str, warn: Warn = stderr_warn) -> list[dict]:
+    """The attempts of one case, oldest first, read now (as ``load_measurements`` reads them)."""
+    mine = [p for p in measurement_files(sweep_dir) if p.name.startswith((cid + ".", legacy_id(cid) + "."))]
+    return sorted((doc for doc in _attempts(mine, warn) if doc["id"] == cid), key=_order)
 
 
 def current_measurement(attempts: list[dict]) -> dict | None:
