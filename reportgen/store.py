@@ -138,12 +138,13 @@ def set_aside(path: Path, why: str, what_to_do: str, warn: Warn = stderr_warn) -
 
 
 def _known(sweep_dir: Path) -> set[str]:
-    """Canonical text of every readable measurement document of the directory (migration runs
-    twice without duplicating what it already stored)."""
+    """Canonical text of every readable measurement document of the directory as stored (migration
+    runs twice without duplicating what it already stored). Not the checked form: that fills in the
+    setup fields a file leaves out, and would no longer equal what a migration writes."""
     out = set()
     for p in measurement_files(sweep_dir):
         try:
-            out.add(canonical(read_checked_measurement(p)))
+            out.add(canonical(read_measurement(p)))
         except UnreadableResult:
             continue
     return out
