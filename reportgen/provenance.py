@@ -108,7 +108,9 @@ def provenance_of(block: dict | None) -> Provenance:
     block = block or {}
     env = block.get("environment") if isinstance(block.get("environment"), dict) else {}
     settings = block.get("settings") if isinstance(block.get("settings"), dict) else {}
-    device = env.get("device") or settings.get("device") or "unknown"
+    # the environment says where it ran; the settings only say where it was asked to run: a CUDA run
+    # whose environment does not record it counts for nothing (a CPU one is labelled as such either way)
+    device = env.get("device") or ("cpu" if settings.get("device") == "cpu" else "unknown")
     if device not in ("cuda", "cpu"):
         device = "unknown"
     cap = block.get("cap") if isinstance(block.get("cap"), dict) else {}

@@ -211,6 +211,16 @@ def test_a_forged_or_damaged_measurement_compares_with_nothing_and_says_why(path
     assert reason in prov.label("h100-sxm") and "not comparable" in prov.label("h100-sxm")
 
 
+def test_a_cuda_run_whose_environment_does_not_say_so_counts_for_nothing():
+    """The settings say where a run was asked to run, the environment where it ran (found by the
+    damaged-file property test: environment.device removed, settings cuda, and it still counted)."""
+    prov = provenance_of(_forge("environment.device", None))
+    assert prov.valid_quantities("h100-sxm") == () and "unrecorded device" in prov.label("h100-sxm")
+    cpu = _forge("environment.device", None)
+    cpu["settings"]["device"] = "cpu"
+    assert provenance_of(cpu).device == "cpu"
+
+
 def test_every_committed_measurement_passes_the_check():
     from pathlib import Path
 
