@@ -26,6 +26,7 @@ from reportgen.setup import SetupError, TrainingSetup
 
 #: a figure: an int or a float (never a bool or a numeric string), finite (``read_json`` refuses NaN)
 Number = Annotated[float, Field(strict=True)]
+Positive = Annotated[float, Field(strict=True, gt=0)]
 
 
 class _Loose(BaseModel):
@@ -62,9 +63,11 @@ class _Figures(_Loose):
 
 
 class Memory(_Figures):
-    peak_allocated: Number
-    peak_reserved: Number
-    device_total: Number
+    """A step's memory: its totals are more than nothing (the weights alone are bytes; the model page's
+    chart draws them on a log scale)."""
+    peak_allocated: Positive
+    peak_reserved: Positive
+    device_total: Positive
 
 
 class Time(_Loose):
@@ -121,6 +124,11 @@ class EstimateDocument(_Loose):
     status: Literal["ok", "error"]
     estimate: Estimate | None = None
     error: StrictStr | None = None
+    reportgen_version: StrictStr | None = None
+    estimator_hash: StrictStr | None = None
+    inputs_hash: StrictStr | None = None
+    sweep_hash: StrictStr | None = None
+    in_sweep: StrictBool = True
 
 
 class Measured(_Loose):

@@ -298,7 +298,7 @@ def migrate(doc: dict, path: Path | str = "<result>") -> tuple[dict, list[dict]]
         raise UnreadableResult(Path(path), f"schema_version {version} was written by a newer reportgen "
                                f"(this one reads up to {SCHEMA_VERSION})", newer=True)
     while version != SCHEMA_VERSION:
-        step = MIGRATIONS.get(version)
+        step = MIGRATIONS.get(version) if isinstance(version, int) else None  # a list is no key
         if step is None:
             raise UnreadableResult(Path(path), f"schema_version {version!r} is not a reportgen result schema")
         doc, block = step(doc)
