@@ -41,6 +41,9 @@ class GpuSpec:
     peer_link_source: str = field(default="", compare=False)
     #: memory a user set for the card (``--gpu-memory``, ``card@SIZE``), replacing the catalog's
     memory_override_bytes: int | None = None
+    #: the rates ``reportgen profile-gpu`` measured on the user's own card (``gpu_profile.GpuProfile``),
+    #: which the time and memory models use instead of the datasheet's (``--gpu-profile FILE``)
+    profile: object | None = None
     sources: tuple[str, ...] = field(default=(), compare=False)
     notes: str = field(default="", compare=False)
 

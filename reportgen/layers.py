@@ -32,7 +32,7 @@ LAYERS = [
     (1, ("reportgen.estimate",)),
     (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
          "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.format",
-         "reportgen.configs", "reportgen.vision", "reportgen.flags",
+         "reportgen.configs", "reportgen.vision", "reportgen.gpu_profile", "reportgen.flags",
          "reportgen.layers", "reportgen.yamlfile", "reportgen.userfile", "reportgen.hub",
          "reportgen")),
 ]

@@ -55,6 +55,70 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"kill the measurement after S seconds (default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_measure)
+    _register_profile(sub)
+
+
+def _register_profile(sub) -> None:
+    p = sub.add_parser("profile-gpu", help="measure this machine's GPU and host rates in about a minute "
+                                           "(use them with --gpu-profile FILE)",
+                       description="Time GEMMs at a model's shapes, memory bandwidth, kernel launches, the host's "
+                                   "dispatch, a host AdamW step, the host link and the CUDA context on this machine, "
+                                   "and write them as a profile that `reportgen estimate --gpu-profile FILE` prices "
+                                   "a step with instead of the datasheet.")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default): the card and the host; cpu: the host alone, for a card named by --gpu "
+                        "(its GPU rates stay the datasheet's)")
+    p.add_argument("--gpu", default=None, help="the card's catalog name: checked against the device with cuda, "
+                                               "required with --device cpu")
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="the model whose linear layers' shapes the GEMMs are timed at (default llama-3.1-8b)")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="where to write the profile (default gpu-profile-CARD.yaml here)")
+    p.set_defaults(func=cmd_profile_gpu)
+
+
+def cmd_profile_gpu(args: argparse.Namespace) -> int:
+    """Run the profile (``profile_gpu.py``) in this process, print its figures, write the YAML."""
+    import yaml
+    from rich.console import Console
+
+    from reportgen import catalog
+    from reportgen.errors import UserError
+    from reportgen.gpu_profile import from_document
+    from reportgen.measure.profile_gpu import profile
+    from reportgen.userfile import try_writing
+
+    if args.gpu:
+        catalog.load_gpu(args.gpu)  # an unknown name fails here, with did-you-mean
+    model = catalog.load_model(args.model)
+    err = Console(stderr=True)
+    out = args.out or Path(f"gpu-profile-{(args.gpu or 'this-gpu').partition('@')[0]}.yaml")
+    try:
+        try_writing(out.parent if str(out.parent) else Path("."))
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
+    doc = profile(args.device, args.gpu, model, step=lambda name: err.print(f"[dim]measuring {name}...[/]"))
+    if args.out is None:
+        out = Path(f"gpu-profile-{doc['card']}.yaml")
+    doc = json.loads(json.dumps(doc, allow_nan=False))  # plain types (torch's version is a str subclass)
+    from_document(doc, str(out))  # what is written must read back
+    out.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    _print_profile(doc, out)
+    return 0
+
+
+def _print_profile(doc: dict, out: Path) -> None:
+    from rich.console import Console
+
+    from reportgen.gpu_profile import from_document, summary_lines
+
+    con = Console()
+    con.print(f"profile of {doc['card']} ({doc['device']}) in {doc['seconds']:g} s, written to {out}", markup=False)
+    for line in summary_lines(from_document(doc, str(out))):
+        con.print("  " + line, soft_wrap=True, markup=False)
+    if doc["device"] == "cpu":
+        con.print("  the GPU's rates were not measured (--device cpu): estimates use the datasheet's for them")
+    con.print(f"use it: reportgen estimate --gpu {doc['card']} --gpu-profile {out} ...")
 
 
 def cmd_measure(args: argparse.Namespace) -> int:

@@ -1,0 +1,172 @@
+"""A GPU profile: the rates ``reportgen profile-gpu`` measured on one card and its host
+(``measure/profile_gpu.py`` documents each figure), read back for ``--gpu-profile FILE``.
+
+Torch-free (layer 0): the calculator reads an uploaded profile in the browser. The file is YAML, as
+the profiler writes it; it is input a user names, so it is read within ``yamlfile``'s limits and
+checked field by field (pydantic): a figure must be a positive number or null, the card must be in
+the catalog. ``attach`` gives a card its profile, refusing a profile of another card model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from reportgen import yamlfile
+from reportgen.errors import UserError
+from reportgen.hardware import GpuSpec
+
+KIND = yamlfile.Kind(noun="GPU profile", what_it_holds="a profile written by `reportgen profile-gpu`",
+                     example="write one with `reportgen profile-gpu --out my-card.yaml` on the machine with the card")
+
+
+def _positive(value):
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a positive number or null")
+    return value
+
+
+class Measured(BaseModel):
+    """The figures, each null where it was not measured (a profile without a GPU has the host's only)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    host_s_per_op: Optional[float] = None
+    host_s_per_launch: Optional[float] = None
+    kernel_device_s: Optional[float] = None
+    matmul_tflops: dict[Literal["bf16", "fp16", "fp32"], float] = {}
+    copy_bandwidth_gbs: dict[str, float] = {}
+    l2_bytes: Optional[int] = None
+    host_link_gbs: dict[Literal["h2d", "d2h"], float] = {}
+    cpu_adam_params_per_s: Optional[float] = None
+    cuda_context_bytes: Optional[int] = None
+    memory_total_bytes: Optional[int] = None
+    memory_free_bytes: Optional[int] = None
+
+    @field_validator("host_s_per_op", "host_s_per_launch", "kernel_device_s", "l2_bytes", "cpu_adam_params_per_s",
+                     "cuda_context_bytes", "memory_total_bytes", "memory_free_bytes", mode="before")
+    @classmethod
+    def _figure(cls, v):
+        return _positive(v)
+
+    @field_validator("matmul_tflops", "copy_bandwidth_gbs", "host_link_gbs", mode="before")
+    @classmethod
+    def _figures(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("must be a mapping of positive numbers")
+        for x in v.values():
+            _positive(x)
+        return v
+
+
+class ProfileDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["gpu-profile"]
+    schema_version: Literal[1]
+    card: str
+    device: Literal["cuda", "cpu"]
+    model: Optional[str] = None
+    measured: Measured
+    environment: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProfile:
+    """What the time and memory models take from a profile (hashable: it is part of a ``GpuSpec``)."""
+
+    card: str
+    device: str
+    source: str  # the file, for the notes
+    gpu_name: str | None
+    cpu: str | None
+    host_s_per_op: float | None
+    host_s_per_launch: float | None
+    kernel_device_s: float | None
+    matmul_tflops: tuple[tuple[str, float], ...]
+    copy_1gib_gbs: float | None
+    host_link_gbs: float | None  # the slower direction
+    cpu_adam_params_per_s: float | None
+    cuda_context_bytes: int | None
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+
+    def matmul_rate(self, dtype: str) -> float | None:
+        """Measured FLOP/s of the GEMMs in ``dtype``, None where not measured."""
+        tf = dict(self.matmul_tflops).get(dtype)
+        return None if tf is None else tf * 1e12
+
+
+def from_document(doc: dict, source: str) -> GpuProfile:
+    """The profile of a parsed document; a ``UserError`` naming the first wrong field."""
+    from reportgen import catalog
+
+    try:
+        d = ProfileDocument.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(the file)"
+        raise UserError(f"{source}: {where}: {err['msg']}", hint=KIND.what_it_holds) from None
+    if d.card not in catalog.gpu_names():
+        raise UserError(f"{source}: card {d.card!r} is not in the GPU catalog", hint="`reportgen gpus` lists it")
+    m, env = d.measured, d.environment
+    link = min(m.host_link_gbs.values()) if m.host_link_gbs else None
+    return GpuProfile(card=d.card, device=d.device, source=source, gpu_name=env.get("gpu_name"), cpu=env.get("cpu"),
+                      host_s_per_op=m.host_s_per_op, host_s_per_launch=m.host_s_per_launch,
+                      kernel_device_s=m.kernel_device_s, matmul_tflops=tuple(sorted(m.matmul_tflops.items())),
+                      copy_1gib_gbs=m.copy_bandwidth_gbs.get("1GiB"), host_link_gbs=link,
+                      cpu_adam_params_per_s=m.cpu_adam_params_per_s, cuda_context_bytes=m.cuda_context_bytes,
+                      memory_total_bytes=m.memory_total_bytes, memory_free_bytes=m.memory_free_bytes)
+
+
+def read_profile(path: Path) -> GpuProfile:
+    """A profile file, within ``yamlfile``'s limits; a ``UserError`` naming the file for anything wrong."""
+    _, data = yamlfile.load(Path(path), KIND)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a GPU profile (expected a mapping with kind: gpu-profile)",
+                        hint=KIND.example)
+    return from_document(data, str(path))
+
+
+def attach(gpu: GpuSpec, profile: GpuProfile) -> GpuSpec:
+    """``gpu`` priced with ``profile``; a ``UserError`` when the profile is of another card model (a
+    card given another memory, ``rtx-4090@48GiB``, is still that card)."""
+    base = gpu.key.partition("@")[0]
+    if profile.card != base:
+        raise UserError(f"{profile.source}: a profile of {profile.card}"
+                        f"{f' ({profile.gpu_name})' if profile.gpu_name else ''}, not of --gpu {gpu.key}",
+                        hint=f"give --gpu {profile.card}, or profile the {gpu.name} on its own machine")
+    return dataclasses.replace(gpu, profile=profile)
+
+
+def summary_lines(p: GpuProfile) -> list[str]:
+    """The profile's figures, one line each, in a reader's units (measured figures only)."""
+    out = []
+    if p.matmul_tflops:
+        out.append("GEMM: " + ", ".join(f"{d} {tf:,.1f} TFLOP/s" for d, tf in p.matmul_tflops))
+    if p.copy_1gib_gbs:
+        out.append(f"memory bandwidth (1 GiB copy): {p.copy_1gib_gbs:,.0f} GB/s")
+    if p.kernel_device_s:
+        out.append(f"device time per tiny kernel: {p.kernel_device_s * 1e6:.2f} us")
+    if p.host_s_per_launch:
+        out.append(f"host time per CUDA op queued: {p.host_s_per_launch * 1e6:.2f} us")
+    if p.host_s_per_op:
+        out.append(f"host time per CPU op: {p.host_s_per_op * 1e6:.2f} us" + (f" ({p.cpu})" if p.cpu else ""))
+    if p.cpu_adam_params_per_s:
+        out.append(f"host AdamW: {p.cpu_adam_params_per_s / 1e9:.2f} billion parameters/s")
+    if p.host_link_gbs:
+        out.append(f"host link (pinned, slower direction): {p.host_link_gbs:,.1f} GB/s")
+    if p.cuda_context_bytes:
+        out.append(f"CUDA context: {p.cuda_context_bytes / 2**20:,.0f} MiB")
+    if p.memory_total_bytes and p.memory_free_bytes:
+        out.append(f"memory: {p.memory_free_bytes / 2**30:.2f} of {p.memory_total_bytes / 2**30:.2f} GiB free "
+                   "when profiled")
+    return out
