@@ -48,9 +48,14 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_commit() -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the reportgen checkout: ``git rev-parse HEAD`` where the package
-    lives in a git work tree, else the ``REPORTGEN_GIT_COMMIT`` environment variable (set it where
-    the tree was copied without ``.git``, e.g. on the GPU machine), else ``(None, None)``."""
+    """``(commit, dirty)`` of the reportgen checkout: the ``REPORTGEN_GIT_COMMIT`` environment variable
+    when set (set it where the tree was copied, e.g. on the GPU machine: a copied ``.git`` can be stale,
+    and recorded 7e71339 for a tree at 48bac0e on 2026-11-27), else ``git rev-parse HEAD`` where the
+    package lives in a git work tree, else ``(None, None)``."""
+    env = os.environ.get("REPORTGEN_GIT_COMMIT")
+    if env:  # set by whoever copied the tree: it knows the commit better than a copied .git may
+        dirty_env = os.environ.get("REPORTGEN_GIT_DIRTY")
+        return env.strip(), None if dirty_env is None else dirty_env.strip() in ("1", "true", "yes")
     root = Path(__file__).resolve().parents[2]
     try:
         top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
@@ -66,10 +71,6 @@ def git_commit() -> tuple[str | None, bool | None]:
             return head.stdout.strip(), dirty
     except (OSError, subprocess.SubprocessError):
         pass
-    env = os.environ.get("REPORTGEN_GIT_COMMIT")
-    if env:
-        dirty_env = os.environ.get("REPORTGEN_GIT_DIRTY")
-        return env.strip(), None if dirty_env is None else dirty_env.strip() in ("1", "true", "yes")
     return None, None
 
 
