@@ -10,7 +10,8 @@ from pathlib import Path
 
 from reportgen import __version__, catalog
 from reportgen.errors import UserError
-from reportgen.flags import DEFAULT_TRAIN_TOKENS, add_setup_flags, positive_count, positive_int, setup_from_args
+from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_setup_flags, gpu_from_args, positive_count,
+                             positive_int, setup_from_args)
 
 GIB = 2**30
 DEFAULT_RESULTS = Path("results")
@@ -26,6 +27,7 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     """The ``estimate`` subcommand (also built alone by the site's calculator, ``reportgen.browser``)."""
     p = sub.add_parser("estimate", help="memory, time and fit of one setup (no GPU, no torch needed)")
     add_setup_flags(p)
+    add_gpu_profile_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=DEFAULT_TRAIN_TOKENS,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--format", choices=["table", "json"], default="table")
@@ -163,10 +165,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from reportgen.estimate import estimate
 
     setup = setup_from_args(args)
-    model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
+    model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
     if args.format == "json":
         out = est.as_dict()
+        if gpu.profile is not None:
+            out["gpu_profile"] = {"file": gpu.profile.source, "card": gpu.profile.card, "device": gpu.profile.device}
         if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
             out["model_source"] = {"hub": model.hf_repo, "revision": model.revision}
         print(json.dumps(out, indent=2, sort_keys=True))

@@ -45,6 +45,23 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=t, default=None, help=spec.description + shown)
 
 
+def add_gpu_profile_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-profile", type=Path, default=None, metavar="FILE",
+                   help="a profile of your own card (and host) written by `reportgen profile-gpu`: step times use "
+                        "its measured rates instead of the datasheet's")
+
+
+def gpu_from_args(args: argparse.Namespace):
+    """The ``--gpu`` card (``card@SIZE`` with ``--gpu-memory``), priced with ``--gpu-profile`` when given
+    (a ``UserError`` for a profile of another card model: ``gpu_profile.attach``)."""
+    gpu = catalog.load_gpu(args.gpu)
+    if getattr(args, "gpu_profile", None) is not None:
+        from reportgen.gpu_profile import attach, read_profile
+
+        gpu = attach(gpu, read_profile(args.gpu_profile))
+    return gpu
+
+
 def add_from_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_file", type=Path, default=None, metavar="CONFIG",
                    help="a TRL (trl sft --config) or Axolotl YAML/JSON config: its model and setup (the docs' "

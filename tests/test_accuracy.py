@@ -40,8 +40,9 @@ CSV = ROOT / "data" / "published_measurements.csv"
 #: (median |error|, |signed median|, worst |error|) bounds, a little above the figures in the docstring
 BOUNDS = {"peak_allocated": (0.0003, 0.0003, 0.007), "peak_reserved": (0.0065, 0.002, 0.048),
           "device_total": (0.0065, 0.002, 0.043), "step_s": (0.07, 0.015, 0.35)}
-#: the one measured optimizer-offload step: 3.1 times the measured, the host rate ASSUMED (constants.py)
-OFFLOAD_STEP_MAX = 2.2
+#: the one measured optimizer-offload step: -4.8 % since the host AdamW rate is the H100 machine's measured
+#: one (``reportgen profile-gpu``, constants.py); it was +206 % with the assumed 1e9 parameters/s
+OFFLOAD_STEP_MAX = 0.10
 
 
 def _errors() -> tuple[dict[str, list[float]], list[float], list[str]]:
@@ -85,7 +86,7 @@ def test_error_against_our_h100_measurements_stays_within_todays_bounds(measured
 def test_the_measured_out_of_memory_is_foreseen_and_offload_is_bounded(measured):
     _, offload, oom_verdicts = measured
     assert oom_verdicts == ["does not fit"]
-    assert len(offload) == 1 and 0 < offload[0] <= OFFLOAD_STEP_MAX
+    assert len(offload) == 1 and abs(offload[0]) <= OFFLOAD_STEP_MAX
 
 
 @pytest.fixture(scope="module")

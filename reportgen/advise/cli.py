@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.flags import add_from_flag, positive_count
+    from reportgen.flags import add_from_flag, add_gpu_profile_flag, positive_count
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--gpu", help="catalog name (see `reportgen gpus`)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
+    add_gpu_profile_flag(p)
     p.add_argument("--seq", type=int, default=None, help="sequence length in tokens (default 2048, or --from's)")
     add_from_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=100_000_000,
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
                         hint="e.g. reportgen advise --model llama-3.1-8b --gpu rtx-4090")
     from reportgen import catalog
     from reportgen.advise.walk import walk
+    from reportgen.flags import gpu_from_args
 
     yours = None
     if args.from_file is not None:
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if args.seq is None:
             args.seq = yours.seq
     args.seq = 2048 if args.seq is None else args.seq
-    model, gpu = catalog.load_model(args.model), catalog.load_gpu(args.gpu)
+    model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     if not 8 <= args.seq <= 1_048_576:
         raise UserError(f"--seq: must be between 8 and 1048576 (got {args.seq})")
     doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))

@@ -99,9 +99,28 @@ HOST_S_PER_CALL = 1.952e-5
 HOST_S_PER_AUTOCAST_KERNEL = 2.462e-5
 #: fraction of the host link's datasheet bandwidth reached by pinned copies. ASSUMED 0.8.
 HOST_LINK_EFFICIENCY = 0.8
-#: parameters a host optimizer step (offload) updates per second. ASSUMED: 1e9 params/s (DeepSpeed's
-#: CPU Adam reports ~1e9 params/s on a many-core host). Our one measured offload step (Llama 3.2 1B, full
-#: bf16-mixed, torchao CPUOffloadOptimizer with its fused CPU AdamW, the H100 machine's 16 vCPUs) ran
-#: 0.45 s for 1.24e9 parameters, i.e. about 3.4e9 params/s once its 0.07 s on the GPU is taken out; one
-#: case is too few to fit (calibrate.py needs parameters + 2), so the assumption stays, 3.1 times slow there.
-CPU_ADAM_PARAMS_PER_S = 1.0e9
+#: parameters a host optimizer step (offload) updates per second: torch.optim.AdamW(fused=True) on the CPU,
+#: as torchao's CPUOffloadOptimizer runs it, MEASURED by ``reportgen profile-gpu`` on the H100 machine's
+#: 16-vCPU host (``data/gpu-profiles/h100-sxm.20261127T2032*.yaml``: 3.85e9 and 4.75e9 params/s, mean 4.3e9;
+#: 32 M fp32 parameters in 8 tensors). It was ASSUMED 1e9 (DeepSpeed's CPU Adam on a many-core host), which
+#: made our one measured offload step (Llama 3.2 1B, full bf16-mixed: 0.45 s for 1.24e9 parameters, about
+#: 3.4e9 params/s once its 0.07 s on the GPU is taken out) +206 % slow. A user's own host: ``--gpu-profile``.
+CPU_ADAM_PARAMS_PER_S = 4.3e9
+
+#: The H100 machine's own profile (``reportgen profile-gpu``; the mean of the two runs of 2026-11-27,
+#: ``data/gpu-profiles/h100-sxm.20261127T2032*.yaml``, which ``tests/test_gpu_profile.py`` checks these
+#: against): the time model's constants above were fitted to measurements on this machine, so a profile
+#: of another card (or host) prices a step with them scaled by the ratio of its figures to these
+#: (``time.TimeConstants.current``). GEMM rates at Llama 3.1 8B's linear shapes with 4,096 rows (TFLOP/s;
+#: the datasheet's 989.5 bf16 and 67 fp32), a 1 GiB copy's bytes read + written per second (GB/s; the
+#: datasheet's 3,350), device seconds per tiny kernel in a CUDA graph, host seconds per tiny CUDA op
+#: queued and per CPU op, and the CUDA context after the benchmarks (NVML per process minus reserved).
+REFERENCE_PROFILE = {
+    "card": "h100-sxm",
+    "matmul_tflops": {"bf16": 730.63, "fp16": 688.56, "fp32": 50.641},
+    "copy_1gib_gbs": 2974.2,
+    "kernel_device_s": 9.883e-7,
+    "host_s_per_launch": 1.0262e-5,
+    "host_s_per_op": 6.2707e-6,
+    "cuda_context_bytes": 782237696,
+}

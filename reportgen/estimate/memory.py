@@ -271,14 +271,25 @@ def allocator_limited_reserved(peak: int, reserved: int, gpu: GpuSpec, working: 
     tokens on an H100 whose unlimited cache would pass 80 GB). A loop that resets the peak before its
     first step (fsdp_qlora's ``train.py``) also sees the level the first steps reached before the
     release, the card less the context (``MemoryEstimate.reserved_from_first_step``)."""
-    usable = gpu.memory_bytes - K.CUDA_CONTEXT_BYTES
+    usable = gpu.memory_bytes - cuda_context_bytes(gpu)
     if reserved <= usable or peak > usable:
         return reserved, 0
     limited = min(usable, peak + int(K.CACHED_AFTER_RELEASE * working) + K.ALLOCATOR_SEGMENTS_BYTES)
     return limited, reserved - limited
 
 
-def process_device_bytes(reserved: int) -> int:
+def cuda_context_bytes(gpu: GpuSpec) -> int:
+    """The CUDA context of a training process on ``gpu``: ``CUDA_CONTEXT_BYTES`` (fitted on the H100
+    machine), moved by what a profile of the user's card measured beyond the H100 machine's own profile
+    (``REFERENCE_PROFILE``): the context's size is set by the card (the local-memory reservation scales
+    with its threads) and the driver, while the kernels a training step loads on top are the same."""
+    mine = gpu.profile.cuda_context_bytes if gpu.profile is not None else None
+    if not mine:
+        return K.CUDA_CONTEXT_BYTES
+    return max(0, K.CUDA_CONTEXT_BYTES + mine - K.REFERENCE_PROFILE["cuda_context_bytes"])
+
+
+def process_device_bytes(reserved: int, gpu: GpuSpec | None = None) -> int:
     """``device_total``: the device memory NVML reports for the process (``nvmlDeviceGetComputeRunningProcesses``
     ``usedGpuMemory``, what ``nvidia-smi`` lists per process): the caching allocator's reserved
     segments and the CUDA context (``constants.CUDA_CONTEXT_BYTES``). CUDA managed memory
@@ -287,7 +298,7 @@ def process_device_bytes(reserved: int) -> int:
     H100, the paged-AdamW-8bit step's ``device_used - peak_reserved`` is 758 MiB, the same as every
     other step's (``results/validation``, Llama-3.2-1B full bf16); reported for NVML's per-process
     figure in nvtop issue #213 and pynvml issue #63 (cudaMallocManaged of 60 GB: ~5 GB per process)."""
-    return reserved + K.CUDA_CONTEXT_BYTES
+    return reserved + (cuda_context_bytes(gpu) if gpu is not None else K.CUDA_CONTEXT_BYTES)
 
 
 def sdpa_mask_bytes(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> int:
@@ -653,7 +664,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         notes.append(f"the allocator would cache {released / 2**30:.1f} GiB more than {gpu.key} can hold: it "
                      "releases its cached blocks and retries (slower; fragmentation can still run out), and "
                      "reserves little more than the allocated peak afterwards")
-    device_total = process_device_bytes(reserved)
+    device_total = process_device_bytes(reserved, gpu)
     if pb.states_managed:
         notes.append("paged optimizer states live in CUDA managed memory: not in peak_allocated/peak_reserved "
                      "nor in nvidia-smi's per-process figure (device_total); they use the card while it has "
@@ -676,9 +687,9 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
         "transient": working,
         "fsdp_unsharded": dev.gathered_bytes,
         "cublas_workspace": dev.workspace,
-        "cuda_context": K.CUDA_CONTEXT_BYTES,
+        "cuda_context": cuda_context_bytes(gpu),
     }
     return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
                           peak_phase=phase, phases=phases, host_ram=host, notes=notes,
                           offloaded_activations=a.offloaded, cache_released=released, cache_inputs=cache,
-                          reserved_from_first_step=reserved if not released else gpu.memory_bytes - K.CUDA_CONTEXT_BYTES)
+                          reserved_from_first_step=reserved if not released else gpu.memory_bytes - cuda_context_bytes(gpu))

@@ -192,10 +192,64 @@ class TimeConstants:
     host_s_per_autocast_kernel: float
 
     @classmethod
-    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None) -> "TimeConstants":
+    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None) -> "TimeConstants":
+        """The constants for ``gpu``: ``constants.py``'s, or, with a profile of the user's card
+        (``gpu.profile``), those scaled by its figures over the H100 machine's (``profiled``)."""
         eff = matmul_efficiency or K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
-        return cls(eff, K.ATTENTION_EFFICIENCY, K.BANDWIDTH_EFFICIENCY, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
+        base = cls(eff, K.ATTENTION_EFFICIENCY, K.BANDWIDTH_EFFICIENCY, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
                    K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
+        if gpu.profile is None:
+            return base
+        return profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
+
+
+def _ratio(mine: float | None, reference: float | None) -> float | None:
+    return mine / reference if mine and reference else None
+
+
+def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: bool = False) -> TimeConstants:
+    """The time constants of a card with a profile (``gpu_profile.py``): the constants were fitted on the
+    H100 machine whose own profile is ``K.REFERENCE_PROFILE``, so each rate the profile measured scales
+    its constant by the card's figure over the reference's, the way the kernels' rates differ between
+    the two machines: the GEMM and attention efficiencies by the ratio of the measured fractions of
+    the datasheet peak (the H100's fitted 0.66 of peak where its GEMM benchmark reached 0.74: the
+    step's GEMMs reach 89 % of the benchmark's rate, on any card), the bandwidth efficiency likewise
+    (1 GiB copies), the device time per kernel and the host's dispatch (per CUDA op queued, else per
+    CPU op) by their ratios. A figure the profile lacks keeps the constant. No efficiency above 1."""
+    from reportgen import catalog
+
+    prof, ref = gpu.profile, K.REFERENCE_PROFILE
+    ref_gpu = catalog.load_gpu(ref["card"])
+    mm, att = base.matmul_efficiency, base.attention_efficiency
+    rate = prof.matmul_rate(dtype) if dtype else None
+    if rate and gpu.peak_flops(dtype) and dtype in ref["matmul_tflops"] and not keep_matmul:
+        r = (rate / gpu.peak_flops(dtype)) / (ref["matmul_tflops"][dtype] * 1e12 / ref_gpu.peak_flops(dtype))
+        mm, att = min(1.0, K.MATMUL_EFFICIENCY["datacenter"] * r), min(1.0, K.ATTENTION_EFFICIENCY * r)
+    bw = base.bandwidth_efficiency
+    if prof.copy_1gib_gbs:
+        card_frac = prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs
+        bw = K.BANDWIDTH_EFFICIENCY * card_frac / (ref["copy_1gib_gbs"] / ref_gpu.memory_bandwidth_gbs)
+    launch = _ratio(prof.kernel_device_s, ref["kernel_device_s"]) or 1.0
+    host = (_ratio(prof.host_s_per_launch, ref["host_s_per_launch"])
+            or _ratio(prof.host_s_per_op, ref["host_s_per_op"]) or 1.0)
+    return TimeConstants(mm, att, bw, base.kernel_device_s * launch, base.host_s_per_kernel * host,
+                         base.host_s_per_call * host, base.host_s_per_autocast_kernel * host)
+
+
+def host_link_bytes_per_s(gpu: GpuSpec) -> float:
+    """Host-link bytes per second of pinned copies: a profile's measured slower direction, else the
+    datasheet's figure at ``HOST_LINK_EFFICIENCY``; 0 where neither is known."""
+    if gpu.profile is not None and gpu.profile.host_link_gbs:
+        return gpu.profile.host_link_gbs * 1e9
+    return (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+
+
+def cpu_adam_params_per_s(gpu: GpuSpec) -> float:
+    """Parameters per second of the host optimizer (offload): a profile's measured rate, else the
+    H100 machine's (``CPU_ADAM_PARAMS_PER_S``)."""
+    if gpu.profile is not None and gpu.profile.cpu_adam_params_per_s:
+        return gpu.profile.cpu_adam_params_per_s
+    return K.CPU_ADAM_PARAMS_PER_S
 
 
 def device_seconds(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants) -> float | None:
@@ -262,7 +316,7 @@ def _exposed_transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, no
     micro = phases[0][1] + phases[1][1]
     transfer = _transfer_s(model, setup, gpu, notes, backward_s=phases[1][1])
     if offloaded:
-        link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+        link = host_link_bytes_per_s(gpu)
         copies = 2 * offloaded / link if link else 0.0
         transfer += setup.accum * max(0.0, copies - micro)
     if setup.gpus > 1:  # collectives over the real link, overlapped (comm.py)
@@ -300,8 +354,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     notes += dnotes
     scale = length / setup.seq
     peak = gpu.peak_flops(dtype)
-    eff = matmul_efficiency or K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
-    bw = gpu.memory_bandwidth_gbs * 1e9 * K.BANDWIDTH_EFFICIENCY
+    consts = TimeConstants.current(gpu, matmul_efficiency, dtype)
+    eff, bw = consts.matmul_efficiency, gpu.memory_bandwidth_gbs * 1e9 * consts.bandwidth_efficiency
     work = work or step_work(model, setup, attn, seq=seq)
     if setup.gpus > 1:  # each rank runs its share of the micro-batch's work (sharding.py divides the memory)
         notes.append(f"{setup.gpus} GPUs ({setup.sharding.value}): each rank's own micro-batch; collectives in comm.py")
@@ -313,7 +367,11 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
-    consts = TimeConstants.current(gpu, matmul_efficiency)
+    if gpu.profile is not None:
+        notes.append(f"times use your card's profile ({gpu.profile.source}, measured on {gpu.profile.gpu_name})"
+                     if gpu.profile.device == "cuda" else
+                     f"times use your host's profile ({gpu.profile.source}: its dispatch and host optimizer measured; "
+                     f"the card's rates are the datasheet's, as without a profile)")
     phases = step_phases(work, gpu, dtype, consts)
     if phases is None:
         return _no_peak(model, setup, gpu, notes, dtype, executed, model_flops, train_tokens, work)
@@ -360,14 +418,14 @@ def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: lis
       (a post-accumulate-grad hook), so the copies overlap the backward (``backward_s``: one
       micro-batch's device time); ``step()`` then runs the host optimizer parameter by parameter and
       copies each updated parameter back on the side stream while the host steps the next: the
-      longer of the host step (``CPU_ADAM_PARAMS_PER_S``) and the copies back;
+      longer of the host step (``cpu_adam_params_per_s``) and the copies back;
     * offload=params: every layer's weights come in once per pass, gradients go out (not overlapped:
       an upper bound);
     GPU-to-GPU collectives are ``comm.py``'s (the real link, overlapped per framework).
     """
     if setup.offload == Offload.none:
         return 0.0
-    link = (gpu.host_link_gbs or 0) * 1e9 * K.HOST_LINK_EFFICIENCY
+    link = host_link_bytes_per_s(gpu)
     if not link:
         notes.append(f"{gpu.name}: no host-link figure; transfers not estimated")
         return 0.0
@@ -379,9 +437,9 @@ def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: lis
     extra = 0.0
     if setup.offload == Offload.optimizer:
         copies = trainable * pbytes / link
-        return max(0.0, copies - backward_s) + max(trainable / K.CPU_ADAM_PARAMS_PER_S, copies)
+        return max(0.0, copies - backward_s) + max(trainable / cpu_adam_params_per_s(gpu), copies)
     if setup.offload == Offload.params:
         w = P.weights_bytes(model, setup, dt) + P.adapter_bytes(model, setup, dt)
         moved += setup.accum * passes * w / setup.gpus + trainable * pbytes
-        extra += trainable / K.CPU_ADAM_PARAMS_PER_S
+        extra += trainable / cpu_adam_params_per_s(gpu)
     return moved / link + extra

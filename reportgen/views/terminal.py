@@ -74,6 +74,9 @@ def _time_table(t, gpu, kind: str) -> Table:
     """The step time of an estimate, GPU and host, as a table (said to be hypothetical when it does not fit)."""
     basis = ("GEMM efficiency fitted to published tokens/s of consumer cards, the rest to H100 step times"
              if gpu.is_consumer else "constants fitted to H100 step times")
+    if gpu.profile is not None:
+        basis = ("H100-fitted constants scaled by your card's profile" if gpu.profile.device == "cuda"
+                 else "your host's profile; the card's rates from its datasheet")
     ran = " if it fit (it does not: the step would run out of memory)" if kind == "does not fit" else ""
     tt = Table(title=f"time{ran} (kernels priced on the GPU and on the host, overlapped; {basis})", title_justify="left")
     tt.add_column("")

@@ -1,0 +1,178 @@
+"""``reportgen profile-gpu`` and ``--gpu-profile``: a profile is written where there is no GPU, read back
+with every figure checked, refused for another card, and it moves exactly the terms it measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import statistics
+
+import pytest
+import yaml
+
+from reportgen import catalog
+from reportgen.cli import main
+from reportgen.errors import UserError
+from reportgen.estimate import constants as K
+from reportgen.estimate import estimate
+from reportgen.estimate.time import TimeConstants
+from reportgen.gpu_profile import GpuProfile, attach, from_document, read_profile
+from reportgen.setup import TrainingSetup
+
+H100_PROFILES = sorted(glob.glob("data/gpu-profiles/h100-sxm.*.yaml"))
+
+
+def _reference(**changes) -> GpuProfile:
+    """A profile whose figures are the H100 machine's reference (``K.REFERENCE_PROFILE``), changed by ``changes``."""
+    r = K.REFERENCE_PROFILE
+    base = GpuProfile(card="h100-sxm", device="cuda", source="test.yaml", gpu_name="NVIDIA H100 80GB HBM3", cpu=None,
+                      host_s_per_op=r["host_s_per_op"], host_s_per_launch=r["host_s_per_launch"],
+                      kernel_device_s=r["kernel_device_s"], matmul_tflops=tuple(sorted(r["matmul_tflops"].items())),
+                      copy_1gib_gbs=r["copy_1gib_gbs"], host_link_gbs=None, cpu_adam_params_per_s=None,
+                      cuda_context_bytes=r["cuda_context_bytes"], memory_total_bytes=None, memory_free_bytes=None)
+    return dataclasses.replace(base, **changes)
+
+
+def _est(gpu, **setup):
+    return estimate(catalog.load_model(setup.pop("model", "llama-3.2-1b")), gpu, TrainingSetup(**setup))
+
+
+def test_profile_without_a_gpu_is_written_and_read_back(tmp_path, capsys):
+    out = tmp_path / "mine.yaml"
+    assert main(["profile-gpu", "--device", "cpu", "--gpu", "rtx-4090", "--out", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["card"] == "rtx-4090" and doc["device"] == "cpu" and doc["environment"]["versions"]["torch"]
+    m = doc["measured"]
+    assert m["host_s_per_op"] > 0 and m["cpu_adam_params_per_s"] > 0
+    assert "matmul_tflops" not in m  # nothing of the card is claimed measured without it
+    p = read_profile(out)
+    assert p.card == "rtx-4090" and p.matmul_rate("bf16") is None
+    assert "written to" in capsys.readouterr().out
+    # --gpu-profile uses it: the host's dispatch scales, the card's GEMMs stay the datasheet's
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--gpu-profile", str(out),
+                 "--format", "json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["gpu_profile"]["file"] == str(out)
+    assert any("your host's profile" in n for n in est["notes"])
+
+
+def test_profile_refuses_another_card_and_a_cpu_run_without_a_card(tmp_path, capsys):
+    assert main(["profile-gpu", "--device", "cpu"]) == 2
+    assert "name the card" in capsys.readouterr().err
+    assert main(["profile-gpu", "--device", "cpu", "--gpu", "rtx-4909"]) == 2
+    assert "rtx-4090" in capsys.readouterr().err  # did you mean
+    out = tmp_path / "p.yaml"
+    assert main(["profile-gpu", "--device", "cpu", "--gpu", "rtx-4090", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "a profile of rtx-4090, not of --gpu h100-sxm" in err
+    # a card given another memory is still that card
+    assert attach(catalog.load_gpu("rtx-4090@48GiB"), read_profile(out)).profile.card == "rtx-4090"
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"measured": {"host_s_per_op": -1}}, "measured.host_s_per_op"),
+    ({"measured": {"matmul_tflops": {"bf16": "fast"}}}, "measured.matmul_tflops"),
+    ({"measured": {"copy_bandwidth_gbs": {"1GiB": float("nan")}}}, "measured.copy_bandwidth_gbs"),
+    ({"card": "rtx-9999"}, "not in the GPU catalog"),
+    ({"kind": "measurement"}, "kind"),
+    ({"device": "tpu"}, "device"),
+])
+def test_a_damaged_profile_is_refused_naming_the_field(tmp_path, change, says):
+    doc = {"kind": "gpu-profile", "schema_version": 1, "card": "h100-sxm", "device": "cuda",
+           "measured": {"host_s_per_op": 6e-6}, "environment": {}}
+    doc.update(change)
+    with pytest.raises(UserError, match=says.replace(".", r"\.")):
+        from_document(doc, "p.yaml")
+
+
+def test_a_file_that_is_no_profile_is_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 1\n- 2\n")
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", str(bad)]) == 2
+    assert "not a GPU profile" in capsys.readouterr().err
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile",
+                 str(tmp_path / "missing.yaml")]) == 2
+    assert "no such GPU profile" in capsys.readouterr().err
+
+
+def test_the_reference_is_the_mean_of_the_h100_machines_profiles():
+    """``K.REFERENCE_PROFILE`` is what the committed profiles of the machine the constants were fitted on say."""
+    assert len(H100_PROFILES) == 2
+    docs = [read_profile(f) for f in H100_PROFILES]
+    r = K.REFERENCE_PROFILE
+    for dtype, tf in r["matmul_tflops"].items():
+        assert tf == pytest.approx(statistics.mean(p.matmul_rate(dtype) / 1e12 for p in docs), rel=1e-4)
+    for key, attr in [("copy_1gib_gbs", "copy_1gib_gbs"), ("kernel_device_s", "kernel_device_s"),
+                      ("host_s_per_launch", "host_s_per_launch"), ("host_s_per_op", "host_s_per_op"),
+                      ("cuda_context_bytes", "cuda_context_bytes")]:
+        assert r[key] == pytest.approx(statistics.mean(getattr(p, attr) for p in docs), rel=1e-3), key
+    assert K.CPU_ADAM_PARAMS_PER_S == pytest.approx(statistics.mean(p.cpu_adam_params_per_s for p in docs), rel=0.01)
+
+
+def test_the_reference_machines_own_profile_changes_nothing():
+    """The ratios are 1 on the machine the constants were fitted on: same constants, same step."""
+    gpu = catalog.load_gpu("h100-sxm")
+    mine = attach(gpu, _reference())
+    for dtype in ("bf16", "fp16", "fp32"):
+        a, b = TimeConstants.current(gpu, dtype=dtype), TimeConstants.current(mine, dtype=dtype)
+        for f in dataclasses.fields(a):
+            assert getattr(b, f.name) == pytest.approx(getattr(a, f.name), rel=1e-9), (dtype, f.name)
+    s = dict(method="lora", batch=4, seq=2048)
+    assert _est(mine, **s).time.step_s == pytest.approx(_est(gpu, **s).time.step_s, rel=1e-9)
+
+
+def test_each_measured_rate_moves_its_own_term():
+    """Worked example: a card whose GEMM benchmark reaches half the H100's fraction of its peak gets half
+    the fitted GEMM efficiency; a host twice as slow doubles the dispatch; a copy rate 10 % lower lowers
+    the bandwidth efficiency 10 %; a context 100 MiB larger adds 100 MiB to the process's device memory."""
+    gpu = catalog.load_gpu("h100-sxm")
+    r = K.REFERENCE_PROFILE
+    half = tuple((d, tf / 2) for d, tf in sorted(r["matmul_tflops"].items()))
+    c = TimeConstants.current(attach(gpu, _reference(matmul_tflops=half, host_s_per_launch=2 * r["host_s_per_launch"],
+                                                     copy_1gib_gbs=0.9 * r["copy_1gib_gbs"])), dtype="bf16")
+    assert c.matmul_efficiency == pytest.approx(K.MATMUL_EFFICIENCY["datacenter"] / 2)
+    assert c.attention_efficiency == pytest.approx(K.ATTENTION_EFFICIENCY / 2)
+    assert c.host_s_per_kernel == pytest.approx(2 * K.HOST_S_PER_KERNEL)
+    assert c.host_s_per_call == pytest.approx(2 * K.HOST_S_PER_CALL)
+    assert c.bandwidth_efficiency == pytest.approx(0.9 * K.BANDWIDTH_EFFICIENCY)
+    assert c.kernel_device_s == pytest.approx(K.KERNEL_DEVICE_S)
+    # no efficiency above 1, however fast the benchmark
+    fast = tuple((d, tf * 5) for d, tf in sorted(r["matmul_tflops"].items()))
+    assert TimeConstants.current(attach(gpu, _reference(matmul_tflops=fast)), dtype="bf16").matmul_efficiency == 1.0
+    bigger = attach(gpu, _reference(cuda_context_bytes=r["cuda_context_bytes"] + 100 * 2**20))
+    s = dict(method="lora", batch=1, seq=512)
+    assert _est(bigger, **s).memory.device_total - _est(gpu, **s).memory.device_total == 100 * 2**20
+
+
+def test_the_host_optimizer_and_link_of_a_profile_price_offload():
+    """Optimizer offload's host step is trainable / the profile's AdamW rate when that is the longer part."""
+    gpu = catalog.load_gpu("h100-sxm")
+    s = dict(method="full", precision="bf16-mixed", offload="optimizer", batch=1, seq=512)
+    slow = _est(attach(gpu, _reference(cpu_adam_params_per_s=1e8, host_link_gbs=25.0)), **s)
+    base = _est(gpu, **s)
+    params = catalog.load_model("llama-3.2-1b").total_params
+    assert slow.time.parts["transfer"] - base.time.parts["transfer"] == pytest.approx(
+        params / 1e8 - params / K.CPU_ADAM_PARAMS_PER_S, rel=0.05)
+
+
+def test_a_set_commit_wins_over_a_copied_git(monkeypatch):
+    from reportgen.measure.environment import git_commit
+
+    monkeypatch.setenv("REPORTGEN_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("REPORTGEN_GIT_DIRTY", "0")
+    assert git_commit() == ("a" * 40, False)
+
+
+@pytest.mark.cuda
+def test_profile_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU with CUDA")
+    from reportgen.measure.profile_gpu import profile
+
+    doc = profile("cuda", None, catalog.load_model("llama-3.2-1b"))
+    p = from_document(json.loads(json.dumps(doc)), "gpu")
+    assert p.matmul_rate("bf16") and p.copy_1gib_gbs and p.kernel_device_s and p.host_link_gbs
