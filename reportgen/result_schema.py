@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator,
+                      model_validator)
 
 from reportgen import catalog
 from reportgen.results import UnreadableResult
@@ -129,6 +130,12 @@ class EstimateDocument(_Loose):
     inputs_hash: StrictStr | None = None
     sweep_hash: StrictStr | None = None
     in_sweep: StrictBool = True
+
+    @model_validator(mode="after")
+    def _ok_has_an_estimate(self):
+        if self.status == "ok" and self.estimate is None:
+            raise ValueError("status ok but no estimate")
+        return self
 
 
 class Measured(_Loose):

@@ -56,8 +56,8 @@ def test_saved_tensors_compile_drops():
 
 def test_compile_time_is_the_fused_traffic_over_bandwidth():
     """Full bf16, batch 1 x 8,192, no checkpointing: 4 x 179,200 B x 32 layers x 8,192 tokens over
-    3.35 TB/s x BANDWIDTH_EFFICIENCY (1.04: 0.0539 s) less per step out of 0.939 s eager, everything else
-    unchanged: 6.1 % more tokens/s."""
+    3.35 TB/s x BANDWIDTH_EFFICIENCY (0.9675: 0.0580 s) less per step out of 0.896 s eager, everything else
+    unchanged: 6.9 % more tokens/s."""
     s = TrainingSetup(method="full", precision="bf16", batch=1, seq=8192)
     eager = estimate(L8, H100, s, reverse=False).time
     compiled = estimate(L8, H100, s.model_copy(update={"compile": True}), reverse=False).time
@@ -65,7 +65,7 @@ def test_compile_time_is_the_fused_traffic_over_bandwidth():
                                                       rel=1e-3)
     assert eager.parts["compile"] == 0
     assert compiled.step_s == pytest.approx(eager.step_s + compiled.parts["compile"], rel=1e-9)
-    assert compiled.tokens_per_s / eager.tokens_per_s == pytest.approx(1.061, abs=0.002)
+    assert compiled.tokens_per_s / eager.tokens_per_s == pytest.approx(1.069, abs=0.002)
 
 
 def test_compile_is_a_sweep_key(tmp_path):

@@ -176,3 +176,16 @@ def test_profile_on_a_gpu():
     doc = profile("cuda", None, catalog.load_model("llama-3.2-1b"))
     p = from_document(json.loads(json.dumps(doc)), "gpu")
     assert p.matmul_rate("bf16") and p.copy_1gib_gbs and p.kernel_device_s and p.host_link_gbs
+
+
+def test_environments_that_differ_only_in_commit_have_different_titles():
+    """The validation headline names each environment; two that differ in a field the title did not show
+    (the commit, transformers) read the same unless the title names that field."""
+    from reportgen.report.compare import environment_groups
+
+    env = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver_version": "580", "cuda_version": "13.0",
+           "versions": {"torch": "2.11", "transformers": "5.17"}, "git_commit": "a" * 40}
+    other = {**env, "git_commit": "b" * 40}
+    titles = [g["title"] for g in environment_groups([("c1", env), ("c2", other)])]
+    assert titles[0] != titles[1] and titles[0].endswith("commit aaaaaaa")
+    assert "commit" not in environment_groups([("c1", env), ("c2", env)])[0]["title"]

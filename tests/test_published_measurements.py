@@ -55,8 +55,19 @@ NOTHING_MEASURED = ("No measurements yet", "no measurement", "No case has been m
                     "No CUDA measurement has been made")
 
 
-def measurement_files() -> list[Path]:
+def all_measurement_files() -> list[Path]:
     return sorted(MEASURED.glob("*.json"))
+
+
+def measurement_files() -> list[Path]:
+    """The latest file of each case (a case measured again counts its latest run, ``store``)."""
+    latest: dict[str, tuple[str, Path]] = {}
+    for p in all_measurement_files():
+        doc = json.loads(p.read_text())
+        cid = current_id(doc)
+        if cid not in latest or doc["measured_at"] > latest[cid][0]:
+            latest[cid] = (doc["measured_at"], p)
+    return sorted(p for _, p in latest.values())
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +91,8 @@ def site(tmp_path_factory):
 
 
 def stored(results: Path, cid: str) -> tuple[dict, dict]:
-    """(the measurement file's document, the stored estimate) of one case."""
-    (path,) = MEASURED.glob(f"{legacy_id(cid)}.*.json")
+    """(the latest measurement file's document, the stored estimate) of one case."""
+    (path,) = [p for p in measurement_files() if current_id(json.loads(p.read_text())) == cid]
     return json.loads(path.read_text()), json.loads((results / "validation" / f"{cid}.json").read_text())["estimate"]
 
 
@@ -98,6 +109,15 @@ def tab(text: str, label: str) -> str:
     ends = [k for k in (rest.find('\n=== "'), rest.find("\n<div"), rest.find("\n## "), rest.find("\nRuns that"))
             if k >= 0]
     return rest[:min(ends)] if ends else rest
+
+
+def tabs(text: str, label: str) -> str:
+    """Every ``=== "label"`` tab of ``text`` (one per environment section), joined."""
+    out, start = [], 0
+    while (i := text.find(f'=== "{label}"', start)) >= 0:
+        out.append(tab(text[i:], label))
+        start = i + 1
+    return "\n".join(out)
 
 
 def row_cells(block: str, cid: str) -> list[str] | None:
@@ -133,7 +153,7 @@ def check_tabs(block: str, results: Path, cids) -> int:
     for cid in cids:
         doc, est = stored(results, cid)
         for label, field in QUANTITIES.items():
-            want, cells = expected(doc, est, field), row_cells(tab(block, label), cid)
+            want, cells = expected(doc, est, field), row_cells(tabs(block, label), cid)
             if want is None:
                 assert cells is None, (cid, label, "shown although the provenance rule forbids it")
                 continue
@@ -145,9 +165,9 @@ def check_tabs(block: str, results: Path, cids) -> int:
 
 
 # ----- the validation page -----------------------------------------------------------------------
-def test_the_committed_files_are_52_and_one_is_the_oom_on_purpose():
+def test_the_committed_files_are_52_cases_and_one_is_the_oom_on_purpose():
     docs = [json.loads(p.read_text()) for p in measurement_files()]
-    assert len(docs) == 52
+    assert len(docs) == 52 and len(all_measurement_files()) == 84  # 32 cases measured again on 2026-11-27
     assert [current_id(d) for d in docs if d["status"] != "ok"] == [OOM]
 
 
@@ -158,21 +178,20 @@ def test_validation_page_shows_each_stored_figure_and_its_signed_error(site):
     assert check_tabs(env, results, SAMPLE) == 5 * 4 + 2 * 3
 
 
-def test_one_environment_section_for_the_52_files(site):
+def test_one_environment_section_per_stack_of_the_latest_files(site):
     text = (site[1] / "validation.md").read_text()
     headings = re.findall(r"^### (.+) \{ #(env-[0-9a-f]+) \}$", text, flags=re.M)
-    assert len(headings) == 1, headings
-    title, anchor = headings[0]
-    assert title == "NVIDIA H100 80GB HBM3 · driver 580.159.04 · CUDA 13.0 · torch 2.11.0+cu130"
-    assert "52 measurements: 51 finished, 1 did not" in text
-    envs = {json.dumps({k: d["environment"].get(k) for k in ("gpu_name", "driver_version", "cuda_version",
-                                                          "git_commit", "versions")}, sort_keys=True)
-            for d in (json.loads(p.read_text()) for p in measurement_files())}
-    assert len(envs) == 1  # the files agree: one section is the truth, not a merge of different stacks
+    docs = [json.loads(p.read_text()) for p in measurement_files()]
+    commits = sorted({d["environment"]["git_commit"][:7] for d in docs})
+    # one card, driver, CUDA and torch; the sections differ in the commit that measured, and say so
+    assert sorted(t for t, _ in headings) == sorted(
+        f"NVIDIA H100 80GB HBM3 · driver 580.159.04 · CUDA 13.0 · torch 2.11.0+cu130 · commit {c}" for c in commits)
+    counts = [int(n) for n in re.findall(r"(\d+) measurements?: ", text)]
+    assert sum(counts) == len(docs) == 52
     # the per-run fields that differ are summarised, not one section each
     assert "`gpu_uuid` differs" in text and "`utc` differs" in text
     gpu_page = (site[1] / "gpus" / "h100-sxm.md").read_text()
-    assert f"](../validation.md#{anchor})" in gpu_page
+    assert all(f"](../validation.md#{anchor})" in gpu_page for _, anchor in headings)
 
 
 def test_headline_is_computed_from_the_stored_files(site):
@@ -201,7 +220,10 @@ def test_headline_is_computed_from_the_stored_files(site):
         assert cells[2] == f"{100 * statistics.median(abs(x) for x in errs.values()):.2f}%"
         assert cells[3] == f"{100 * statistics.median(errs.values()):+.2f}%"
         assert cells[4].startswith(f"{100 * errs[worst]:+.1f}%") and f"`{worst}`" in cells[4]
-    assert "49 of them are medians of only 5 timed steps" in head  # every step time of these files
+    five = sum(1 for p in measurement_files() for d in [json.loads(p.read_text())]
+               if d["status"] == "ok" and d["settings"].get("max_steps") is None
+               and "tokens_per_s" in provenance_of(d).valid_quantities(d["case"]["gpu"]))
+    assert f"{five} of them are medians of only 5 timed steps" in head  # the runs before the stopping rule
     assert "in-sample" in head and "methodology.md#calibration-constants" in head
 
 
@@ -210,11 +232,11 @@ def test_capped_cases_show_no_speed_comparison(site):
     for page, start in ((docs / "validation.md", "## Measured cases, by environment"),
                         (docs / "gpus" / "rtx-4090.md", "## Measured on this card")):
         block = section(page.read_text(), start)
-        step = tab(block, "step time")
+        step = tabs(block, "step time")
         for cid in CAPPED:
             assert row_cells(step, cid) is None, (page, cid)
             assert f"`{cid}` (measured on NVIDIA H100 80GB HBM3 capped to the memory of rtx-4090: memory only" in step
-            assert row_cells(tab(block, "device total"), cid) is not None  # memory counts
+            assert row_cells(tabs(block, "device total"), cid) is not None  # memory counts
     assert check_tabs(section((docs / "gpus" / "rtx-4090.md").read_text(), "## Measured on this card",
                               "## Memory per setup"), results, CAPPED) == 2 * 3
     # nowhere is a capped run's tokens/s shown as the RTX 4090's
@@ -266,6 +288,9 @@ def test_show_prints_measured_beside_estimated(site, capsys):
     for cid in SAMPLE + (OOM,):
         main(["show", cid, "--results", str(results)])
         out = capsys.readouterr().out
+        if "measurement [shown on the site]" in out:  # measured again: the latest run, after the earlier ones
+            assert "measurement [earlier attempt]" in out
+            out = out[out.index("measurement [shown on the site]"):]
         doc, est = stored(results, cid)
         if cid == OOM:
             assert "out of memory: expected, the estimate foresaw it" in out
@@ -279,8 +304,10 @@ def test_show_prints_measured_beside_estimated(site, capsys):
             assert line is not None and want[2] in line, (cid, label, line)
         if cid in CAPPED:
             assert "step time and tokens/s: not compared" in out
-        else:
+        elif doc["settings"].get("max_steps") is None:
             assert "median of 5 timed steps (a fixed count" in out
+        else:
+            assert f"median of {doc['measurement']['steps_run']} timed steps (stopped: " in out
 
 
 def test_readme_headline_is_what_reportgen_validation_prints(capsys):

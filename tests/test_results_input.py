@@ -150,6 +150,7 @@ def test_a_result_is_never_written_with_nan(tmp_path):
     ("estimate", "case.setup.batch", "four", "not a setup of this version"),
     ("estimate", "case.gpu", "tpu-v9", "not in this version's GPU catalog"),
     ("estimate", "sweep", _DELETE, "sweep: missing"),
+    ("estimate", "estimate", None, "status ok but no estimate"),
     ("measurement", "case.setup", "lora", "case.setup"),
     ("measurement", "sweep", _DELETE, "sweep: missing"),
     ("measurement", "measurement", [1, 2], "measurement"),

@@ -228,6 +228,18 @@ def _flat(env: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _differing(groups: dict) -> tuple[str, ...]:
+    """The key's names beyond GPU, driver, CUDA and torch whose values differ between ``groups``: each
+    title names them, so that two environments never read the same."""
+    keys = [dict(g["key"]) for g in groups.values()]
+    return tuple(n for n, _ in ENVIRONMENT_KEY if n not in ("GPU", "driver", "CUDA", "torch")
+                 and len({k[n] for k in keys}) > 1)
+
+
+def _short(name: str, value: str) -> str:
+    return value[:7] if name == "commit" else value
+
+
 def environment_groups(measured: Iterable[tuple[str, dict]]) -> list[dict]:
     """``measured``: ``(case id, environment)`` of every measurement that counts. One group per
     environment key, in order of first appearance: ``id``, ``key`` (``[(name, value)]``), ``title``,
@@ -253,8 +265,8 @@ def environment_groups(measured: Iterable[tuple[str, dict]]) -> list[dict]:
             else:
                 varying.append((f, sorted(((v, values.count(v)) for v in set(values)), key=lambda vc: (-vc[1], vc[0]))))
         named = dict(g["key"])
-        title = [named["GPU"] or "unnamed device"] + [f"{n} {named[n]}" for n in ("driver", "CUDA", "torch")
-                                                      if named[n] is not None]
+        title = [named["GPU"] or "unnamed device"] + [f"{n} {_short(n, named[n])}" for n in ("driver", "CUDA", "torch")
+                                                      + _differing(groups) if named[n] is not None]
         out.append({"id": g["id"], "key": [(n, v) for n, v in g["key"]],
                     "title": " · ".join(title) if any(v is not None for v in named.values())
                     else "environment not recorded",
