@@ -22,7 +22,7 @@ from reportgen.advise.store import write_advice
 
 from reportgen.cli import main
 from reportgen.provenance import provenance_of
-from reportgen.results import current_id, legacy_id
+from reportgen.results import current_id
 from reportgen.report import render
 from reportgen.report.rows import site_rows
 from reportgen.runner import run_estimates

@@ -367,11 +367,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
-    if gpu.profile is not None:
-        notes.append(f"times use your card's profile ({gpu.profile.source}, measured on {gpu.profile.gpu_name})"
-                     if gpu.profile.device == "cuda" else
-                     f"times use your host's profile ({gpu.profile.source}: its dispatch and host optimizer measured; "
-                     f"the card's rates are the datasheet's, as without a profile)")
+    notes += _profile_note(gpu)
     phases = step_phases(work, gpu, dtype, consts)
     if phases is None:
         return _no_peak(model, setup, gpu, notes, dtype, executed, model_flops, train_tokens, work)
@@ -407,6 +403,17 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
                         memory_s=memory_s, transfer_s=transfer, step_s=step, tokens_per_s=tps, mfu=mfu, hfu=hfu,
                         bound=bound, peak_dtype=dtype, train_tokens=train_tokens, train_hours=hours,
                         train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
+
+
+def _profile_note(gpu: GpuSpec) -> list[str]:
+    """What a profile changed, for the notes (every surface says the numbers use it)."""
+    p = gpu.profile
+    if p is None:
+        return []
+    if p.device == "cuda":
+        return [f"times use your card's profile ({p.source}, measured on {p.gpu_name})"]
+    return [f"times use your host's profile ({p.source}: its dispatch and host optimizer measured; the card's rates "
+            "are the datasheet's, as without a profile)"]
 
 
 def _transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, notes: list[str],

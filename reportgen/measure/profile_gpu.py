@@ -133,7 +133,6 @@ def gemm_rates(torch, model, dtypes=DTYPES, budget_s: float = 1.5) -> tuple[dict
             f = 2.0 * GEMM_TOKENS * k * n
             rows.append({"dtype": name, "tokens": GEMM_TOKENS, "in": k, "out": n, "tflops": f / s / 1e12})
             flops, seconds = flops + f, seconds + s
-            del x, w
         summary[name] = flops / seconds / 1e12
     torch.cuda.empty_cache()
     return summary, rows
@@ -150,7 +149,6 @@ def copy_bandwidths(torch) -> dict:
         # a small copy lasts less than its launch: time it in a CUDA graph, without the host
         s = (graph_timed(torch, copy, 200) if total < 64 * MIB else None) or _timed(torch, "cuda", copy, 30)
         out[label] = total / s / 1e9
-        del src, dst
     torch.cuda.empty_cache()
     return out
 
@@ -161,8 +159,6 @@ def host_link(torch, size: int = 256 * MIB) -> dict:
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     h2d = _timed(torch, "cuda", lambda: dev.copy_(host, non_blocking=True), 10)
     d2h = _timed(torch, "cuda", lambda: host.copy_(dev, non_blocking=True), 10)
-    del host, dev
-    torch.cuda.empty_cache()
     return {"h2d": size / h2d / 1e9, "d2h": size / d2h / 1e9}
 
 
