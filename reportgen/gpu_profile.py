@@ -88,6 +88,7 @@ class GpuProfile:
     source: str  # the file, for the notes
     gpu_name: str | None
     cpu: str | None
+    utc: str | None  # when it was measured
     host_s_per_op: float | None
     host_s_per_launch: float | None
     kernel_device_s: float | None
@@ -120,6 +121,7 @@ def from_document(doc: dict, source: str) -> GpuProfile:
     m, env = d.measured, d.environment
     link = min(m.host_link_gbs.values()) if m.host_link_gbs else None
     return GpuProfile(card=d.card, device=d.device, source=source, gpu_name=env.get("gpu_name"), cpu=env.get("cpu"),
+                      utc=str(env["utc"]) if env.get("utc") else None,
                       host_s_per_op=m.host_s_per_op, host_s_per_launch=m.host_s_per_launch,
                       kernel_device_s=m.kernel_device_s, matmul_tflops=tuple(sorted(m.matmul_tflops.items())),
                       copy_1gib_gbs=m.copy_bandwidth_gbs.get("1GiB"), host_link_gbs=link,

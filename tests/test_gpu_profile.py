@@ -4,6 +4,7 @@ with every figure checked, refused for another card, and it moves exactly the te
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import glob
 import json
 import statistics
@@ -26,7 +27,7 @@ H100_PROFILES = sorted(glob.glob("data/gpu-profiles/h100-sxm.*.yaml"))
 def _reference(**changes) -> GpuProfile:
     """A profile whose figures are the H100 machine's reference (``K.REFERENCE_PROFILE``), changed by ``changes``."""
     r = K.REFERENCE_PROFILE
-    base = GpuProfile(card="h100-sxm", device="cuda", source="test.yaml", gpu_name="NVIDIA H100 80GB HBM3", cpu=None,
+    base = GpuProfile(card="h100-sxm", device="cuda", source="test.yaml", gpu_name="NVIDIA H100 80GB HBM3", cpu=None, utc=None,
                       host_s_per_op=r["host_s_per_op"], host_s_per_launch=r["host_s_per_launch"],
                       kernel_device_s=r["kernel_device_s"], matmul_tflops=tuple(sorted(r["matmul_tflops"].items())),
                       copy_1gib_gbs=r["copy_1gib_gbs"], host_link_gbs=None, cpu_adam_params_per_s=None,
@@ -189,3 +190,20 @@ def test_environments_that_differ_only_in_commit_have_different_titles():
     titles = [g["title"] for g in environment_groups([("c1", env), ("c2", other)])]
     assert titles[0] != titles[1] and titles[0].endswith("commit aaaaaaa")
     assert "commit" not in environment_groups([("c1", env), ("c2", env)])[0]["title"]
+
+
+def test_the_gpu_page_lists_the_committed_profiles_of_its_card(tmp_path, capsys):
+    from reportgen.report.profiles import load_profiles, profiles_view
+
+    views = profiles_view(load_profiles(), "h100-sxm")
+    assert [v["file"] for v in views] == H100_PROFILES
+    first = read_profile(H100_PROFILES[0])
+    want = f"{100 * first.matmul_rate('bf16') / catalog.load_gpu('h100-sxm').peak_flops('bf16'):.0f} %"
+    assert views[0]["gemm_of_peak"] == want and views[0]["copy_of_bandwidth"] == "89 %"
+    assert profiles_view(load_profiles(), "rtx-4090") == []
+    # a damaged profile is skipped, naming the file, and the rest is shown
+    shutil.copy(H100_PROFILES[0], tmp_path / "good.yaml")
+    (tmp_path / "bad.yaml").write_text("kind: gpu-profile\nschema_version: 1\ncard: h100-sxm\ndevice: cuda\n"
+                                       "measured: {host_s_per_op: -1}\n")
+    assert [p.source for p in load_profiles(tmp_path)] == [str(tmp_path / "good.yaml")]
+    assert "bad.yaml" in capsys.readouterr().err

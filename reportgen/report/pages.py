@@ -313,7 +313,10 @@ def _load_cards(path: Path | None) -> dict | None:
 def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
     from reportgen.advise.pages import calculator_link, guided_gpus
 
+    from reportgen.report.profiles import load_profiles, profiles_view
+
     cards_data = _load_cards(cards)
+    profiles = load_profiles()
     all_rows = site_rows(site)
     by_gpu = group(all_rows, "gpu")
     guided = set(guided_gpus(site))
@@ -379,6 +382,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             "repro": reproduce(site, rows, rel(path, csv_path) if rows else None),
             "example_model": "llama-3.1-8b",
             "cards": cards_view(cards_data, key),
+            "profiles": profiles_view(profiles, key),
         }
         pages.append(Page(path=path, template="gpu.md.j2", context=context, files=files))
     pages.append(_gpus_index(site, by_gpu))
