@@ -42,6 +42,8 @@ from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rat
 PASTED = "config.json"
 #: the file a pasted TRL or Axolotl config is written to
 TRAIN_PASTED = "train.yaml"
+#: where a pasted GPU profile (``reportgen profile-gpu``'s YAML) is written for ``--gpu-profile``
+PROFILE_PASTED = "gpu-profile.yaml"
 #: the setup fields the form still sends beside a pasted training config (the launcher's choices)
 LAUNCHER_FIELDS = ("gpus", "sharding")
 
@@ -97,7 +99,8 @@ def _train_tokens_default(text: str) -> bool:
 
 def argv(form: dict) -> list[str]:
     """``reportgen estimate`` arguments for a form: ``model`` (a catalog name) or ``config`` (a
-    pasted config.json), ``gpu``, ``gpu_memory`` (optional, e.g. ``48GiB``), ``train_tokens``
+    pasted config.json), ``gpu``, ``gpu_memory`` (optional, e.g. ``48GiB``), ``gpu_profile`` (optional: a
+    pasted ``reportgen profile-gpu`` YAML), ``train_tokens``
     (optional) and ``setup`` (field -> value; a field left out takes its default)."""
     training = form.get("training_config") is not None
     model = PASTED if form.get("config") is not None else str(form.get("model") or "")
@@ -106,6 +109,8 @@ def argv(form: dict) -> list[str]:
     memory = str(form.get("gpu_memory") or "").strip()
     if memory:
         out += ["--gpu-memory", memory]
+    if form.get("gpu_profile") is not None:
+        out += ["--gpu-profile", PROFILE_PASTED]
     if training:
         out += ["--from", TRAIN_PASTED]
     default = TrainingSetup()
@@ -180,6 +185,8 @@ def run(form_json: str) -> str:
             _write_pasted(str(form["config"]))
         if form.get("training_config") is not None:
             _write_train(str(form["training_config"]))
+        if form.get("gpu_profile") is not None:
+            Path(PROFILE_PASTED).write_text(str(form["gpu_profile"]))
         text = estimate_json(args)
         out.update(json=text, view=view(json.loads(text)))
         if form.get("training_config") is not None:

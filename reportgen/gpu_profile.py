@@ -1,10 +1,10 @@
 """A GPU profile: the rates ``reportgen profile-gpu`` measured on one card and its host
 (``measure/profile_gpu.py`` documents each figure), read back for ``--gpu-profile FILE``.
 
-Torch-free (layer 0): the calculator reads an uploaded profile in the browser. The file is YAML, as
+Torch-free (layer 0): the calculator reads a pasted profile in the browser. The file is YAML, as
 the profiler writes it; it is input a user names, so it is read within ``yamlfile``'s limits and
-checked field by field (pydantic): a figure must be a positive number or null, the card must be in
-the catalog. ``attach`` gives a card its profile, refusing a profile of another card model.
+checked field by field (``_checked``, no pydantic: it runs under Pyodide): a figure must be a positive
+number or null, the card must be in the catalog. ``attach`` gives a card its profile, refusing a profile of another card model.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Literal, Optional
-
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from reportgen import yamlfile
 from reportgen.errors import UserError
@@ -23,60 +20,47 @@ from reportgen.hardware import GpuSpec
 KIND = yamlfile.Kind(noun="GPU profile", what_it_holds="a profile written by `reportgen profile-gpu`",
                      example="write one with `reportgen profile-gpu --out my-card.yaml` on the machine with the card")
 
-
-def _positive(value):
-    if value is None:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError("must be a positive number or null")
-    return value
+#: the single figures of ``measured`` (each a positive number or null) and its mappings of figures
+#: (with the keys each may have; None: any)
+FIGURES = ("host_s_per_op", "host_s_per_launch", "kernel_device_s", "l2_bytes", "cpu_adam_params_per_s",
+           "cuda_context_bytes", "memory_total_bytes", "memory_free_bytes")
+MAPPINGS = {"matmul_tflops": ("bf16", "fp16", "fp32"), "copy_bandwidth_gbs": None, "host_link_gbs": ("h2d", "d2h")}
 
 
-class Measured(BaseModel):
-    """The figures, each null where it was not measured (a profile without a GPU has the host's only)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    host_s_per_op: Optional[float] = None
-    host_s_per_launch: Optional[float] = None
-    kernel_device_s: Optional[float] = None
-    matmul_tflops: dict[Literal["bf16", "fp16", "fp32"], float] = {}
-    copy_bandwidth_gbs: dict[str, float] = {}
-    l2_bytes: Optional[int] = None
-    host_link_gbs: dict[Literal["h2d", "d2h"], float] = {}
-    cpu_adam_params_per_s: Optional[float] = None
-    cuda_context_bytes: Optional[int] = None
-    memory_total_bytes: Optional[int] = None
-    memory_free_bytes: Optional[int] = None
-
-    @field_validator("host_s_per_op", "host_s_per_launch", "kernel_device_s", "l2_bytes", "cpu_adam_params_per_s",
-                     "cuda_context_bytes", "memory_total_bytes", "memory_free_bytes", mode="before")
-    @classmethod
-    def _figure(cls, v):
-        return _positive(v)
-
-    @field_validator("matmul_tflops", "copy_bandwidth_gbs", "host_link_gbs", mode="before")
-    @classmethod
-    def _figures(cls, v):
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            raise ValueError("must be a mapping of positive numbers")
-        for x in v.values():
-            _positive(x)
-        return v
+def _positive(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value > 0)
 
 
-class ProfileDocument(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _checked(doc: dict, source: str) -> dict:
+    """``doc``'s ``measured`` block once every field is what it must be; a ``UserError`` naming the first
+    that is not. Checked by hand, not by pydantic: this module runs in the calculator, under Pyodide,
+    where pydantic's compiled core is not loaded (``setup.py`` says the same)."""
+    def bad(where: str, what: str):
+        raise UserError(f"{source}: {where}: {what}", hint=KIND.what_it_holds)
 
-    kind: Literal["gpu-profile"]
-    schema_version: Literal[1]
-    card: str
-    device: Literal["cuda", "cpu"]
-    model: Optional[str] = None
-    measured: Measured
-    environment: dict = {}
+    if doc.get("kind") != "gpu-profile":
+        bad("kind", "must be gpu-profile")
+    if doc.get("schema_version") != 1:
+        bad("schema_version", "must be 1")
+    if not isinstance(doc.get("card"), str):
+        bad("card", "must be a catalog card's name")
+    if doc.get("device") not in ("cuda", "cpu"):
+        bad("device", "must be cuda or cpu")
+    if not isinstance(doc.get("environment", {}), dict):
+        bad("environment", "must be a mapping")
+    m = doc.get("measured")
+    if not isinstance(m, dict):
+        bad("measured", "must be a mapping of figures")
+    for name in FIGURES:
+        if m.get(name) is not None and not _positive(m[name]):
+            bad(f"measured.{name}", "must be a positive number or null")
+    for name, keys in MAPPINGS.items():
+        v = m.get(name) or {}
+        if not isinstance(v, dict) or any(keys and k not in keys for k in v) or not all(map(_positive, v.values())):
+            bad(f"measured.{name}", "must be a mapping of " + (", ".join(keys) if keys else "sizes")
+                + " to positive numbers")
+    return m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,23 +94,20 @@ def from_document(doc: dict, source: str) -> GpuProfile:
     """The profile of a parsed document; a ``UserError`` naming the first wrong field."""
     from reportgen import catalog
 
-    try:
-        d = ProfileDocument.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(the file)"
-        raise UserError(f"{source}: {where}: {err['msg']}", hint=KIND.what_it_holds) from None
-    if d.card not in catalog.gpu_names():
-        raise UserError(f"{source}: card {d.card!r} is not in the GPU catalog", hint="`reportgen gpus` lists it")
-    m, env = d.measured, d.environment
-    link = min(m.host_link_gbs.values()) if m.host_link_gbs else None
-    return GpuProfile(card=d.card, device=d.device, source=source, gpu_name=env.get("gpu_name"), cpu=env.get("cpu"),
-                      utc=str(env["utc"]) if env.get("utc") else None,
-                      host_s_per_op=m.host_s_per_op, host_s_per_launch=m.host_s_per_launch,
-                      kernel_device_s=m.kernel_device_s, matmul_tflops=tuple(sorted(m.matmul_tflops.items())),
-                      copy_1gib_gbs=m.copy_bandwidth_gbs.get("1GiB"), host_link_gbs=link,
-                      cpu_adam_params_per_s=m.cpu_adam_params_per_s, cuda_context_bytes=m.cuda_context_bytes,
-                      memory_total_bytes=m.memory_total_bytes, memory_free_bytes=m.memory_free_bytes)
+    m = _checked(doc, source)
+    if doc["card"] not in catalog.gpu_names():
+        raise UserError(f"{source}: card {doc['card']!r} is not in the GPU catalog", hint="`reportgen gpus` lists it")
+    env = doc.get("environment") or {}
+    links, tflops = m.get("host_link_gbs") or {}, m.get("matmul_tflops") or {}
+    return GpuProfile(card=doc["card"], device=doc["device"], source=source, gpu_name=env.get("gpu_name"),
+                      cpu=env.get("cpu"), utc=str(env["utc"]) if env.get("utc") else None,
+                      host_s_per_op=m.get("host_s_per_op"), host_s_per_launch=m.get("host_s_per_launch"),
+                      kernel_device_s=m.get("kernel_device_s"), matmul_tflops=tuple(sorted(tflops.items())),
+                      copy_1gib_gbs=(m.get("copy_bandwidth_gbs") or {}).get("1GiB"),
+                      host_link_gbs=min(links.values()) if links else None,
+                      cpu_adam_params_per_s=m.get("cpu_adam_params_per_s"),
+                      cuda_context_bytes=m.get("cuda_context_bytes"), memory_total_bytes=m.get("memory_total_bytes"),
+                      memory_free_bytes=m.get("memory_free_bytes"))
 
 
 def read_profile(path: Path) -> GpuProfile:

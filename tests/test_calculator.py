@@ -28,6 +28,7 @@ from reportgen.setup import TrainingSetup
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
 TRL_QLORA = (ROOT / "tests" / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
+H100_PROFILE = ROOT / "data" / "gpu-profiles" / "h100-sxm.20261127T203244Z.yaml"
 
 #: (form the page sends, the command line it must show)
 FORMS = [
@@ -51,6 +52,9 @@ FORMS = [
     ({"model": "llama-3.1-70b", "gpu": "h100-sxm",
       "setup": {"grad_ckpt": True, "batch": "2", "gpus": "8", "sharding": "fsdp"}},
      "reportgen estimate --model llama-3.1-70b --gpu h100-sxm --grad-ckpt --batch 2 --gpus 8 --sharding fsdp"),
+    # a pasted GPU profile (reportgen profile-gpu): the page runs without pydantic, so its reader must too
+    ({"model": "llama-3.2-1b", "gpu": "h100-sxm", "gpu_profile": H100_PROFILE.read_text()},
+     "reportgen estimate --model llama-3.2-1b --gpu h100-sxm --gpu-profile gpu-profile.yaml"),
     # a pasted TRL config gives the model and setup: of the form's setup only the launcher's GPUs are sent
     ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "training_config": TRL_QLORA,
       "setup": {"method": "full", "batch": "3", "gpus": "1"}},
@@ -78,7 +82,7 @@ def workdir(tmp_path, monkeypatch):
 
 
 # ----- what the page calls -----------------------------------------------------------------------
-@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp", "trl"])
+@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp", "profile", "trl"])
 def test_the_page_prints_what_the_cli_prints(form, command, workdir):
     out = json.loads(browser.run(json.dumps(form)))
     assert "error" not in out, out.get("error")
@@ -98,6 +102,19 @@ def test_a_pasted_training_config_reports_every_key(workdir):
     assert any(line.startswith("ignored (no effect") and "learning_rate" in line for line in out["from"])
     bad = json.loads(browser.run(json.dumps({**FORMS[-1][0], "training_config": "use_peft: [\n"})))
     assert "train.yaml" in bad["error"]["message"] and "from" not in bad
+
+
+def test_a_pasted_gpu_profile_prices_the_step_as_the_cli_does(workdir):
+    form = {"model": "llama-3.2-1b", "gpu": "h100-sxm", "gpu_profile": H100_PROFILE.read_text()}
+    out = json.loads(browser.run(json.dumps(form)))
+    assert out["command"] == "reportgen estimate --model llama-3.2-1b --gpu h100-sxm --gpu-profile gpu-profile.yaml"
+    assert out["json"] == cli_json(out["command"])
+    assert json.loads(out["json"])["gpu_profile"]["card"] == "h100-sxm"
+    assert any("your card's profile" in n for n in out["view"]["notes"])
+    other = json.loads(browser.run(json.dumps({**form, "gpu": "rtx-4090"})))
+    assert "a profile of h100-sxm" in other["error"]["message"] and "json" not in other
+    bad = json.loads(browser.run(json.dumps({**form, "gpu_profile": "kind: gpu-profile\n"})))
+    assert "gpu-profile.yaml" in bad["error"]["message"]
 
 
 def test_the_view_shows_every_term_and_the_reverse_answers(workdir):
@@ -234,6 +251,8 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
             (tmp_path / "cli" / "config.json").write_text(form["config"])
         if "training_config" in form:
             (tmp_path / "cli" / "train.yaml").write_text(form["training_config"])
+        if "gpu_profile" in form:
+            (tmp_path / "cli" / "gpu-profile.yaml").write_text(form["gpu_profile"])
         import os
 
         cwd = os.getcwd()

@@ -408,6 +408,17 @@ def test_a_pasted_training_config_lists_its_keys(served_site, browser):
     assert browser.execute_script("return document.getElementById('rg-method').disabled")  # the file's setup
 
 
+def test_a_pasted_gpu_profile_is_used_and_named(served_site, browser):
+    text = (Path(__file__).resolve().parents[1] / "data" / "gpu-profiles" / "h100-sxm.20261127T203244Z.yaml").read_text()
+    on_calculator(browser, served_site)
+    browser.execute_async_script(SET_FORM, {"paste_profile": True, "profile_text": text, "gpu": "h100-sxm"}, False)
+    assert browser.execute_script("return document.getElementById('rg-command').textContent") == (
+        "reportgen estimate --model llama-3.2-1b --gpu h100-sxm --gpu-profile gpu-profile.yaml")
+    notes = browser.execute_script("return Array.from(document.querySelectorAll('[data-key=note]')).map(e => e.textContent)")
+    assert any("your card's profile" in n for n in notes)
+    assert not browser.execute_script("return document.getElementById('rg-profile-note').hidden")
+
+
 def test_recomputation_is_fast(served_site, browser):
     on_calculator(browser, served_site)
     browser.execute_async_script(SET_FORM, SETUPS["qlora-48gib"][0], False)

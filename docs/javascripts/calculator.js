@@ -32,7 +32,7 @@ function el(tag, attrs = {}, ...children) {
 
 // ----- the form <-> an object <-> the URL hash ----------------------------------------------------
 function controls(form) {
-  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config", "hub"].includes(e.name));
+  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config", "paste_profile", "profile_text", "hub"].includes(e.name));
 }
 
 function method(form) { return form.elements["setup.method"]?.value || ""; }
@@ -64,6 +64,7 @@ function readForm(form) {
   }
   if (form.elements.paste.checked) out.config = form.elements.config.value;
   if (form.elements.paste_train.checked) out.training_config = form.elements.train_config.value;
+  if (form.elements.paste_profile.checked) out.gpu_profile = form.elements.profile_text.value;
   return out;
 }
 
@@ -75,6 +76,7 @@ function hashOf(form) {
   }
   if (form.elements.paste.checked) params.set("config", form.elements.config.value);
   if (form.elements.paste_train.checked) params.set("train", form.elements.train_config.value);
+  if (form.elements.paste_profile.checked) params.set("profile", form.elements.profile_text.value);
   return params.toString();
 }
 
@@ -104,6 +106,9 @@ function restore(form, hash) {
   const training = params.has("train");
   form.elements.paste_train.checked = training;
   form.elements.train_config.value = training ? params.get("train") : "";
+  const profiled = params.has("profile");
+  form.elements.paste_profile.checked = profiled;
+  form.elements.profile_text.value = profiled ? params.get("profile") : "";
   sync(form);
 }
 
@@ -112,6 +117,7 @@ function sync(form) {
   const training = form.elements.paste_train.checked;
   $("rg-config-box").hidden = !pasted;
   $("rg-train-box").hidden = !training;
+  $("rg-profile-box").hidden = !form.elements.paste_profile.checked;
   form.elements.model.disabled = pasted || training;
   for (const c of controls(form)) {  // a pasted training config gives the setup: only the launcher's GPUs count
     if (c.name.startsWith("setup.")) c.disabled = training && !["setup.gpus", "setup.sharding"].includes(c.name);
@@ -196,6 +202,7 @@ function showResult(out, form) {
   $("rg-command").textContent = out.command;
   $("rg-paste-note").hidden = !form.elements.paste.checked;
   $("rg-train-note").hidden = !form.elements.paste_train.checked;
+  $("rg-profile-note").hidden = !form.elements.paste_profile.checked;
   const from = $("rg-from");
   from.replaceChildren(...(out.from || []).map((line) => el("li", { text: line })));
   from.hidden = !out.from;
