@@ -207,3 +207,16 @@ def test_the_gpu_page_lists_the_committed_profiles_of_its_card(tmp_path, capsys)
                                        "measured: {host_s_per_op: -1}\n")
     assert [p.source for p in load_profiles(tmp_path)] == [str(tmp_path / "good.yaml")]
     assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_an_estimate_says_where_its_rates_come_from():
+    """Issue 30: a card without evidence of its own says whose rates it borrows, instead of silently."""
+    s = dict(method="lora", batch=1, seq=512)
+    notes = _est(catalog.load_gpu("rtx-5090"), **s).notes
+    assert any("Blackwell GeForce" in n and "RTX 3090/4090 fit" in n for n in notes)
+    assert any("fitted on an H100 (Hopper): this Ampere card" in n for n in _est(catalog.load_gpu("a100-80gb"), **s).notes)
+    for fitted in ("h100-sxm", "rtx-4090"):
+        assert not any("profile-gpu on the card" in n for n in _est(catalog.load_gpu(fitted), **s).notes)
+    profiled = _est(attach(catalog.load_gpu("h100-pcie"), dataclasses.replace(_reference(), card="h100-pcie")), **s)
+    assert any("your card's profile" in n for n in profiled.notes)
+    assert not any("profile-gpu on the card" in n for n in profiled.notes)

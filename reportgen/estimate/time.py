@@ -405,11 +405,34 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
                         train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
 
 
+#: the cards whose step times the time constants were fitted to: the H100 machine's own measurements, and
+#: the published FSDP runs on RTX 3090 and 4090 pairs that the GeForce GEMM efficiency rests on
+FITTED_ON = {"h100-sxm": "our H100 measurements", "rtx-3090": "published RTX 3090 and 4090 runs (FSDP, 2 cards)",
+             "rtx-4090": "published RTX 3090 and 4090 runs (FSDP, 2 cards)"}
+
+
+def _evidence_note(gpu: GpuSpec) -> list[str]:
+    """Where the time model's rates for ``gpu`` come from when no profile is given: said, not borrowed
+    silently (issue 30). The constants were fitted on one H100 machine; the GeForce GEMM efficiency on
+    published runs of RTX 3090 and 4090 pairs (Ampere GA102, Ada AD102)."""
+    base = gpu.key.partition("@")[0]
+    if base in FITTED_ON:
+        return []
+    arch = (gpu.architecture or "this").capitalize()
+    if gpu.is_consumer:
+        return [f"no step time of a {arch} GeForce card has been measured or published here: its GEMM rate is the "
+                f"RTX 3090/4090 fit's share of its datasheet peak, its other rates the H100's (reportgen profile-gpu "
+                f"on the card measures them)"]
+    return [f"the time constants were fitted on an H100 (Hopper): this {arch} card's rates are its datasheet's at the "
+            f"H100's efficiencies (reportgen profile-gpu on the card measures them)"]
+
+
 def _profile_note(gpu: GpuSpec) -> list[str]:
-    """What a profile changed, for the notes (every surface says the numbers use it)."""
+    """What a profile changed, for the notes (every surface says the numbers use it); without one, where
+    the rates come from (``_evidence_note``)."""
     p = gpu.profile
     if p is None:
-        return []
+        return _evidence_note(gpu)
     if p.device == "cuda":
         return [f"times use your card's profile ({p.source}, measured on {p.gpu_name})"]
     return [f"times use your host's profile ({p.source}: its dispatch and host optimizer measured; the card's rates "
