@@ -35,31 +35,47 @@ class SweepStats:
     orphans: int = 0
 
 
-def inputs_hash(case: Case, train_tokens: int) -> str:
+def profile_of(sweep: Sweep, case: Case) -> tuple[str, str] | None:
+    """The ``gpu_profiles`` entry of the case's card (a card given another memory is still that card)."""
+    return sweep.profiles.get(case.gpu.partition("@")[0])
+
+
+def inputs_hash(case: Case, train_tokens: int, profile: tuple[str, str] | None = None) -> str:
     model = catalog.load_model(case.model)
+    extra = {"gpu_profile": profile[1]} if profile else {}
     return short_hash({"case": case.as_dict(), "model_config": model.config, "gpu": catalog.gpu_entry(case.gpu),
-                       "estimator": estimator_hash(), "train_tokens": train_tokens}, 16)
+                       "estimator": estimator_hash(), "train_tokens": train_tokens, **extra}, 16)
+
+
+@lru_cache(maxsize=256)
+def _gpu(gpu: str, profile: tuple[str, str] | None):
+    """The card, priced with the profile when the sweep gives one (keyed by the file's hash too)."""
+    if profile is None:
+        return catalog.load_gpu(gpu)
+    from reportgen.gpu_profile import attach, read_profile
+
+    return attach(catalog.load_gpu(gpu), read_profile(Path(profile[0])))
 
 
 @lru_cache(maxsize=4096)
-def _reverse(model: str, gpu: str, setup_json: str, which: str) -> int | None:
+def _reverse(model: str, gpu: str, setup_json: str, which: str, profile: tuple[str, str] | None = None) -> int | None:
     setup = TrainingSetup.model_validate_json(setup_json)
-    m, g = catalog.load_model(model), catalog.load_gpu(gpu)
+    m, g = catalog.load_model(model), _gpu(gpu, profile)
     return max_batch(m, setup, g) if which == "batch" else max_seq(m, setup, g)
 
 
-def estimate_case(case: Case, train_tokens: int) -> dict:
+def estimate_case(case: Case, train_tokens: int, profile: tuple[str, str] | None = None) -> dict:
     """The ``estimate`` block of a result file (reverse searches cached across the sweep: the
     largest batch does not depend on the batch, the longest sequence not on the sequence)."""
-    m, g = catalog.load_model(case.model), catalog.load_gpu(case.gpu)
+    m, g = catalog.load_model(case.model), _gpu(case.gpu, profile)
     est = estimate(m, g, case.setup, reverse=False, train_tokens=train_tokens)
     data = est.as_dict()
     for key in ("model", "gpu", "setup"):
         data.pop(key)
     data["max_batch"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={"batch": 1})
-                                                                 .model_dump(mode="json")), "batch")
+                                                                 .model_dump(mode="json")), "batch", profile)
     data["max_seq"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={
-        "seq": 128, "seq_mean": None}).model_dump(mode="json")), "seq")
+        "seq": 128, "seq_mean": None}).model_dump(mode="json")), "seq", profile)
     return data
 
 
@@ -81,14 +97,17 @@ def new_result(sweep: Sweep, case: Case, ihash: str, in_sweep: bool = True) -> d
     model = catalog.load_model(case.model)
     if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
         result["model_source"] = {"hub": model.hf_repo, "revision": model.revision}
+    if profile_of(sweep, case):
+        result["gpu_profile"] = dict(zip(("file", "hash"), profile_of(sweep, case)))
     return result
 
 
 def compute_result(sweep: Sweep, case: Case, ihash: str | None = None, in_sweep: bool = True) -> dict:
     """A new estimate document for one case; a failed estimate is a result (``status: error``)."""
-    result = new_result(sweep, case, ihash or inputs_hash(case, sweep.spec.train_tokens), in_sweep)
+    profile = profile_of(sweep, case)
+    result = new_result(sweep, case, ihash or inputs_hash(case, sweep.spec.train_tokens, profile), in_sweep)
     try:
-        result["estimate"] = estimate_case(case, sweep.spec.train_tokens)
+        result["estimate"] = estimate_case(case, sweep.spec.train_tokens, profile)
         result["status"] = "ok"
     except Exception as exc:  # a failed case is a result, not a crash of the sweep
         result["status"] = "error"
@@ -122,7 +141,7 @@ def run_estimates(sweep: Sweep, results_dir: Path, force: bool = False,
     listed = {c.id for c in sweep.cases}
     for case in progress(list(sweep.cases) + orphans):
         artifact = Artifact("estimate", result_path(results_dir, sweep.name, case.id),
-                            inputs_hash(case, sweep.spec.train_tokens))
+                            inputs_hash(case, sweep.spec.train_tokens, profile_of(sweep, case)))
         in_sweep = case.id in listed
         # prepare() set unusable files aside; one that appeared since is only an estimate
         old = artifact.stored(lambda path: store.read_estimate(path)[0])  # a damaged one is recomputed

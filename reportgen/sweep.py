@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,8 @@ class SweepFile(BaseModel):
     override: list[Rule] = []
     measure: MeasureConfig = MeasureConfig()
     train_tokens: int = Field(100_000_000, ge=1, le=10**15)
+    #: profiles of real cards (``reportgen profile-gpu``): each card's cases are priced with its profile
+    gpu_profiles: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class Sweep:
     #: legal input that is almost surely a mistake (a rule that matches no cell), and what the configs of
     #: ``from`` keys left unread (unknown keys, keys that change the step but are not modelled), to print
     warnings: tuple[str, ...] = ()
+    #: card -> (profile file, hash of its bytes) of ``gpu_profiles``: that card's cases use the profile
+    profiles: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -211,7 +215,33 @@ def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> S
                 else "top-level keys: " + ", ".join(SweepFile.model_fields))
         raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
     cases, warnings = _expand(path, spec, lines, max_cases)
-    return Sweep(path=path, spec=spec, cases=cases, content_hash=_content_hash(raw), warnings=tuple(warnings))
+    return Sweep(path=path, spec=spec, cases=cases, content_hash=_content_hash(raw), warnings=tuple(warnings),
+                 profiles=_profiles(path, spec, lines))
+
+
+def _profiles(path: Path, spec: SweepFile, lines: dict) -> dict[str, tuple[str, str]]:
+    """``gpu_profiles``: card -> (file, hash of its bytes), each file found beside the sweep file or in the
+    current directory and read as ``--gpu-profile`` reads it; a ``UserError`` naming the sweep's line."""
+    import hashlib
+
+    from reportgen.gpu_profile import read_profile
+
+    out: dict[str, tuple[str, str]] = {}
+    for i, name in enumerate(spec.gpu_profiles):
+        where = f"{path}:{_line_of(lines, ('gpu_profiles', i))}: gpu_profiles[{i}]"
+        file = next((c for c in (path.parent / name, Path(name)) if c.is_file()), None)
+        if file is None:
+            raise UserError(f"{where}: {name}: no such GPU profile (looked beside the sweep file and here)",
+                            hint="write one with `reportgen profile-gpu` on the machine with the card")
+        try:
+            profile = read_profile(file)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc.message}", hint=exc.hint) from None
+        if profile.card in out:
+            raise UserError(f"{where}: a second profile of {profile.card} (the first: {out[profile.card][0]})",
+                            hint="give one profile per card")
+        out[profile.card] = (str(file), hashlib.sha256(file.read_bytes()).hexdigest()[:16])
+    return out
 
 
 def _values(v: Any) -> list:

@@ -220,3 +220,48 @@ def test_an_estimate_says_where_its_rates_come_from():
     profiled = _est(attach(catalog.load_gpu("h100-pcie"), dataclasses.replace(_reference(), card="h100-pcie")), **s)
     assert any("your card's profile" in n for n in profiled.notes)
     assert not any("profile-gpu on the card" in n for n in profiled.notes)
+
+
+SWEEP = """name: profiled
+gpu_profiles: [{profile}]
+grids:
+  - model: llama-3.2-1b
+    gpu: [h100-sxm, a100-80gb]
+    method: lora
+"""
+
+
+def _stored(results):
+    docs = [json.loads(p.read_text()) for p in (results / "profiled").glob("*.json")]
+    return {d["case"]["gpu"]: d for d in docs}
+
+
+def test_a_sweep_prices_a_cards_cases_with_its_profile_and_recomputes_when_it_changes(tmp_path):
+    profile = tmp_path / "mine.yaml"
+    doc = yaml.safe_load(open(H100_PROFILES[0]))
+    profile.write_text(yaml.safe_dump(doc))
+    (tmp_path / "s.yaml").write_text(SWEEP.format(profile="mine.yaml"))  # found beside the sweep file
+    results = tmp_path / "results"
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(results), "--no-render"]) == 0
+    first = _stored(results)
+    assert first["h100-sxm"]["gpu_profile"]["file"] == str(profile) and "gpu_profile" not in first["a100-80gb"]
+    assert any("your card's profile" in n for n in first["h100-sxm"]["estimate"]["notes"])
+    # a card twice as slow to dispatch: the h100 case is recomputed with it, the other kept
+    doc["measured"]["host_s_per_launch"] *= 2
+    profile.write_text(yaml.safe_dump(doc))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(results), "--no-render"]) == 0
+    second = _stored(results)
+    assert second["h100-sxm"]["estimate"]["time"]["parts"]["host"] == pytest.approx(
+        2 * first["h100-sxm"]["estimate"]["time"]["parts"]["host"])
+    assert second["a100-80gb"]["inputs_hash"] == first["a100-80gb"]["inputs_hash"]
+
+
+def test_a_sweeps_bad_profile_names_the_sweep_line(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text(SWEEP.format(profile="missing.yaml"))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--no-render"]) == 2
+    assert f"{tmp_path / 's.yaml'}:2: gpu_profiles[0]: missing.yaml: no such GPU profile" in capsys.readouterr().err
+    shutil.copy(H100_PROFILES[0], tmp_path / "a.yaml")
+    shutil.copy(H100_PROFILES[1], tmp_path / "b.yaml")
+    (tmp_path / "s.yaml").write_text(SWEEP.format(profile="a.yaml, b.yaml"))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--no-render"]) == 2
+    assert "a second profile of h100-sxm" in capsys.readouterr().err
