@@ -84,7 +84,7 @@ def translation_from_args(args: argparse.Namespace):
     t = translate_file(args.from_file, bf16_capable=gpu.supports_bf16 if gpu else True)
     if args.model is None:
         if t.model is None:
-            key = "model_name_or_path" if t.tool == "trl" else "base_model"
+            key = "base_model" if t.tool == "axolotl" else "model_name_or_path"
             raise UserError(f"{args.from_file}: names no model ({key})", hint="add it, or pass --model")
         args.model = t.model
     print_translation(t)

@@ -11,7 +11,16 @@ value), read from the tools themselves.
   read from the published wheel's source with ``ast`` (installing axolotl pulls a CUDA stack):
   ``pip download axolotl==0.19.0 --no-deps`` and pass the wheel.
 
-Run: ``python scripts/config_keys.py path/to/axolotl-0.19.0-py3-none-any.whl``
+* LLaMA-Factory: the fields of the five dataclasses ``llamafactory-cli train`` parses a config into
+  (``llamafactory/hparams/parser.py`` ``_TRAIN_ARGS``: ``ModelArguments``, ``DataArguments``,
+  ``TrainingArguments``, ``FinetuningArguments``, ``GeneratingArguments``, with every class they
+  extend), read from the published wheel with ``ast`` (``pip download llamafactory==0.9.5 --no-deps``),
+  and its ``TrainingArguments``' base, transformers' ``Seq2SeqTrainingArguments``, likewise from the
+  newest transformers it accepts (``transformers!=4.52.0,!=4.57.0,<=5.6.0,>=4.55.0``:
+  ``pip download transformers==5.6.0 --no-deps``).
+
+Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, or ``python scripts/config_keys.py --only-llamafactory
+LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` to rewrite LLaMA-Factory's section alone.
 """
 
 from __future__ import annotations
@@ -62,6 +71,14 @@ def _classes(sources: dict[str, str]) -> dict[str, ast.ClassDef]:
     return out
 
 
+def _default(value):
+    """The default of a field's right-hand side: pydantic's ``Field(default)`` or ``Field(default=...)``,
+    a dataclass ``field(default=...)`` (``default_factory``: None), or the value itself."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") in ("Field", "field"):
+        return value.args[0] if value.args else next((k.value for k in value.keywords if k.arg == "default"), None)
+    return value
+
+
 def _fields(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: set[str]) -> dict[str, object]:
     out: dict[str, object] = {}
     for base in cls.bases:
@@ -72,11 +89,7 @@ def _fields(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: set[str])
     for stmt in cls.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id != "model_config":
             default = None
-            value = stmt.value
-            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Field":
-                node = value.args[0] if value.args else next(
-                    (k.value for k in value.keywords if k.arg == "default"), None)
-                value = node
+            value = _default(stmt.value)
             try:
                 default = ast.literal_eval(value) if value is not None else None
             except ValueError:
@@ -103,11 +116,37 @@ def axolotl_keys(wheel: Path) -> dict:
     return {"version": version, "keys": dict(sorted(keys.items()))}
 
 
+def llamafactory_keys(wheel: Path, transformers_wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z:
+        hparams = {n: z.read(n).decode() for n in z.namelist()
+                   if n.startswith("llamafactory/hparams/") and n.endswith(".py")}
+    with zipfile.ZipFile(transformers_wheel) as z:
+        base = {n: z.read(n).decode() for n in ("transformers/training_args.py",
+                                                "transformers/training_args_seq2seq.py")}
+    version = re.search(r"llamafactory-([0-9][^-]*)-", wheel.name).group(1)
+    tf_version = re.search(r"transformers-([0-9][^-]*)-", transformers_wheel.name).group(1)
+    tf_classes = _classes(base)
+    keys = {k: v for k, v in _fields(tf_classes["Seq2SeqTrainingArguments"], tf_classes, set()).items()
+            if not k.startswith("_")}
+    # transformers 5.6 computes optim's default (``default_optim``): adamw_torch_fused from torch 2.8 on
+    keys["optim"] = keys.get("optim") or "adamw_torch_fused"
+    classes = _classes(hparams)
+    for name in ("ModelArguments", "DataArguments", "TrainingArguments", "FinetuningArguments", "GeneratingArguments"):
+        keys.update(_fields(classes[name], classes, {"Seq2SeqTrainingArguments", "BaseTrainingArguments"}))
+    return {"version": version, "transformers": tf_version, "keys": dict(sorted(keys.items()))}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--only-llamafactory":
+        data = json.loads(OUT.read_text())
+        data["llamafactory"] = llamafactory_keys(Path(argv[1]), Path(argv[2]))
+        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
+        print(f"wrote {OUT}: LLaMA-Factory {data['llamafactory']['version']} ({len(data['llamafactory']['keys'])} keys)")
+        return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    data = {"trl": trl_keys(), "axolotl": axolotl_keys(Path(argv[0]))}
+    data = {**json.loads(OUT.read_text()), "trl": trl_keys(), "axolotl": axolotl_keys(Path(argv[0]))}
     OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
     print(f"wrote {OUT}: TRL {data['trl']['version']} ({len(data['trl']['keys'])} keys), "
           f"Axolotl {data['axolotl']['version']} ({len(data['axolotl']['keys'])} keys)")

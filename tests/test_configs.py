@@ -156,7 +156,7 @@ def test_advise_from_walks_the_files_model_and_length(capsys):
 BAD = [
     ("bad.yaml", "model_name_or_path: [unclosed\n", "bad.yaml:2: not valid YAML"),
     ("list.yaml", "- model_name_or_path: x\n", "a config is a mapping"),
-    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL nor an Axolotl config"),
+    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl nor a LLaMA-Factory config"),
     ("unknown-model.yaml", "output_dir: x\nmodel_name_or_path: acme/NotAModel-3B\n",
      "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
      "config.json is not in the Hugging Face cache"),
@@ -182,11 +182,8 @@ BAD = [
     ("both.yaml", "base_model: a\nmodel_name_or_path: b\n", "has TRL keys (model_name_or_path) and Axolotl keys"),
     ("ds.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\ndeepspeed: missing.json\n",
      "deepspeed: cannot read the DeepSpeed config 'missing.json' (looked for "),
-    # issue 33: a LLaMA-Factory file (it shares model_name_or_path with TRL) or a torchtune one is
-    # refused naming its tool, never estimated as a TRL config
-    ("lf.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\n"
-     "lora_rank: 16\ncutoff_len: 2048\nper_device_train_batch_size: 1\n",
-     "lf.yaml: a LLaMA-Factory (llamafactory-cli train) config (its keys finetuning_type, quantization_bit, cutoff_len"),
+    # issue 33: a torchtune file is refused naming its tool, never estimated as a TRL config (a LLaMA-Factory
+    # file, which shares model_name_or_path with TRL, is read as LLaMA-Factory's: tests/test_configs_llamafactory.py)
     ("tt.yaml", "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\nbatch_size: 2\n",
      "tt.yaml: a torchtune (tune run) config (its keys model._component_)"),
     # issue 29, class 4: a value of the wrong type or out of range is refused as the tool refuses it
@@ -502,10 +499,15 @@ ACTED_ON = {
             "padding_free", "gradient_checkpointing", "optim", "attn_implementation", "bf16", "fp16", "dtype",
             "torch_dtype", "use_liger_kernel", "fsdp", "fsdp_config", "deepspeed", "torch_compile",
             "bnb_4bit_quant_type", "use_bnb_nested_quant"],
+    "llamafactory": ["stage", "finetuning_type", "quantization_bit", "quantization_method", "quantization_type",
+                     "double_quantization", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora",
+                     "bf16", "fp16", "pure_bf16", "per_device_train_batch_size", "gradient_accumulation_steps",
+                     "cutoff_len", "packing", "neat_packing", "disable_gradient_checkpointing", "flash_attn",
+                     "enable_liger_kernel", "optim", "fsdp", "deepspeed", "use_galore", "torch_compile"],
 }
 
 
-@pytest.mark.parametrize("tool", ["axolotl", "trl"])
+@pytest.mark.parametrize("tool", ["axolotl", "trl", "llamafactory"])
 def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     """Property (hypothesis), issue 29 class 4: a valid config (the fixture, with Cut Cross-Entropy or
     Liger on) with one to three of the keys the readers act on set to any YAML value (of any type,
@@ -514,9 +516,11 @@ def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    base = yaml.safe_load((FIXTURES / ("axolotl_qlora.yml" if tool == "axolotl" else "trl_qlora.yaml")).read_text())
-    base.update({"cut_cross_entropy": True, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
-                if tool == "axolotl" else {"use_liger_kernel": True})
+    fixture = {"axolotl": "axolotl_qlora.yml", "trl": "trl_qlora.yaml", "llamafactory": "llamafactory_qlora.yaml"}
+    base = yaml.safe_load((FIXTURES / fixture[tool]).read_text())
+    base.update({"axolotl": {"cut_cross_entropy": True,
+                             "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]},
+                 "trl": {"use_liger_kernel": True}, "llamafactory": {"enable_liger_kernel": True}}[tool])
     known = [k for k in ACTED_ON[tool] if k in table.schema()[tool]["keys"]]
     leaves = st.one_of(st.none(), st.booleans(), st.integers(min_value=-3, max_value=70_000),
                        st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(

@@ -1,9 +1,9 @@
-"""TRL and Axolotl configs in: a config file as reportgen's model and ``TrainingSetup``.
+"""TRL, Axolotl and LLaMA-Factory configs in: a config file as reportgen's model and ``TrainingSetup``.
 
-``translate_file(path)`` reads a TRL ``trl sft --config`` file or an Axolotl YAML (which one is
-told by its keys), ``setup_from(translation, explicit)`` builds the setup with the flags a user
-gave beside the file overriding it. ``table.py`` lists what becomes of every key; ``reverse.py``
-writes a setup as each tool's keys. Torch-free: the calculator runs it under Pyodide.
+``translate_file(path)`` reads a TRL ``trl sft --config`` file, an Axolotl YAML or a LLaMA-Factory
+``llamafactory-cli train`` YAML (which one is told by its keys), ``setup_from(translation, explicit)``
+builds the setup with the flags a user gave beside the file overriding it. ``table.py`` lists what
+becomes of every key; ``reverse.py`` writes a setup as TRL's and Axolotl's keys. Torch-free: the calculator runs it under Pyodide.
 """
 
 from __future__ import annotations
@@ -23,23 +23,25 @@ _AXOLOTL_MARKS = ("base_model", "adapter", "micro_batch_size", "sequence_len", "
                   "lora_target_linear")
 
 
-#: keys of the tools whose configs are not read (issue 33): a LLaMA-Factory file shares
-#: model_name_or_path and per_device_train_batch_size with TRL and was estimated as a TRL config (a full
-#: fine-tune at 1,024 tokens for a QLoRA file); such a file is refused naming its tool instead
-_OTHER_TOOLS = {
-    "LLaMA-Factory (llamafactory-cli train)": ("finetuning_type", "quantization_bit", "cutoff_len", "lora_target",
-                                               "template", "stage", "pure_bf16", "use_unsloth", "neat_packing",
-                                               "dataset_dir", "flash_attn"),
-}
+#: LLaMA-Factory's own keys: its files share model_name_or_path and per_device_train_batch_size with TRL
+#: (such a file was once estimated as a TRL config: a full fine-tune at 1,024 tokens for a QLoRA file), so
+#: any of these makes it LLaMA-Factory's
+_LLAMAFACTORY_MARKS = ("finetuning_type", "quantization_bit", "cutoff_len", "lora_target", "template", "stage",
+                       "pure_bf16", "use_unsloth", "neat_packing", "dataset_dir", "flash_attn")
+
+
+def _only(tool: str) -> frozenset[str]:
+    """The keys of ``tool``'s schema that no other tool's has (``keys.json``)."""
+    from reportgen.configs import table
+
+    schema = table.schema()
+    others = set().union(*(set(v["keys"]) for k, v in schema.items() if k != tool))
+    return frozenset(set(schema[tool]["keys"]) - others)
 
 
 def _other_tool(doc: dict) -> tuple[str, list[str]] | None:
-    """The tool whose config this is when it is none reportgen reads: LLaMA-Factory by its own keys,
-    torchtune by its ``_component_`` builders."""
-    for tool, marks in _OTHER_TOOLS.items():
-        found = [k for k in marks if k in doc]
-        if found:
-            return tool, found
+    """The tool whose config this is when it is none reportgen reads: torchtune by its ``_component_``
+    builders."""
     components = [k for k, v in doc.items() if isinstance(v, dict) and "_component_" in v]
     if components or "_component_" in doc:
         return "torchtune (tune run)", [f"{k}._component_" for k in components] or ["_component_"]
@@ -50,12 +52,20 @@ def detect(doc: dict, path: Path) -> str:
     other = _other_tool(doc)
     if other:
         tool, keys = other
-        raise ConfigError(f"{path}: a {tool} config (its keys {', '.join(keys[:4])}); reportgen reads TRL and "
-                          "Axolotl configs, not this tool's yet, and will not guess",
+        raise ConfigError(f"{path}: a {tool} config (its keys {', '.join(keys[:4])}); reportgen reads TRL, "
+                          "Axolotl and LLaMA-Factory configs, not this tool's yet, and will not guess",
                           hint="give the same run as flags: reportgen estimate --model ORG/NAME --method lora|qlora|full "
                                "--lora-rank R --batch B --accum A --seq S --grad-ckpt (reportgen estimate --help)")
     trl = [k for k in _TRL_MARKS if k in doc]
     axo = [k for k in _AXOLOTL_MARKS if k in doc]
+    lf = [k for k in doc if k in _LLAMAFACTORY_MARKS or k in _only("llamafactory")]
+    if lf and not axo:
+        only_trl = [k for k in doc if k in _only("trl")]
+        if only_trl:
+            raise ConfigError(f"{path}: has LLaMA-Factory keys ({', '.join(lf[:4])}) and TRL keys "
+                              f"({', '.join(only_trl[:4])})",
+                              hint="a config is for one tool: LLaMA-Factory names the rank lora_rank, TRL lora_r")
+        return "llamafactory"
     if trl and not axo:
         return "trl"
     if axo and not trl:
@@ -63,20 +73,23 @@ def detect(doc: dict, path: Path) -> str:
     if trl and axo:
         raise ConfigError(f"{path}: has TRL keys ({', '.join(trl)}) and Axolotl keys ({', '.join(axo)})",
                           hint="a config is for one tool: TRL names the model model_name_or_path, Axolotl base_model")
-    raise ConfigError(f"{path}: neither a TRL nor an Axolotl config: it has none of {', '.join(_TRL_MARKS)} (TRL) "
-                      f"or {', '.join(_AXOLOTL_MARKS)} (Axolotl)",
+    raise ConfigError(f"{path}: neither a TRL, an Axolotl nor a LLaMA-Factory config: it has none of "
+                      f"{', '.join(_TRL_MARKS)} (TRL), {', '.join(_AXOLOTL_MARKS)} (Axolotl) or "
+                      f"{', '.join(_LLAMAFACTORY_MARKS)} (LLaMA-Factory)",
                       hint="TRL: model_name_or_path: meta-llama/Llama-3.2-1B; Axolotl: base_model: ...")
 
 
 def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
     """The file's model and setup fields and what became of each key; ``bf16_capable``: whether the
     card has bf16 (Axolotl's ``bf16: auto`` asks it). Raises ``ConfigError``."""
-    from reportgen.configs import axolotl, trl
+    from reportgen.configs import axolotl, llamafactory, trl
 
     path = Path(path)
     doc, lines = read_file(path)
     tool = detect(doc, path)
     r = Reader(path, doc, lines, tool)
+    if tool == "llamafactory":
+        return llamafactory.translate(r)
     return trl.translate(r) if tool == "trl" else axolotl.translate(r, bf16_capable=bf16_capable)
 
 

@@ -1,4 +1,4 @@
-"""The one table of what reportgen makes of each key of a TRL or Axolotl config.
+"""The one table of what reportgen makes of each key of a TRL, Axolotl or LLaMA-Factory config.
 
 Every key the translators read is a row here, with its status:
 
@@ -22,12 +22,12 @@ from functools import lru_cache
 from importlib import resources
 
 HONOURED, APPROXIMATED, IGNORED = "honoured", "approximated", "ignored"
-TOOLS = {"trl": "TRL", "axolotl": "Axolotl"}
+TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory"}
 
 
 @dataclass(frozen=True)
 class Row:
-    tool: str  # "trl" or "axolotl"
+    tool: str  # "trl", "axolotl" or "llamafactory"
     key: str
     status: str
     fields: str  # the setup fields (or "model") it sets, comma separated; "" when ignored
@@ -187,6 +187,65 @@ ROWS: tuple[Row, ...] = (
     _r("axolotl", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (a path relative to the config "
        "file, or inline): zero_optimization.stage and offload_optimizer / offload_param to cpu; the number of GPUs "
        "comes from --gpus"),
+    # ----- LLaMA-Factory (llamafactory-cli train) ---------------------------------------------------------
+    _r("llamafactory", "model_name_or_path", HONOURED, "model, recipe", "a catalog model whose config.json names this "
+       "Hub id, or a local directory or config.json; LLaMA-Factory trains with transformers' Seq2SeqTrainer: recipe "
+       "trainer"),
+    _r("llamafactory", "stage", HONOURED, "padding", "sft and pt (pt packs by default); rm, ppo, dpo and kto are "
+       "refused (not modelled)"),
+    _r("llamafactory", "finetuning_type", HONOURED, "method", "lora (LLaMA-Factory's default) or full; freeze and "
+       "oft are refused (not modelled)"),
+    _r("llamafactory", "quantization_bit", HONOURED, "method", "4: QLoRA through bitsandbytes; 8 is refused (not "
+       "modelled)"),
+    _r("llamafactory", "quantization_method", HONOURED, "method", "bnb only (hqq, eetq are refused)"),
+    _r("llamafactory", "quantization_type", HONOURED, "quant", "nf4 (default) or fp4"),
+    _r("llamafactory", "double_quantization", HONOURED, "double_quant", "on by default in LLaMA-Factory"),
+    _r("llamafactory", "lora_rank", HONOURED, "lora_rank", "LoRA rank (default 8)"),
+    _r("llamafactory", "lora_alpha", HONOURED, "lora_alpha", "default twice the rank; scaling only"),
+    _r("llamafactory", "lora_dropout", HONOURED, "lora_dropout", "default 0"),
+    _r("llamafactory", "lora_target", HONOURED, "lora_targets", "all (default: every linear layer but the head) or "
+       "comma-separated module names"),
+    _r("llamafactory", "use_dora", HONOURED, "dora", "DoRA"),
+    _r("llamafactory", "use_rslora", IGNORED, "", "changes the adapters' scaling only", affects=False),
+    _r("llamafactory", "additional_target", IGNORED, "", "the named modules become fully trainable: not modelled"),
+    _r("llamafactory", "bf16", HONOURED, "precision, frozen_dtype, kbit_prep", "LLaMA-Factory loads the checkpoint's "
+       "dtype (torch_dtype auto) and casts the trainable parameters to fp32: bf16 autocast over fp32 master weights "
+       "(full, bf16-mixed) or over the checkpoint's frozen weights (LoRA; QLoRA without "
+       "prepare_model_for_kbit_training, kbit_prep none)"),
+    _r("llamafactory", "fp16", HONOURED, "precision", "fp16 autocast, as bf16"),
+    _r("llamafactory", "pure_bf16", HONOURED, "precision", "everything in bf16, no fp32 copy (precision bf16)"),
+    _r("llamafactory", "per_device_train_batch_size", HONOURED, "batch", "micro-batch per GPU (transformers' default "
+       "8)"),
+    _r("llamafactory", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (default 1)"),
+    _r("llamafactory", "cutoff_len", HONOURED, "seq", "the longest sample after truncation, or the packed length "
+       "(default 2048)"),
+    _r("llamafactory", "packing", HONOURED, "padding", "packed rows of cutoff_len tokens (default: true for stage pt "
+       "only); unpacked micro-batches are padded to their longest sample"),
+    _r("llamafactory", "neat_packing", APPROXIMATED, "padding", "packed rows whose samples do not attend to each "
+       "other: modelled as packed"),
+    _r("llamafactory", "disable_gradient_checkpointing", HONOURED, "grad_ckpt", "LLaMA-Factory checkpoints every "
+       "decoder layer unless this is true"),
+    _r("llamafactory", "use_unsloth_gc", APPROXIMATED, "grad_ckpt", "unsloth's checkpointing (checkpoints offloaded "
+       "to host RAM): modelled as checkpointing on the GPU"),
+    _r("llamafactory", "flash_attn", HONOURED, "attn", "auto and sdpa: SDPA; fa2/fa3: SDPA's flash kernel (the same "
+       "O(seq) memory); disabled: eager"),
+    _r("llamafactory", "enable_liger_kernel", HONOURED, "loss", "for stage sft and pt Liger also fuses the LM head "
+       "with the cross-entropy (loss fused); its RMSNorm, RoPE and SwiGLU kernels are not modelled"),
+    _r("llamafactory", "use_unsloth", APPROXIMATED, "recipe", "unsloth's kernels and LoRA are not modelled: estimated as "
+       "the Hugging Face step"),
+    _r("llamafactory", "upcast_layernorm", IGNORED, "", "norms in fp32: not modelled"),
+    _r("llamafactory", "upcast_lmhead_output", IGNORED, "", "the head's output in fp32: not modelled"),
+    _r("llamafactory", "use_galore", HONOURED, "method", "refused: GaLore is not modelled"),
+    _r("llamafactory", "use_apollo", HONOURED, "method", "refused: APOLLO is not modelled"),
+    _r("llamafactory", "use_badam", HONOURED, "method", "refused: BAdam is not modelled"),
+    _r("llamafactory", "use_llama_pro", HONOURED, "method", "refused: LLaMA Pro is not modelled"),
+    _r("llamafactory", "optim", HONOURED, "optimizer", _OPTIM + " (TrainingArguments' default adamw_torch_fused)"),
+    _r("llamafactory", "torch_compile", HONOURED, "compile", "torch.compile"),
+    _r("llamafactory", "fsdp", HONOURED, "sharding, offload", "full_shard, shard_grad_op, hybrid_shard, no_shard; "
+       "offload: parameters offloaded; the number of GPUs comes from --gpus"),
+    _r("llamafactory", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (LLaMA-Factory's "
+       "examples/deepspeed/ds_z3_config.json, say; a path relative to the config file, or inline): "
+       "zero_optimization.stage and offload_optimizer / offload_param to cpu; the number of GPUs comes from --gpus"),
 )
 
 

@@ -31,7 +31,7 @@ def config_pages(site: SiteData) -> list[Page]:
     trl = reverse.trl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     axo = reverse.axolotl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     context = {
-        "tools": [_tool("trl"), _tool("axolotl")],
+        "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory")],
         "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(), "trl": trl.yaml(), "trl_notes": trl.notes,
                     "axolotl": axo.yaml(), "axolotl_notes": axo.notes},
     }
