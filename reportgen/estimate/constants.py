@@ -111,7 +111,7 @@ HOST_LINK_EFFICIENCY = 0.8
 #: parameters a host optimizer step (offload) updates per second: torch.optim.AdamW(fused=True) on the CPU,
 #: as torchao's CPUOffloadOptimizer runs it, MEASURED by ``reportgen profile-gpu`` on the H100 machine's
 #: 16-vCPU host (``data/gpu-profiles/h100-sxm.20261127T2032*.yaml``: 3.85e9 and 4.75e9 params/s, mean 4.3e9;
-#: 32 M fp32 parameters in 8 tensors). It was ASSUMED 1e9 (DeepSpeed's CPU Adam on a many-core host), which
+#: 32 M fp32 parameters in 8 tensors). It was an assumption, 1e9 (DeepSpeed's CPU Adam on a many-core host), which
 #: made our one measured offload step (Llama 3.2 1B, full bf16-mixed: 0.45 s for 1.24e9 parameters, about
 #: 3.4e9 params/s once its 0.07 s on the GPU is taken out) +206 % slow. A user's own host: ``--gpu-profile``.
 CPU_ADAM_PARAMS_PER_S = 4.3e9
