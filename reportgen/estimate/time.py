@@ -26,7 +26,10 @@ decomposes the host side on H100/H200 into framework, library and launch time):
   device time are close.
 
 The constants are fitted by ``scripts/calibrate.py`` to our H100 measurements (and the consumer
-matmul efficiency to published tokens/s), with their leave-one-out errors (``constants.py``).
+matmul efficiency to published tokens/s), with their leave-one-out errors (``constants.py``). A card
+with a profile of its own (``reportgen profile-gpu``, ``gpu.profile``) prices its kernels with them
+scaled by its measured rates over the H100 machine's (``profiled``); without one, the estimate's notes
+say whose rates it borrows (``_evidence_note``).
 
 FLOPs (Kaplan et al. 2020; Chowdhery et al. 2022 "PaLM", appendix B; Korthikanti et al. 2022 for
 recomputation): a matmul with ``N`` weights costs ``2N`` FLOPs per token forward, ``2N`` for the
