@@ -23,7 +23,7 @@ LAYERS = [
     (6, ("reportgen.cli", "reportgen.__main__", "reportgen.measure.cli", "reportgen.trace.cli", "reportgen.advise.cli",
          "reportgen.published.cli", "reportgen.report.cli", "reportgen.report.show", "reportgen.browser",
          "reportgen.views")),
-    (5, ("reportgen.report", "reportgen.advise.pages")),
+    (5, ("reportgen.report",)),
     (4, ("reportgen.pipeline", "reportgen.runner", "reportgen.measure.runner", "reportgen.measure.cluster", "reportgen.measure.worker",
          "reportgen.trace.runner", "reportgen.advise.store")),
     (3, ("reportgen.store", "reportgen.result_schema", "reportgen.locks", "reportgen.artifacts",

@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from reportgen import catalog
-from reportgen.advise.pages import guide_pages
+from reportgen.report.guides import guide_pages
 from reportgen.advise.walk import walk
 from reportgen.estimate import estimate
 from reportgen.report.pages import gpu_pages

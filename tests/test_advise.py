@@ -13,7 +13,7 @@ import pytest
 
 from reportgen import catalog
 from reportgen.advise import tree as T
-from reportgen.advise.pages import guide_pages
+from reportgen.report.guides import guide_pages
 from reportgen.advise.store import ADVICE_DIR, advice_keys, load_advice, write_advice
 from reportgen.advise.walk import PREDICATES, walk
 from reportgen.cli import main

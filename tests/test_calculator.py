@@ -411,7 +411,7 @@ def test_every_link_into_the_calculator_lands_on_an_element_of_it(fake_runtime):
     of printing one INFO line per link (issue 19: 42 of them on every `mkdocs serve`)."""
     import re
 
-    from reportgen.advise.pages import guide_pages
+    from reportgen.report.guides import guide_pages
     from reportgen.report.pages import gpu_pages, model_pages
 
     text = render.render_page(calculator.calculator_pages(SITE)[0])

@@ -411,7 +411,7 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
 
 def test_guides_show_the_recommended_setup_as_tool_keys(tmp_path):
     """A GPU guide's recommended setup, as the TRL and Axolotl keys it shows, reads back as that setup."""
-    from reportgen.advise.pages import walk_view
+    from reportgen.report.guides import walk_view
     from reportgen.advise.walk import walk
 
     doc = walk("llama-3.1-8b", "rtx-4090", 2048)

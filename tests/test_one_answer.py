@@ -22,7 +22,7 @@ import pytest
 
 from reportgen import browser, catalog
 from reportgen.advise.cards import method_setups, smallest_fit
-from reportgen.advise.pages import guide_pages
+from reportgen.report.guides import guide_pages
 from reportgen.cli import main
 from reportgen.estimate import estimate
 from reportgen.estimate.search import default_precision

@@ -329,7 +329,7 @@ def test_no_page_holds_markup_from_a_model_path(work, fast_charts, name):
     assert_clean(code, text, allowed=(0,))
     docs = cwd / "docs"
     providers = ("reportgen.report.pages:home_pages", "reportgen.report.pages:gpu_pages",
-                 "reportgen.report.pages:validation_pages", "reportgen.advise.pages:guide_pages")
+                 "reportgen.report.pages:validation_pages", "reportgen.report.guides:guide_pages")
     render_all(cwd / "results", docs, published=None, commit=None, providers=providers)
     shown = 0
     for page in sorted(docs.rglob("*.md")):

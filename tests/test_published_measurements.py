@@ -85,7 +85,7 @@ def site(tmp_path_factory):
     docs = results.parent / "docs"
     providers = render.DATA_PROVIDERS + ("reportgen.report.methodology:methodology_pages",
                                          "reportgen.report.techniques:technique_pages",
-                                         "reportgen.advise.pages:guide_pages")
+                                         "reportgen.report.guides:guide_pages")
     render.render_all(results, docs, published=None, commit=None, providers=providers)
     return results, docs
 

@@ -338,7 +338,7 @@ def test_mkdocs_nav_lists_the_catalogs():
 
 
 #: nav pages of the other providers, by the provider that writes them
-OTHER_PAGES = {"reportgen.advise.pages:guide_pages": "guides/",
+OTHER_PAGES = {"reportgen.report.guides:guide_pages": "guides/",
                "reportgen.report.techniques:technique_pages": "techniques/",
                "reportgen.report.methodology:methodology_pages": "methodology.md",
                "reportgen.report.configs:config_pages": "configs.md"}

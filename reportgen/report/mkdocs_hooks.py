@@ -1,7 +1,7 @@
 """mkdocs hook (``hooks:`` in mkdocs.yml): the Guides section of the nav lists the guide pages the
 renderer wrote.
 
-A card gets a guide only when a sweep stored decision-tree walks for it (``advise/pages.py``), so
+A card gets a guide only when a sweep stored decision-tree walks for it (``report/guides.py``), so
 which guides exist depends on the sweeps that ran: after `reportgen sweep sweeps/consumer.yaml` the
 four consumer cards have one, the other cards are linked to the Calculator from the guides index.
 mkdocs.yml lists every catalog card's guide in the order the nav shows them; this hook drops the

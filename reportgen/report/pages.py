@@ -117,7 +117,7 @@ def _cell(r: dict | None) -> dict | None:
 
 
 def _walks(site: SiteData) -> dict:
-    from reportgen.advise.pages import stored_walks
+    from reportgen.report.guides import stored_walks
 
     return stored_walks(site)
 
@@ -127,7 +127,7 @@ def unswept_fit(walks: dict, model: str, gpu: str, page: str) -> dict | None:
     recommends at the overviews' sequence length (it uses techniques the sweep may not cover, such
     as the fused loss or double quantization), so the page says that the guide's setup fits but was
     not swept instead of contradicting the guide. None when the walk finds nothing that fits either."""
-    from reportgen.advise.pages import guide_path
+    from reportgen.report.guides import guide_path
 
     seqs = sorted(s for g, m, s in walks if (g, m) == (gpu, model))
     if not seqs:
@@ -311,7 +311,7 @@ def _load_cards(path: Path | None) -> dict | None:
 
 
 def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
-    from reportgen.advise.pages import calculator_link, guided_gpus
+    from reportgen.report.guides import calculator_link, guided_gpus
 
     from reportgen.report.profiles import load_profiles, profiles_view
 

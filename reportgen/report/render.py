@@ -59,7 +59,7 @@ DATA_PROVIDERS = (
     "reportgen.report.pages:validation_pages",
 )
 PROVIDERS = DATA_PROVIDERS + (
-    "reportgen.advise.pages:guide_pages",
+    "reportgen.report.guides:guide_pages",
     "reportgen.report.techniques:technique_pages",
     "reportgen.report.methodology:methodology_pages",
     "reportgen.report.calculator:calculator_pages",

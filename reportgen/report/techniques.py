@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reportgen.advise import tree as T
-from reportgen.advise.pages import rel
+from reportgen.report.guides import rel
 from reportgen.report.methodology import function_doc
 from reportgen.report.page import Page, SiteData
 from reportgen.report.rows import (PRIMARY_SEQ, gpu_label, gpu_order, measured_values, model_order, setup_label,
