@@ -265,3 +265,12 @@ def test_a_sweeps_bad_profile_names_the_sweep_line(tmp_path, capsys):
     (tmp_path / "s.yaml").write_text(SWEEP.format(profile="a.yaml, b.yaml"))
     assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--no-render"]) == 2
     assert "a second profile of h100-sxm" in capsys.readouterr().err
+
+
+def test_advise_says_its_speeds_use_the_profile(capsys):
+    assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", H100_PROFILES[0]]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"the tokens/s use your card's profile ({H100_PROFILES[0]})" in out
+    assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", H100_PROFILES[0],
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_profile"] == H100_PROFILES[0]

@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if not 8 <= args.seq <= 1_048_576:
         raise UserError(f"--seq: must be between 8 and 1048576 (got {args.seq})")
     doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))
+    if gpu.profile is not None:
+        doc["gpu_profile"] = gpu.profile.source
     if yours is not None:
         doc["config"] = config_verdict(model, gpu, yours, args)
     if args.format == "json":
@@ -151,6 +153,11 @@ def print_walk(doc: dict, console=None, measured_text: str | None = None) -> Non
                   "total, what nvidia-smi would show[/]", highlight=False)
     if doc.get("context_note"):
         console.print(f"[bold yellow]warning:[/] {doc['context_note']}", highlight=False)
+    if doc.get("gpu_profile"):
+        from rich.markup import escape
+
+        console.print(f"note: the tokens/s use your card's profile ({escape(doc['gpu_profile'])}) instead of the "
+                      "datasheet's rates", highlight=False, soft_wrap=True)
     table = Table(title_justify="left")
     for col, just in (("#", "right"), ("step", "left"), ("setup evaluated", "left"), ("GiB (est.)", "right"),
                       ("tokens/s (est.)", "right"), ("result", "left")):
