@@ -97,8 +97,9 @@ def new_result(sweep: Sweep, case: Case, ihash: str, in_sweep: bool = True) -> d
     model = catalog.load_model(case.model)
     if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
         result["model_source"] = {"hub": model.hf_repo, "revision": model.revision}
-    if profile_of(sweep, case):
-        result["gpu_profile"] = dict(zip(("file", "hash"), profile_of(sweep, case)))
+    profile = profile_of(sweep, case)
+    if profile:
+        result["gpu_profile"] = dict(zip(("file", "hash"), profile))
     return result
 
 

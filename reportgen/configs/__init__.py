@@ -9,6 +9,7 @@ becomes of every key; ``reverse.py`` writes a setup as TRL's and Axolotl's keys.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ _LLAMAFACTORY_MARKS = ("finetuning_type", "quantization_bit", "cutoff_len", "lor
                        "pure_bf16", "use_unsloth", "neat_packing", "dataset_dir", "flash_attn")
 
 
+@lru_cache(maxsize=None)
 def _only(tool: str) -> frozenset[str]:
     """The keys of ``tool``'s schema that no other tool's has (``keys.json``)."""
     from reportgen.configs import table

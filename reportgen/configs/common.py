@@ -364,6 +364,17 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         t.set("offload", "optimizer", key)
 
 
+def trainer_sharding(r: Reader, t: Translation) -> None:
+    """transformers' ``TrainingArguments`` keys for several GPUs, as TRL and LLaMA-Factory files hold them:
+    ``fsdp`` (its words) or ``deepspeed`` (a JSON path or inline settings), never both."""
+    if r.get("fsdp") not in (None, "", []):
+        fsdp_words(r, "fsdp", r.doc["fsdp"], t)
+    if r.get("deepspeed") is not None:
+        if t.sharding_key:
+            raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
+        deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
+
+
 def finish(r: Reader, t: Translation) -> Translation:
     """Sort every key of the file into honoured, approximated (the translator recorded how),
     ignored (bookkeeping), not modelled (ignored but changes the step) and unknown (a warning)."""

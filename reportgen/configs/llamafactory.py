@@ -22,8 +22,8 @@ What LLaMA-Factory 0.9.5 does with each key, from its source:
 
 from __future__ import annotations
 
-from reportgen.configs.common import (DTYPES, Reader, Translation, checkpoint_dtype, deepspeed, finish, fsdp_words,
-                                      optimizer, resolve_model)
+from reportgen.configs.common import (DTYPES, Reader, Translation, checkpoint_dtype, finish, optimizer, resolve_model,
+                                      trainer_sharding)
 
 #: LLaMA-Factory's ``flash_attn`` values (``AttentionFunction``) -> the setup's attention
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "sdpa", "fa3": "sdpa", "disabled": "eager"}
@@ -57,12 +57,7 @@ def translate(r: Reader) -> Translation:
     t.set("loss", "fused" if r.boolean("enable_liger_kernel", False) else "standard", "enable_liger_kernel")
     if r.boolean("use_unsloth", False):
         t.approx("use_unsloth", "unsloth's own kernels and LoRA are not modelled: estimated as the Hugging Face step")
-    if r.get("fsdp") not in (None, "", []):
-        fsdp_words(r, "fsdp", r.doc["fsdp"], t)
-    if r.get("deepspeed") is not None:
-        if t.sharding_key:
-            raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
-        deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
+    trainer_sharding(r, t)
     return finish(r, t)
 
 

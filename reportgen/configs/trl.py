@@ -20,8 +20,8 @@ What TRL 1.16.0 does with each key, from its source (``trl/scripts/sft.py`` ``ma
 
 from __future__ import annotations
 
-from reportgen.configs.common import (DTYPES, Reader, Translation, attention, checkpoint_dtype, deepspeed, finish,
-                                      fsdp_words, optimizer, resolve_model)
+from reportgen.configs.common import (DTYPES, Reader, Translation, attention, checkpoint_dtype, finish, optimizer,
+                                      resolve_model, trainer_sharding)
 
 
 def translate(r: Reader) -> Translation:
@@ -60,12 +60,7 @@ def translate(r: Reader) -> Translation:
                  "fused LM head")
 
     # ----- several GPUs -----
-    if r.get("fsdp") not in (None, "", []):
-        fsdp_words(r, "fsdp", r.doc["fsdp"], t)
-    if r.get("deepspeed") is not None:
-        if t.sharding_key:
-            raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
-        deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
+    trainer_sharding(r, t)
     return finish(r, t)
 
 

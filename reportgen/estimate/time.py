@@ -410,8 +410,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
 
 #: the cards whose step times the time constants were fitted to: the H100 machine's own measurements, and
 #: the published FSDP runs on RTX 3090 and 4090 pairs that the GeForce GEMM efficiency rests on
-FITTED_ON = {"h100-sxm": "our H100 measurements", "rtx-3090": "published RTX 3090 and 4090 runs (FSDP, 2 cards)",
-             "rtx-4090": "published RTX 3090 and 4090 runs (FSDP, 2 cards)"}
+FITTED_ON = frozenset({"h100-sxm", "rtx-3090", "rtx-4090"})
 
 
 def _evidence_note(gpu: GpuSpec) -> list[str]:

@@ -83,38 +83,33 @@ def cmd_profile_gpu(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from reportgen import catalog
-    from reportgen.errors import UserError
     from reportgen.gpu_profile import from_document
     from reportgen.measure.profile_gpu import profile
-    from reportgen.userfile import try_writing
 
     if args.gpu:
         catalog.load_gpu(args.gpu)  # an unknown name fails here, with did-you-mean
     model = catalog.load_model(args.model)
     err = Console(stderr=True)
     out = args.out or Path(f"gpu-profile-{(args.gpu or 'this-gpu').partition('@')[0]}.yaml")
-    try:
-        try_writing(out.parent if str(out.parent) else Path("."))
-    except OSError as exc:
-        raise UserError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
+    _writable(out.parent, "--out")
     doc = profile(args.device, args.gpu, model, step=lambda name: err.print(f"[dim]measuring {name}...[/]"))
     if args.out is None:
         out = Path(f"gpu-profile-{doc['card']}.yaml")
     doc = json.loads(json.dumps(doc, allow_nan=False))  # plain types (torch's version is a str subclass)
-    from_document(doc, str(out))  # what is written must read back
+    read_back = from_document(doc, str(out))  # what is written must read back
     out.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
-    _print_profile(doc, out)
+    _print_profile(doc, read_back, out)
     return 0
 
 
-def _print_profile(doc: dict, out: Path) -> None:
+def _print_profile(doc: dict, read_back, out: Path) -> None:
     from rich.console import Console
 
-    from reportgen.gpu_profile import from_document, summary_lines
+    from reportgen.gpu_profile import summary_lines
 
     con = Console()
     con.print(f"profile of {doc['card']} ({doc['device']}) in {doc['seconds']:g} s, written to {out}", markup=False)
-    for line in summary_lines(from_document(doc, str(out))):
+    for line in summary_lines(read_back):
         con.print("  " + line, soft_wrap=True, markup=False)
     if doc["device"] == "cpu":
         con.print("  the GPU's rates were not measured (--device cpu): estimates use the datasheet's for them")

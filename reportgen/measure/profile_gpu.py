@@ -121,14 +121,14 @@ def gemm_rates(torch, model, dtypes=DTYPES, budget_s: float = 1.5) -> tuple[dict
     each shape, timed with CUDA events; fp32 with TF32 off (PyTorch's default)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    summary, rows = {}, []
+    summary, rows, shapes = {}, [], gemm_shapes(model)
     for name in dtypes:
         flops = seconds = 0.0
-        for k, n in gemm_shapes(model):
+        for k, n in shapes:
             x = torch.randn(GEMM_TOKENS, k, device="cuda", dtype=names[name])
             w = torch.randn(n, k, device="cuda", dtype=names[name])
             once = _timed(torch, "cuda", lambda: torch.nn.functional.linear(x, w), 1)
-            repeat = max(2, min(50, int(budget_s / len(gemm_shapes(model)) / max(once, 1e-6))))
+            repeat = max(2, min(50, int(budget_s / len(shapes) / max(once, 1e-6))))
             s = _timed(torch, "cuda", lambda: torch.nn.functional.linear(x, w), repeat)
             f = 2.0 * GEMM_TOKENS * k * n
             rows.append({"dtype": name, "tokens": GEMM_TOKENS, "in": k, "out": n, "tflops": f / s / 1e12})
