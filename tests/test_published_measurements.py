@@ -27,6 +27,7 @@ from reportgen.report import render
 from reportgen.report.rows import site_rows
 from reportgen.runner import run_estimates
 from reportgen.sweep import load_sweep
+from reportgen.report.render import case_id_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "results" / "validation" / "measured"
@@ -123,7 +124,7 @@ def tabs(text: str, label: str) -> str:
 def row_cells(block: str, cid: str) -> list[str] | None:
     """The cells of the table row of case ``cid`` in ``block``, or None."""
     for line in block.splitlines():
-        if f"`{cid}`" in line and line.strip().startswith("|"):
+        if case_id_cell(cid) in line and line.strip().startswith("|"):
             return [c.strip() for c in line.strip().strip("|").split("|")]
     return None
 

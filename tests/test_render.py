@@ -22,6 +22,7 @@ from reportgen.cli import main
 from reportgen.report import render
 from reportgen.report.page import Page
 from reportgen.report.rows import TECHNIQUE_COLORS
+from reportgen.report.render import case_id_cell
 from tests.fixtures.site_data import PUBLISHED, build_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def test_gpu_page_content(docs):
     for seq in (512, 2048):
         assert (docs / "charts" / "gpus" / f"rtx-4090-memory-s{seq}.svg").is_file()
         assert (docs / "charts" / "gpus" / f"rtx-4090-throughput-s{seq}.svg").is_file()
-    assert "`llama-3.1-8b.rtx-4090.qlora.0ab15373ec93`" in text  # a case id per row
+    assert case_id_cell("llama-3.1-8b.rtx-4090.qlora.0ab15373ec93") in text  # a case id per row
     assert "reportgen sweep sweeps/tiny.yaml" in text and "(../data/gpus/rtx-4090.csv)" in text
     assert COMMIT[:12] in text
     # measured values sit next to their estimate, marked, with their environment linked; the fixture's
@@ -169,7 +170,7 @@ def test_validation_page_with_fake_measurements(docs, results):
         assert cid in text
     errors, rest = text.split("## Runs that did not finish")
     for cid in results[1]["failed"]:  # an OOM is no measured number: it is a verdict, listed apart
-        assert f"| `{cid}` |" not in errors and cid in rest.split("## Runs that are not GPU measurements")[0]
+        assert case_id_cell(cid) not in errors and case_id_cell(cid) in rest.split("## Runs that are not GPU measurements")[0]
     assert (docs / "charts" / "validation-scatter.svg").is_file()
     assert "### Error per technique" in text
     assert "| peak allocated | 4 |" in text and "| step time | 3 |" in text  # capped: memory only

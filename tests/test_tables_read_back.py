@@ -16,11 +16,13 @@ from reportgen.format import GIB
 from tests.test_render import docs, results  # noqa: F401 - the fixtures
 
 _TAG = re.compile(r"<[^>]+>")
+_CASE_ID = re.compile(r'<code class="rg-id">(.*?)</code>')
 
 
 def _tables(md: str) -> list[list[dict[str, str]]]:
-    """Every Markdown table of a page (indented ones in tabs too) as rows of ``{heading: cell text}``,
-    markup removed; a cell's first line (``<br>`` splits the estimate from a measurement) kept."""
+    """Every Markdown table of a page (indented ones in tabs too) as rows of ``{heading: cell}``, each
+    cell's first line (``<br>`` splits the estimate from a measurement) kept, and ``"case id"``: the id
+    a row's setup cell names (``render._case_id``), or None."""
     out, lines = [], md.splitlines()
     i = 0
     while i < len(lines) - 1:
@@ -30,7 +32,9 @@ def _tables(md: str) -> list[list[dict[str, str]]]:
             rows, i = [], i + 2
             while i < len(lines) and lines[i].strip().startswith("|"):
                 cells = re.split(r"(?<!\\)\|", lines[i].strip().strip("|"))
-                rows.append(dict(zip(names, (c.split("<br>")[0] for c in cells))))
+                row = dict(zip(names, (c.split("<br>")[0] for c in cells)))
+                ids = [_TAG.sub("", m) for c in cells for m in _CASE_ID.findall(c)]
+                rows.append({**row, "case id": ids[0] if ids else None})
                 i += 1
             out.append(rows)
         else:
@@ -60,10 +64,10 @@ def test_every_gpu_setup_table_cell_is_its_cases_value(docs, stored):  # noqa: F
     checked = 0
     for page in sorted((docs / "gpus").glob("*.md")):
         for table in _tables(page.read_text()):
-            if not table or not {"Memory GiB", "Max batch", "Case id"} <= set(table[0]):
+            if not table or not {"Memory GiB", "Max batch"} <= set(table[0]):
                 continue
             for row in table:
-                r = stored[_text(row["Case id"]).split()[0]]
+                r = stored[row["case id"]]
                 if r["status"] != "ok":
                     continue
                 est, setup = r["estimate"], r["case"]["setup"]

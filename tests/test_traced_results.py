@@ -21,6 +21,7 @@ from reportgen.results import UnreadableResult, current_id, read_result, write_j
 from reportgen.runner import run_estimates
 from reportgen.sweep import load_sweep
 from reportgen.trace import agreement
+from reportgen.report.render import case_id_cell
 from tests.fixtures.site_data import build_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,10 +170,10 @@ def test_gpu_page_shows_the_traced_figures_beside_the_estimate_labelled_traced(s
     _, current, stale = site
     text = (docs / "gpus" / "rtx-4090.md").read_text()
     traced = fake_trace(current["estimate"])["memory"]
-    row = next(line for line in text.splitlines() if f"`{current['id']}`" in line)
+    row = next(line for line in text.splitlines() if case_id_cell(current['id']) in line)
     assert f"{traced['peak_allocated'] / 2**30:,.1f} / {traced['peak_reserved'] / 2**30:,.1f}" in row
     assert 'class="rg-traced"' in row and 'class="rg-est"' in row
-    stale_row = next(line for line in text.splitlines() if f"`{stale['id']}`" in line)
+    stale_row = next(line for line in text.splitlines() if case_id_cell(stale['id']) in line)
     assert "rg-traced" not in stale_row  # a stale trace is never shown
     assert "Peak alloc. / reserved GiB" in text
 

@@ -171,6 +171,14 @@ def _code(text) -> Markup:
     return Markup(f"{fence}{pad}{s}{pad}{fence}")
 
 
+def case_id_cell(text) -> Markup:
+    """A case id in a table's setup cell (issue 31: as a last column it was cut off by wide tables, and it is
+    the handle ``reportgen show`` takes): an HTML code span that may wrap before its hash, on two lines at
+    most (``<wbr>`` adds no character, so a copied id is whole)."""
+    head, dot, tail = str(text).rpartition(".")
+    return Markup(f'<code class="rg-id"><span>{escape(head)}{dot}</span><wbr><span>{escape(tail)}</span></code>')
+
+
 def _fenced(text, lang: str = "", indent: int = 0) -> Markup:
     """``text`` as a fenced code block (Markdown escapes ``<`` and ``&`` inside it), fenced by more
     backticks than any run in it; every line after the first indented by ``indent`` spaces (the
@@ -199,7 +207,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell,
-                       code=_code, fenced=_fenced, join=_join)
+                       code=_code, case_id=case_id_cell, fenced=_fenced, join=_join)
     return env
 
 
