@@ -416,6 +416,31 @@ def test_pages_workflow_tests_before_it_deploys():
     assert "mkdocs build --strict" in build and "reportgen render" in build
 
 
+def test_the_404_page_is_styled_under_the_published_sub_path(fixture_site_built, tmp_path):
+    """Issue 31: GitHub Pages serves 404.html at any missing path under /reportgen/; the workflow gives
+    mkdocs the published address (configure-pages' base_url) before the build, and with it Material's
+    404 page links its stylesheets under the sub-path, where they are (without it: from the domain's
+    root, where they are not)."""
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "pages.yml").read_text())
+    steps = wf["jobs"]["build"]["steps"]
+    pages = next(i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("actions/configure-pages@"))
+    build = next(i for i, s in enumerate(steps) if "mkdocs build --strict" in str(s.get("run", "")))
+    run = steps[build]["run"]
+    assert pages < build and steps[pages]["id"] == "pages"
+    assert run.index('echo "site_url: ${{ steps.pages.outputs.base_url }}/" >> mkdocs.yml') < run.index("mkdocs build")
+    site, _ = fixture_site_built
+    cfg = (site.parent / "mkdocs.yml").read_text()
+    cfg = re.sub(r"^site_dir: .*$", f"site_dir: {tmp_path / 'site'}", cfg, flags=re.M)
+    (tmp_path / "mkdocs.yml").write_text(cfg + "site_url: https://example.github.io/reportgen/\n")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(tmp_path / "mkdocs.yml")],
+                          capture_output=True, text=True, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    links = re.findall(r'<link[^>]+href="([^"]+\.css)"', (tmp_path / "site" / "404.html").read_text())
+    assert links and all(h.startswith("/reportgen/") for h in links), links
+    assert all(not h.startswith("/reportgen/") for h in re.findall(r'<link[^>]+href="([^"]+\.css)"',
+                                                                   (site / "404.html").read_text()))
+
+
 def test_ci_runs_the_readme_test_command_with_loud_skips():
     """.ci/run is the README's test command verbatim, and both run pytest with REPORTGEN_REQUIRE_ALL=1,
     so CI fails when a must-run module (trace agreement, browser, calculator) skipped, as the Pages
