@@ -337,9 +337,7 @@ class TrainingSetup:
             self._check_trainer()
         if self.recipe == Recipe.trl_sft:
             self._check_trl_sft()
-        if self.seq_mean is not None and self.seq_mean > self.seq:
-            raise SetupError("seq_mean", f"the mean sample length ({self.seq_mean}) cannot exceed seq, the longest "
-                             f"({self.seq})")
+        self._check_seq_mean()
         # derived facts the estimator reads thousands of times per search: computed once
         d = self.__dict__
         d["is_peft"] = self.method in (Method.lora, Method.qlora)
@@ -350,6 +348,11 @@ class TrainingSetup:
                                         else KbitPrep.none)) if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
+
+    def _check_seq_mean(self) -> None:
+        if self.seq_mean is not None and self.seq_mean > self.seq:
+            raise SetupError("seq_mean", f"the mean sample length ({self.seq_mean}) cannot exceed seq, the longest "
+                             f"({self.seq})")
 
     def _check_trainer(self) -> None:
         """What transformers' ``Trainer`` (and so ``SFTTrainer``) does not do: ``training_step``
@@ -417,9 +420,24 @@ class TrainingSetup:
     def model_dump_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
+    #: fields that no rule of ``__post_init__`` but ``_check_seq_mean`` relates to another, and that no
+    #: derived fact reads: a copy changing only these is checked by those rules alone
+    _FREE_FIELDS: ClassVar[frozenset] = frozenset({"batch", "seq"})
+
     def model_copy(self, update: dict | None = None) -> "TrainingSetup":
-        """A copy with some fields changed, validated."""
-        return dataclasses.replace(self, **(update or {}))
+        """A copy with some fields changed, validated. The reverse searches make thousands of copies
+        that change the batch or the length only (``estimate/search.py``): those are checked by the
+        rules that read them, not by the whole ``__post_init__`` (which made half of a cold sweep's
+        setup time)."""
+        update = update or {}
+        if not update or not update.keys() <= self._FREE_FIELDS:
+            return dataclasses.replace(self, **update)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for name, value in update.items():
+            new.__dict__[name] = self.model_fields[name].check(name, value)
+        new._check_seq_mean()
+        return new
 
     # ----- derived facts the estimator uses (set in __post_init__) -----------------------------
     #: LoRA or QLoRA

@@ -48,3 +48,23 @@ def test_the_estimator_core_imports_without_pydantic():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in ("fits", "tight", "does not fit")
+
+
+@pytest.mark.parametrize("fields", [{}, {"method": "qlora", "seq_mean": 700, "kbit_prep": "none"},
+                                    {"method": "full", "precision": "bf16", "optimizer_in_backward": True},
+                                    {"method": "lora", "gpus": 2, "sharding": "fsdp", "recipe": "trl-sft"}])
+@pytest.mark.parametrize("update", [{"batch": 7}, {"seq": 4096}, {"batch": 3, "seq": 1024}, {"seq": 512},
+                                    {"batch": 0}, {"seq": 4}, {"batch": True}, {"seq": 2048.0}])
+def test_a_copy_changing_batch_or_seq_is_the_setup_built_whole(fields, update):
+    """The reverse searches' fast copy (``model_copy`` of batch/seq) gives the setup, the derived facts
+    and the errors of building that setup from scratch."""
+    setup = TrainingSetup(**fields)
+    try:
+        whole = TrainingSetup(**{**setup.model_dump(), **update})
+    except SetupError as exc:
+        with pytest.raises(SetupError) as copied:
+            setup.model_copy(update=update)
+        assert (copied.value.field, copied.value.message) == (exc.field, exc.message)
+        return
+    copy = setup.model_copy(update=update)
+    assert copy == whole and hash(copy) == hash(whole) and copy.__dict__ == whole.__dict__
