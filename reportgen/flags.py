@@ -64,8 +64,9 @@ def gpu_from_args(args: argparse.Namespace):
 
 def add_from_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_file", type=Path, default=None, metavar="CONFIG",
-                   help="a TRL (trl sft --config) or Axolotl YAML/JSON config: its model and setup (the docs' "
-                        "'TRL and Axolotl configs' page lists what each key becomes); setup flags given beside it "
+                   help="a TRL (trl sft --config), Axolotl, LLaMA-Factory (llamafactory-cli train) or torchtune "
+                        "(tune run) YAML/JSON config: its model and setup (the docs' configs page lists what each "
+                        "key becomes); setup flags given beside it "
                         "override the file's values")
 
 
@@ -84,6 +85,9 @@ def translation_from_args(args: argparse.Namespace):
     t = translate_file(args.from_file, bf16_capable=gpu.supports_bf16 if gpu else True)
     if args.model is None:
         if t.model is None:
+            if t.model_missing:
+                raise UserError(f"{t.model_missing}", hint="pass --model ORG/NAME (the checkpoint's Hub id) or --model "
+                                "path/to/config.json beside --from; reportgen models lists the catalog")
             key = "base_model" if t.tool == "axolotl" else "model_name_or_path"
             raise UserError(f"{args.from_file}: names no model ({key})", hint="add it, or pass --model")
         args.model = t.model

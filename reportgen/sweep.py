@@ -427,7 +427,7 @@ def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, g
         t = translate_file(path.parent / str(config), bf16_capable=catalog.load_gpu(gpu).supports_bf16)
         model = str(cell["model"]) if cell.get("model") is not None else t.model
         if model is None:
-            raise UserError(f"{t.path}: names no model", hint="add it, or a model key to the grid")
+            raise UserError(t.model_missing or f"{t.path}: names no model", hint="add it, or a model key to the grid")
         setup = setup_from(t, fields, model=model, option=_grid_key)
     except UserError as exc:
         raise UserError(f"{path}:{line}: from: {exc.message}", exc.hint) from None

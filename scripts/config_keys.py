@@ -19,8 +19,20 @@ value), read from the tools themselves.
   newest transformers it accepts (``transformers!=4.52.0,!=4.57.0,<=5.6.0,>=4.55.0``:
   ``pip download transformers==5.6.0 --no-deps``).
 
-Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, or ``python scripts/config_keys.py --only-llamafactory
-LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` to rewrite LLaMA-Factory's section alone.
+* torchtune: the keys its four fine-tuning recipes read (``recipes/lora_finetune_single_device.py``,
+  ``lora_finetune_distributed.py``, ``full_finetune_single_device.py``, ``full_finetune_distributed.py``, which
+  the wheel ships): every ``cfg.get("key", default)`` with its default and every ``cfg.key`` the recipe reads
+  without one (a required key, default null), read with ``ast``; each section's ``_component_`` and the
+  arguments of the components torchtune ships for it: the model builders (``torchtune/models/*/_model_builders.py``,
+  with their defaults and, for the plain builders, the literal shapes they pass: ``vocab_size``, ``num_layers``,
+  ...), tokenizers, datasets (``torchtune/datasets/``), losses (``torchtune/modules/loss/``), checkpointers,
+  metric loggers, LR schedulers and the profiler (``torchtune/training/``); an optimizer's arguments are
+  ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel).
+  ``pip download torchtune==0.6.1 --no-deps``.
+
+Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, ``python scripts/config_keys.py --only-llamafactory
+LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` or ``python scripts/config_keys.py --only-torchtune TORCHTUNE_WHEEL``
+to rewrite one tool's section alone (the others are kept byte for byte).
 """
 
 from __future__ import annotations
@@ -136,7 +148,167 @@ def llamafactory_keys(wheel: Path, transformers_wheel: Path) -> dict:
     return {"version": version, "transformers": tf_version, "keys": dict(sorted(keys.items()))}
 
 
+#: the fine-tuning recipes a torchtune config for ``tune run`` names, and the sections they instantiate
+TORCHTUNE_RECIPES = ("lora_finetune_single_device", "lora_finetune_distributed", "full_finetune_single_device",
+                     "full_finetune_distributed")
+_SHAPE_ARGS = ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "embed_dim", "intermediate_dim", "max_seq_len",
+               "head_dim", "tie_word_embeddings", "norm_eps", "rope_base")
+
+
+def _literal(node):
+    try:
+        return _jsonable(ast.literal_eval(node)) if node is not None else None
+    except ValueError:
+        return None
+
+
+def _cfg_chain(node, roots: dict[str, str]) -> list[str] | None:
+    """``cfg.a.b`` (or ``cfg_model.a``, a recipe method's section argument) as ``["a", "b"]``."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in roots:
+        return ([roots[node.id]] if roots[node.id] else []) + names[::-1]
+    return None
+
+
+def recipe_keys(text: str) -> dict[str, dict]:
+    """The keys a recipe reads: ``cfg.get("k", d)`` -> default d; ``cfg.k`` (required) -> null."""
+    tree = ast.parse(text)
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+              if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    roots = {"cfg": "", **{f"cfg_{s}": s for s in ("model", "dataset", "optimizer", "checkpointer", "lr_scheduler",
+                                                     "profiler", "tokenizer", "loss")}}
+    out: dict[str, dict] = {}
+    gets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            chain = _cfg_chain(node.func.value, roots)
+            arg = node.args[0] if node.args else None
+            key = arg.value if isinstance(arg, ast.Constant) else consts.get(getattr(arg, "id", None))
+            if chain is not None and isinstance(key, str):
+                gets.add(id(node.func))
+                default = _literal(node.args[1]) if len(node.args) > 1 else None
+                out[".".join(chain + [key])] = {"default": default, "required": False}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in gets and node.attr != "get":
+            chain = _cfg_chain(node, roots)
+            if chain:
+                key = ".".join(chain[:2])
+                out.setdefault(key, {"default": None, "required": True})
+    return out
+
+
+def _args(fn: ast.FunctionDef, skip: tuple = ("self",)) -> dict[str, object]:
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    defaults = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
+    out = {arg.arg: _literal(d) for arg, d in zip(pos, defaults) if arg.arg not in skip}
+    out.update({arg.arg: _literal(d) for arg, d in zip(a.kwonlyargs, a.kw_defaults)})
+    return out
+
+
+def _public(tree: ast.Module) -> dict[str, dict]:
+    """A module's public functions' arguments and its public classes' ``__init__`` arguments."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            out[node.name] = _args(node)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            init = next((b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
+            out[node.name] = _args(init) if init else {}
+    return out
+
+
+def _builders(module: str, text: str) -> tuple[dict, dict]:
+    """A ``_model_builders.py``'s builders (arguments and defaults; ``partial(f, k=v)`` over f's) and the
+    literal shapes each plain builder passes to its component builder."""
+    tree = ast.parse(text)
+    builders, shapes = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            builders[node.name] = _args(node)
+            ret = next((n.value for n in ast.walk(node) if isinstance(n, ast.Return)), None)
+            if isinstance(ret, ast.Call):
+                lits = {k.arg: _literal(k.value) for k in ret.keywords if k.arg in _SHAPE_ARGS}
+                if lits:
+                    shapes[f"{module}.{node.name}"] = {k: v for k, v in lits.items() if v is not None}
+        elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+              and getattr(node.value.func, "id", "") == "partial" and node.value.args):
+            base = getattr(node.value.args[0], "id", None)
+            if base in builders:
+                for t in node.targets:
+                    builders[t.id] = {**builders[base], **{k.arg: _literal(k.value) for k in node.value.keywords}}
+                    if f"{module}.{base}" in shapes:
+                        shapes[f"{module}.{t.id}"] = shapes[f"{module}.{base}"]
+    return {f"{module}.{k}": v for k, v in builders.items()}, shapes
+
+
+def _torch_optimizers() -> tuple[str, dict]:
+    import inspect
+
+    import torch
+
+    out = {}
+    for name in ("AdamW", "Adam", "SGD"):
+        params = inspect.signature(getattr(torch.optim, name)).parameters
+        out[f"torch.optim.{name}"] = {k: _jsonable(p.default) if p.default is not inspect.Parameter.empty else None
+                                      for k, p in params.items() if k != "params"}
+    return torch.__version__, out
+
+
+def torchtune_keys(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z:
+        files = {n: z.read(n).decode() for n in z.namelist() if n.endswith(".py")}
+    version = re.search(r"torchtune-([0-9][^-]*)-", wheel.name).group(1)
+    recipes = {name: recipe_keys(files[f"recipes/{name}.py"]) for name in TORCHTUNE_RECIPES}
+    builders, shapes, tokenizers = {}, {}, {}
+    for name, text in sorted(files.items()):
+        m = re.fullmatch(r"torchtune/models/([a-z0-9_]+)/_model_builders\.py", name)
+        if m:
+            b, s = _builders(f"torchtune.models.{m.group(1)}", text)
+            for k, v in b.items():
+                (tokenizers if k.endswith("tokenizer") or k.endswith("transform") else builders)[k] = v
+            shapes.update({k: v for k, v in s.items() if k in builders})
+    sections: dict[str, dict] = {"model": builders, "tokenizer": tokenizers}
+    groups = {"dataset": r"torchtune/datasets/_[a-z_]+\.py", "loss": r"torchtune/modules/loss/[a-z_]+\.py",
+              "checkpointer": r"torchtune/training/checkpointing/_checkpointer\.py",
+              "metric_logger": r"torchtune/training/metric_logging\.py",
+              "lr_scheduler": r"torchtune/training/lr_schedulers\.py", "profiler": r"torchtune/training/_profiler\.py"}
+    for section, pattern in groups.items():
+        comps = {}
+        for name, text in sorted(files.items()):
+            if re.fullmatch(pattern, name):
+                package = "torchtune." + ".".join(name.split("/")[1:-1])
+                comps.update({f"{package}.{k}": v for k, v in _public(ast.parse(text)).items()})
+        sections[section] = comps
+    torch_version, sections["optimizer"] = _torch_optimizers()
+    keys: dict[str, object] = {}
+    for reads in recipes.values():
+        for k, v in reads.items():
+            keys.setdefault(k, v["default"])
+    for section, comps in sections.items():
+        keys.setdefault(f"{section}._component_", None)
+        for args in comps.values():
+            for arg, default in args.items():
+                if arg not in ("tokenizer", "optimizer", "num_training_steps", "last_epoch"):
+                    keys.setdefault(f"{section}.{arg}", None)
+    return {"version": version, "torch": torch_version, "keys": dict(sorted(keys.items())),
+            "recipes": {name: sorted(reads) for name, reads in recipes.items()},
+            "required": {name: sorted(k for k, v in reads.items() if v["required"]) for name, reads in recipes.items()},
+            "builders": dict(sorted(builders.items())), "shapes": dict(sorted(shapes.items())),
+            "components": {s: sorted(c) for s, c in sections.items() if s != "model"}}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--only-torchtune":
+        data = json.loads(OUT.read_text())
+        data["torchtune"] = torchtune_keys(Path(argv[1]))
+        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
+        print(f"wrote {OUT}: torchtune {data['torchtune']['version']} ({len(data['torchtune']['keys'])} keys, "
+              f"{len(data['torchtune']['builders'])} model builders)")
+        return 0
     if len(argv) == 3 and argv[0] == "--only-llamafactory":
         data = json.loads(OUT.read_text())
         data["llamafactory"] = llamafactory_keys(Path(argv[1]), Path(argv[2]))

@@ -156,7 +156,7 @@ def test_advise_from_walks_the_files_model_and_length(capsys):
 BAD = [
     ("bad.yaml", "model_name_or_path: [unclosed\n", "bad.yaml:2: not valid YAML"),
     ("list.yaml", "- model_name_or_path: x\n", "a config is a mapping"),
-    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl nor a LLaMA-Factory config"),
+    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl, a LLaMA-Factory nor a torchtune config"),
     ("unknown-model.yaml", "output_dir: x\nmodel_name_or_path: acme/NotAModel-3B\n",
      "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
      "config.json is not in the Hugging Face cache"),
@@ -182,10 +182,10 @@ BAD = [
     ("both.yaml", "base_model: a\nmodel_name_or_path: b\n", "has TRL keys (model_name_or_path) and Axolotl keys"),
     ("ds.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\ndeepspeed: missing.json\n",
      "deepspeed: cannot read the DeepSpeed config 'missing.json' (looked for "),
-    # issue 33: a torchtune file is refused naming its tool, never estimated as a TRL config (a LLaMA-Factory
-    # file, which shares model_name_or_path with TRL, is read as LLaMA-Factory's: tests/test_configs_llamafactory.py)
+    # issue 33: a torchtune file is read as torchtune's (tests/test_configs_torchtune.py), never as a TRL config: one
+    # without the LoRA recipe's required keys names them
     ("tt.yaml", "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\nbatch_size: 2\n",
-     "tt.yaml: a torchtune (tune run) config (its keys model._component_)"),
+     "tt.yaml:1: model: lora_alpha is missing: torchtune's LoRA recipes read"),
     # issue 29, class 4: a value of the wrong type or out of range is refused as the tool refuses it
     ("micro0.yml", "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 0\nbatch_size: 8\n",
      "micro0.yml:2: micro_batch_size: must be at least 1 (got 0)"),
@@ -301,7 +301,8 @@ def test_no_traceback_from_the_command_line(tmp_path):
 
 
 # ----- the table ---------------------------------------------------------------------------------
-LEGACY = {("trl", "max_seq_length")}  # read for older TRL files, not a key of the pinned version
+LEGACY = {("trl", "max_seq_length"),  # read for older TRL files, not a key of the pinned version
+          ("torchtune", "optimizer.optimizer_class")}  # torchao CPUOffloadOptimizer's: torchao is not in the wheel
 
 
 def test_every_row_is_a_key_of_the_pinned_tool_and_sets_real_fields():
@@ -437,6 +438,7 @@ def test_docs_page_lists_the_table_the_cli_reads():
     for row in table.ROWS:
         assert f"| `{row.key}` | {row.status}" in text, row.key
     assert f"## TRL {table.version('trl')}" in text and f"## Axolotl {table.version('axolotl')}" in text
+    assert f"## torchtune {table.version('torchtune')}" in text
     assert "base_model: meta-llama/Llama-3.1-8B" in text  # the worked example, written by reverse.py
 
 
@@ -504,10 +506,16 @@ ACTED_ON = {
                      "bf16", "fp16", "pure_bf16", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "cutoff_len", "packing", "neat_packing", "disable_gradient_checkpointing", "flash_attn",
                      "enable_liger_kernel", "optim", "fsdp", "deepspeed", "use_galore", "torch_compile"],
+    "torchtune": ["model._component_", "model.quantize_base", "model.lora_rank", "model.lora_alpha", "model.lora_dropout",
+                  "model.lora_attn_modules", "model.apply_lora_to_mlp", "model.apply_lora_to_output", "model.use_dora",
+                  "dtype", "batch_size", "gradient_accumulation_steps", "tokenizer.max_seq_len", "dataset.packed",
+                  "dataset", "enable_activation_checkpointing", "enable_activation_offloading", "compile",
+                  "optimizer_in_bwd", "loss._component_", "optimizer._component_", "optimizer.momentum",
+                  "fsdp_cpu_offload", "fsdp_reshard_after_forward", "tensor_parallel_dim", "ac_mode"],
 }
 
 
-@pytest.mark.parametrize("tool", ["axolotl", "trl", "llamafactory"])
+@pytest.mark.parametrize("tool", ["axolotl", "trl", "llamafactory", "torchtune"])
 def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     """Property (hypothesis), issue 29 class 4: a valid config (the fixture, with Cut Cross-Entropy or
     Liger on) with one to three of the keys the readers act on set to any YAML value (of any type,
@@ -516,24 +524,37 @@ def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    fixture = {"axolotl": "axolotl_qlora.yml", "trl": "trl_qlora.yaml", "llamafactory": "llamafactory_qlora.yaml"}
+    fixture = {"axolotl": "axolotl_qlora.yml", "trl": "trl_qlora.yaml", "llamafactory": "llamafactory_qlora.yaml",
+               "torchtune": "torchtune_lora_single_device.yaml"}
     base = yaml.safe_load((FIXTURES / fixture[tool]).read_text())
     base.update({"axolotl": {"cut_cross_entropy": True,
                              "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]},
-                 "trl": {"use_liger_kernel": True}, "llamafactory": {"enable_liger_kernel": True}}[tool])
+                 "trl": {"use_liger_kernel": True}, "llamafactory": {"enable_liger_kernel": True},
+                 "torchtune": {}}[tool])
     known = [k for k in ACTED_ON[tool] if k in table.schema()[tool]["keys"]]
     leaves = st.one_of(st.none(), st.booleans(), st.integers(min_value=-3, max_value=70_000),
                        st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(
                            ["true", "false", "auto", "4", "\u0664", "", "nf4", "offload", "full_shard", "adamw_torch",
-                            "paged_adamw_8bit", "lora", "qlora", "all-linear", "sdpa", "bfloat16", "x.json"]))
+                            "paged_adamw_8bit", "lora", "qlora", "all-linear", "sdpa", "bfloat16", "x.json", "bf16", "fp32",
+                            "q_proj", "torch.optim.SGD", "torchtune.models.llama3_2.qlora_llama3_2_1b",
+                            "${output_dir}", "${batch_size}"]))
     values = st.one_of(leaves, st.lists(leaves, max_size=3), st.dictionaries(
-        st.sampled_from(["stage", "offload_params", "bnb_4bit_use_double_quant", "zero_optimization", "x"]), leaves,
+        st.sampled_from(["stage", "offload_params", "bnb_4bit_use_double_quant", "zero_optimization", "x", "packed",
+                         "_component_"]), leaves,
         max_size=2), st.just(_REMOVE))
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.dictionaries(st.sampled_from(known), values, min_size=1, max_size=3), st.sampled_from(["1", "2"]))
     def check(changes, gpus):
         doc = {k: v for k, v in {**base, **changes}.items() if v is not _REMOVE}
+        if tool == "torchtune":  # section.key: set in its section
+            doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+            for key, v in changes.items():
+                section, _, sub = key.partition(".")
+                if sub and not isinstance(doc.get(section), dict):
+                    doc[section] = {}
+                target, name = (doc[section], sub) if sub else (doc, section)
+                target.pop(name, None) if v is _REMOVE else target.__setitem__(name, v)
         path = tmp_path_factory.mktemp("cfg") / ("c.yml" if tool == "axolotl" else "c.yaml")
         path.write_text(yaml.safe_dump(doc, allow_unicode=True))
         rc = main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--gpus", gpus, "--format", "json"])

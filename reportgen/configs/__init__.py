@@ -1,7 +1,8 @@
-"""TRL, Axolotl and LLaMA-Factory configs in: a config file as reportgen's model and ``TrainingSetup``.
+"""TRL, Axolotl, LLaMA-Factory and torchtune configs in: a config file as reportgen's model and ``TrainingSetup``.
 
-``translate_file(path)`` reads a TRL ``trl sft --config`` file, an Axolotl YAML or a LLaMA-Factory
-``llamafactory-cli train`` YAML (which one is told by its keys), ``setup_from(translation, explicit)``
+``translate_file(path)`` reads a TRL ``trl sft --config`` file, an Axolotl YAML, a LLaMA-Factory
+``llamafactory-cli train`` YAML or a torchtune ``tune run`` recipe config (which one is told by its keys:
+torchtune's by its ``_component_`` sections), ``setup_from(translation, explicit)``
 builds the setup with the flags a user gave beside the file overriding it. ``table.py`` lists what
 becomes of every key; ``reverse.py`` writes a setup as TRL's and Axolotl's keys. Torch-free: the calculator runs it under Pyodide.
 """
@@ -37,27 +38,24 @@ def _only(tool: str) -> frozenset[str]:
     from reportgen.configs import table
 
     schema = table.schema()
-    others = set().union(*(set(v["keys"]) for k, v in schema.items() if k != tool))
+    # torchtune's files are told by their _component_ sections, never by a key's name
+    others = set().union(*(set(v["keys"]) for k, v in schema.items() if k not in (tool, "torchtune")))
     return frozenset(set(schema[tool]["keys"]) - others)
 
 
-def _other_tool(doc: dict) -> tuple[str, list[str]] | None:
-    """The tool whose config this is when it is none reportgen reads: torchtune by its ``_component_``
-    builders."""
-    components = [k for k, v in doc.items() if isinstance(v, dict) and "_component_" in v]
-    if components or "_component_" in doc:
-        return "torchtune (tune run)", [f"{k}._component_" for k in components] or ["_component_"]
-    return None
+def _is_torchtune(doc: dict) -> bool:
+    """torchtune's configs name their components (``model: {_component_: torchtune.models...}``); no other tool's
+    has a ``_component_`` key."""
+    return "_component_" in doc or any(isinstance(v, dict) and "_component_" in v for v in doc.values()) or any(
+        isinstance(v, list) and any(isinstance(d, dict) and "_component_" in d for d in v) for v in doc.values())
 
 
 def detect(doc: dict, path: Path) -> str:
-    other = _other_tool(doc)
-    if other:
-        tool, keys = other
-        raise ConfigError(f"{path}: a {tool} config (its keys {', '.join(keys[:4])}); reportgen reads TRL, "
-                          "Axolotl and LLaMA-Factory configs, not this tool's yet, and will not guess",
-                          hint="give the same run as flags: reportgen estimate --model ORG/NAME --method lora|qlora|full "
-                               "--lora-rank R --batch B --accum A --seq S --grad-ckpt (reportgen estimate --help)")
+    if _is_torchtune(doc):
+        if "_component_" in doc:
+            raise ConfigError(f"{path}: _component_ at the top: a torchtune component, not a recipe's config",
+                              hint="a tune run config has sections such as model: {_component_: torchtune.models...}")
+        return "torchtune"
     trl = [k for k in _TRL_MARKS if k in doc]
     axo = [k for k in _AXOLOTL_MARKS if k in doc]
     lf = [k for k in doc if k in _LLAMAFACTORY_MARKS or k in _only("llamafactory")]
@@ -75,20 +73,23 @@ def detect(doc: dict, path: Path) -> str:
     if trl and axo:
         raise ConfigError(f"{path}: has TRL keys ({', '.join(trl)}) and Axolotl keys ({', '.join(axo)})",
                           hint="a config is for one tool: TRL names the model model_name_or_path, Axolotl base_model")
-    raise ConfigError(f"{path}: neither a TRL, an Axolotl nor a LLaMA-Factory config: it has none of "
-                      f"{', '.join(_TRL_MARKS)} (TRL), {', '.join(_AXOLOTL_MARKS)} (Axolotl) or "
-                      f"{', '.join(_LLAMAFACTORY_MARKS)} (LLaMA-Factory)",
-                      hint="TRL: model_name_or_path: meta-llama/Llama-3.2-1B; Axolotl: base_model: ...")
+    raise ConfigError(f"{path}: neither a TRL, an Axolotl, a LLaMA-Factory nor a torchtune config: it has none of "
+                      f"{', '.join(_TRL_MARKS)} (TRL), {', '.join(_AXOLOTL_MARKS)} (Axolotl), "
+                      f"{', '.join(_LLAMAFACTORY_MARKS)} (LLaMA-Factory) or a section's _component_ (torchtune)",
+                      hint="TRL: model_name_or_path: meta-llama/Llama-3.2-1B; Axolotl: base_model: ...; torchtune: "
+                           "model: {_component_: torchtune.models.llama3_2.lora_llama3_2_1b, ...}")
 
 
 def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
     """The file's model and setup fields and what became of each key; ``bf16_capable``: whether the
     card has bf16 (Axolotl's ``bf16: auto`` asks it). Raises ``ConfigError``."""
-    from reportgen.configs import axolotl, llamafactory, trl
+    from reportgen.configs import axolotl, llamafactory, torchtune, trl
 
     path = Path(path)
     doc, lines = read_file(path)
     tool = detect(doc, path)
+    if tool == "torchtune":
+        return torchtune.translate(Reader(path, torchtune.flatten(doc), lines, tool))
     r = Reader(path, doc, lines, tool)
     if tool == "llamafactory":
         return llamafactory.translate(r)
@@ -119,9 +120,12 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
                               hint=f"give {option('gpus', 'N')} (N > 1), or {option('sharding', 'none')} to "
                               "estimate one GPU")
         if not t.sharding_key and gpus > 1:
-            values["sharding"] = "ddp"
+            values["sharding"] = t.multi_gpu
     elif explicit["sharding"] == "none" and gpus == 1:
         values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
+    for name, (key, why, hint) in t.needs.items():
+        if name not in explicit:
+            raise ConfigError(f"{t.where(key)}: {key}: {why}", hint=f"{hint}, or pass {option(name, 'N')}")
     values.update(explicit)
     if "method" in explicit:  # --method beside the file overrides it: the file's fields of its own method go too
         from reportgen.setup import METHOD_FIELDS

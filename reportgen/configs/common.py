@@ -43,6 +43,13 @@ class Translation:
     present: frozenset = frozenset()  # the keys the file has (the others took the tool's default)
     key_lines: dict = field(default_factory=dict)  # key -> its line in the file
     read_from: list[tuple[str, str]] = field(default_factory=list)  # (key, the file a relative path named)
+    #: setup fields the file leaves to the user (field -> (key, why, hint)): refused unless given beside it
+    needs: dict = field(default_factory=dict)
+    #: the sharding of ``--gpus N`` when the file has no section for several GPUs (``accelerate launch`` and
+    #: ``torchrun`` run DDP; torchtune's distributed recipes shard with FSDP2)
+    multi_gpu: str = "ddp"
+    #: why the file names no model reportgen knows, where it names one (a torchtune builder without a catalog model)
+    model_missing: str = ""
 
     def where(self, key: str) -> str:
         line = self.key_lines.get(key)
@@ -163,9 +170,13 @@ def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
                           hint="e.g. model_name_or_path: meta-llama/Llama-3.2-1B (TRL) or base_model: ... (Axolotl)")
     lines = {}
     if isinstance(node, yaml.MappingNode):
-        for k, _ in node.value:
+        for k, v in node.value:
             if isinstance(k, yaml.ScalarNode):
                 lines[k.value] = k.start_mark.line + 1
+                if isinstance(v, yaml.MappingNode):  # a section's keys as section.key (torchtune's components)
+                    for kk, _ in v.value:
+                        if isinstance(kk, yaml.ScalarNode):
+                            lines.setdefault(f"{k.value}.{kk.value}", kk.start_mark.line + 1)
     return {str(k): v for k, v in doc.items()}, lines
 
 

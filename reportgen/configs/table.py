@@ -1,4 +1,4 @@
-"""The one table of what reportgen makes of each key of a TRL, Axolotl or LLaMA-Factory config.
+"""The one table of what reportgen makes of each key of a TRL, Axolotl, LLaMA-Factory or torchtune config.
 
 Every key the translators read is a row here, with its status:
 
@@ -22,12 +22,12 @@ from functools import lru_cache
 from importlib import resources
 
 HONOURED, APPROXIMATED, IGNORED = "honoured", "approximated", "ignored"
-TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory"}
+TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory", "torchtune": "torchtune"}
 
 
 @dataclass(frozen=True)
 class Row:
-    tool: str  # "trl", "axolotl" or "llamafactory"
+    tool: str  # "trl", "axolotl", "llamafactory" or "torchtune"
     key: str
     status: str
     fields: str  # the setup fields (or "model") it sets, comma separated; "" when ignored
@@ -246,6 +246,74 @@ ROWS: tuple[Row, ...] = (
     _r("llamafactory", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (LLaMA-Factory's "
        "examples/deepspeed/ds_z3_config.json, say; a path relative to the config file, or inline): "
        "zero_optimization.stage and offload_optimizer / offload_param to cpu; the number of GPUs comes from --gpus"),
+    # ----- torchtune (tune run RECIPE --config FILE; sections read as section.key) ----------------------
+    _r("torchtune", "model._component_", HONOURED, "model, method, recipe", "the model builder: a catalog model of "
+       "its shapes (Llama 2, 3, 3.1, 3.2, Gemma, Gemma 2 9B, Qwen2.5 7B/14B, Phi-3 mini, Phi-4; Llama 3 and Qwen2 7B "
+       "approximated by the catalog model of the same shapes), another builder refused (pass --model); a lora_*/"
+       "qlora_* builder runs a LoRA recipe, any other a full one; torchtune's own loop (recipe loop, logits freed "
+       "before backward)"),
+    _r("torchtune", "model.quantize_base", APPROXIMATED, "method, quant, double_quant, kbit_prep", "true (the "
+       "qlora_* builders' default): QLoRA; every base linear of the decoder layers a torchao NF4 tensor (blocks of 64, "
+       "scalers quantized again to int8), modelled as bitsandbytes' NF4 with double quantization; the output "
+       "projection stays in the model dtype; nothing prepared for k-bit training (kbit_prep none)"),
+    _r("torchtune", "model.lora_rank", HONOURED, "lora_rank", "LoRA rank (the LoRA recipes read it without a "
+       "default: required)"),
+    _r("torchtune", "model.lora_alpha", HONOURED, "lora_alpha", "scaling only (required by the LoRA recipes)"),
+    _r("torchtune", "model.lora_dropout", HONOURED, "lora_dropout", "the builders' default 0.0"),
+    _r("torchtune", "model.lora_attn_modules", HONOURED, "lora_targets", "q_proj, k_proj, v_proj, output_proj (q, "
+       "k, v, o); with apply_lora_to_mlp every linear of the decoder layers is all-linear"),
+    _r("torchtune", "model.apply_lora_to_mlp", HONOURED, "lora_targets", "w1, w2, w3 (gate, down, up)"),
+    _r("torchtune", "model.apply_lora_to_output", HONOURED, "lora_targets", "an adapter on the output projection "
+       "(lm_head)"),
+    _r("torchtune", "model.use_dora", HONOURED, "dora", "DoRA"),
+    _r("torchtune", "dtype", HONOURED, "precision", "torchtune trains without autocast: bf16 is pure bf16 (weights, "
+       "adapters, gradients and optimizer states; precision bf16), fp32 or null is fp32; fp16 is refused, as the "
+       "recipes refuse it"),
+    _r("torchtune", "batch_size", HONOURED, "batch", "micro-batch per GPU (required)"),
+    _r("torchtune", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (required)"),
+    _r("torchtune", "tokenizer.max_seq_len", HONOURED, "seq", "the tokenizer truncates to it, and packs rows of it; "
+       "null (torchtune's configs' default): the longest sample decides, give --seq"),
+    _r("torchtune", "dataset.packed", HONOURED, "padding", "packed rows of max_seq_len tokens; otherwise "
+       "padded_collate_sft pads each batch to its longest sample"),
+    _r("torchtune", "dataset", HONOURED, "padding", "a list of datasets (ConcatDataset): packed when each is"),
+    _r("torchtune", "enable_activation_checkpointing", HONOURED, "grad_ckpt", "checkpoints every decoder layer "
+       "(default false)"),
+    _r("torchtune", "enable_activation_offloading", HONOURED, "act_offload", "saved activations offloaded to host "
+       "RAM; needs checkpointing (the recipes raise without it)"),
+    _r("torchtune", "compile", HONOURED, "compile", "torch.compile of each layer and the loss"),
+    _r("torchtune", "optimizer_in_bwd", HONOURED, "optimizer_in_backward", "full recipes: each parameter's optimizer "
+       "steps in its gradient hook (needs gradient_accumulation_steps 1); the LoRA recipes do not read it"),
+    _r("torchtune", "loss._component_", HONOURED, "loss", "torchtune.modules.loss.CEWithChunkedOutputLoss: loss "
+       "chunked (16-bit logits in chunks, upcast one at a time); torch.nn.CrossEntropyLoss: fp32 logits (loss "
+       "standard); DPO, PPO and distillation losses are refused"),
+    _r("torchtune", "loss.num_output_chunks", IGNORED, "", "the chunks of the logits: reportgen models torchtune's "
+       "default 8"),
+    _r("torchtune", "optimizer._component_", HONOURED, "optimizer, offload", "torch.optim.AdamW (Adam, "
+       "bitsandbytes.optim.AdamW approximated by it), SGD without momentum, bitsandbytes.optim.PagedAdamW, AdamW8bit, "
+       "PagedAdamW8bit, torchao's AdamW8bit (approximated by bitsandbytes'), torchao's CPUOffloadOptimizer "
+       "(optimizer states on the CPU, its optimizer_class read); others refused"),
+    _r("torchtune", "optimizer.optimizer_class", HONOURED, "optimizer", "the optimizer CPUOffloadOptimizer wraps "
+       "(default torch.optim.AdamW)"),
+    _r("torchtune", "optimizer.momentum", HONOURED, "optimizer", "SGD's momentum: 0 only (a momentum buffer is not "
+       "modelled)"),
+    _r("torchtune", "optimizer.fused", IGNORED, "", "the fused AdamW kernel: the same states; its speed is not "
+       "modelled"),
+    _r("torchtune", "fsdp_cpu_offload", HONOURED, "sharding, offload", "distributed recipes: FSDP2 with the "
+       "parameters offloaded to the CPU (offload params); the number of GPUs comes from --gpus"),
+    _r("torchtune", "fsdp_reshard_after_forward", HONOURED, "sharding", "distributed recipes: false keeps the "
+       "parameters gathered from forward to backward (shard-grad-op); true (default) is full sharding"),
+    _r("torchtune", "custom_sharded_layers", IGNORED, "", "the embeddings and output sharded as their own FSDP units "
+       "(full distributed recipe): not modelled"),
+    _r("torchtune", "ac_mode", IGNORED, "", "selective activation checkpointing, used when "
+       "enable_activation_checkpointing is false: not modelled"),
+    _r("torchtune", "ac_option", IGNORED, "", "selective checkpointing's layer interval: not modelled"),
+    _r("torchtune", "tensor_parallel_dim", HONOURED, "sharding", "1 only: tensor parallelism is refused (not "
+       "modelled)"),
+    _r("torchtune", "tensor_parallel_plan", IGNORED, "", "tensor parallelism's plan: not modelled"),
+    _r("torchtune", "collate_fn", IGNORED, "", "another collator than padded_collate_sft: not modelled"),
+    _r("torchtune", "clip_grad_norm", IGNORED, "", "gradient clipping: a norm over the gradients, not modelled"),
+    _r("torchtune", "profiler.enabled", IGNORED, "", "the torch profiler's trace: not modelled"),
+    _r("torchtune", "low_cpu_ram", IGNORED, "", "how the checkpoint is saved: host memory only", affects=False),
 )
 
 

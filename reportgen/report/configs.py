@@ -1,4 +1,4 @@
-"""The "TRL and Axolotl configs" page: what ``--from`` makes of every key, from the same table the
+"""The "TRL, Axolotl, LLaMA-Factory and torchtune configs" page: what ``--from`` makes of every key, from the same table the
 CLI reports with (``reportgen.configs.table``), the tools' pinned versions and key counts from
 ``keys.json``, and a worked example written by ``reportgen.configs.reverse``. Nothing estimated.
 """
@@ -31,7 +31,7 @@ def config_pages(site: SiteData) -> list[Page]:
     trl = reverse.trl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     axo = reverse.axolotl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     context = {
-        "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory")],
+        "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory"), _tool("torchtune")],
         "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(), "trl": trl.yaml(), "trl_notes": trl.notes,
                     "axolotl": axo.yaml(), "axolotl_notes": axo.notes},
     }
