@@ -207,6 +207,25 @@ def _count(x: int | None, none: str) -> str:
     return none if x is None else f"{x:,}"
 
 
+#: the run's phases as the page names them (estimate/run.py)
+PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
+
+
+def _run_rows(run: dict | None, deciding: str) -> list[dict]:
+    """One row per phase of the run: what it asks of one GPU, and the node's host RAM term by term."""
+    if not run:
+        return []
+    rows = []
+    for name in sorted(run["phases"], key=lambda p: list(PHASE_LABELS).index(p) if p in PHASE_LABELS else 9):
+        ph = run["phases"][name]
+        terms = ", ".join(f"{k.replace('_', ' ')} {gib(b)}" for k, b in ph["host_terms"].items())
+        label = PHASE_LABELS.get(name, name) + (" (decides)" if name == deciding and len(run["phases"]) > 1 else "")
+        rows.append(_row(f"run.{name}", label, f"{gib(ph['gpu_demand'])} GiB GPU",
+                         f"host RAM {gib(ph['host'])} GiB" + (f": {terms}" if terms else "")))
+    rows.append(_row("run.not_counted", "host RAM not counted", "", run["not_counted"]))
+    return rows
+
+
 def view(d: dict) -> dict:
     """``reportgen estimate --format json``'s object as titled sections of rows of strings (the
     terminal table's content, ``reportgen.views.terminal``); each row has a stable ``key``."""
@@ -272,6 +291,8 @@ def view(d: dict) -> dict:
         "sections": [
             {"id": "memory", "title": "Memory on one GPU, by term (GiB = 2^30 bytes)", "rows": memory},
             {"id": "totals", "title": "Totals and fit", "rows": totals},
+            {"id": "run", "title": "The whole run: each phase's peak on one GPU and in the node's host RAM",
+             "rows": _run_rows(d.get("run"), d.get("verdict_phase", "train"))},
             {"id": "time", "title": "Time (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows},
             {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
                                         "the whole error band within the card)", "rows": reverse},

@@ -30,6 +30,13 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     add_gpu_profile_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=DEFAULT_TRAIN_TOKENS,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
+    p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
+                   help="the dataset's sample lengths in tokens (one per line, 'LENGTH COUNT' lines, or a JSON list or "
+                        "histogram): sets seq (the longest, or --seq as the cut), seq_mean and the padded length of a "
+                        "micro-batch, and reports the padding waste")
+    p.add_argument("--host-memory", default=None, metavar="SIZE",
+                   help="the node's host RAM, e.g. 256GiB: the run's host peak (offloaded states, loading, saving) "
+                        "is judged against it (default: shown, not judged)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     return p
 
@@ -165,10 +172,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from reportgen.estimate import estimate
 
     setup = setup_from_args(args)
+    lengths = None
+    if getattr(args, "lengths", None) is not None:
+        from reportgen.datalengths import read_lengths
+
+        lengths = read_lengths(args.lengths)
+        setup = _apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
+    host_memory = catalog.parse_host_memory(args.host_memory) if getattr(args, "host_memory", None) else None
     est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
+    report = None
+    if lengths is not None:
+        from reportgen.estimate.lengths import dataset_report
+
+        report = dataset_report(lengths, setup)
     if args.format == "json":
         out = est.as_dict()
+        if report is not None:
+            out["lengths"] = {**report, "file": str(args.lengths)}
+        if host_memory:
+            out["run"]["host_capacity"] = host_memory
+            out["run"]["host_fits"] = est.run.host_peak <= host_memory
         if gpu.profile is not None:
             out["gpu_profile"] = {"file": gpu.profile.source, "card": gpu.profile.card, "device": gpu.profile.device}
         if model.revision:  # a model given by Hub id: the commit its config.json came from (hub.py)
@@ -180,8 +204,32 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from reportgen.views.terminal import print_estimate
 
     print_estimate(est, model, gpu, footer=footer(DEFAULT_RESULTS, case_id(model.name, gpu.key,
-                                                                          setup.model_dump(mode="json")), gpu.key))
+                                                                          setup.model_dump(mode="json")), gpu.key),
+                   host_memory=host_memory)
+    if report is not None:
+        from reportgen.views.terminal import print_lengths
+
+        print_lengths(report, setup)
     return 0
+
+
+def _apply_lengths(setup, lengths, seq_given: bool):
+    """The setup with a dataset's lengths (``datalengths.Lengths``): ``seq`` the cut (``--seq`` or the
+    config's when given, else the dataset's longest sample), ``seq_mean`` the mean after the cut, and
+    with padding to the longest sample ``seq_padded``, the expected longest of a micro-batch
+    (``estimate/lengths.empirical_longest``)."""
+    from reportgen.estimate.lengths import empirical_longest
+    from reportgen.setup import Padding, SetupError
+
+    cap = setup.seq if seq_given else lengths.longest
+    update = {"seq": cap, "seq_mean": max(1, round(lengths.mean(cap))), "seq_padded": None}
+    if setup.padding == Padding.longest:
+        update["seq_padded"] = round(empirical_longest(lengths.values, lengths.counts, cap, setup.batch))
+    try:
+        return setup.model_copy(update=update)
+    except SetupError as exc:
+        raise UserError(f"--lengths {lengths.source}: {exc.message}",
+                        hint="--seq sets the length samples are cut at") from None
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ LAYERS = [
     (0, ("reportgen.errors", "reportgen.setup", "reportgen.model", "reportgen.config_check", "reportgen.hardware",
          "reportgen.catalog", "reportgen.results", "reportgen.provenance", "reportgen.fingerprint", "reportgen.format",
          "reportgen.configs", "reportgen.vision", "reportgen.gpu_profile", "reportgen.flags",
-         "reportgen.layers", "reportgen.yamlfile", "reportgen.userfile", "reportgen.hub",
+         "reportgen.layers", "reportgen.yamlfile", "reportgen.userfile", "reportgen.hub", "reportgen.datalengths",
          "reportgen")),
 ]
 

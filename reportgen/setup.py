@@ -114,6 +114,24 @@ class Recipe(str, Enum):
     trl_sft = "trl-sft"
 
 
+class Save(str, Enum):
+    none = "none"
+    adapter = "adapter"
+    full = "full"
+    fsdp_full = "fsdp-full"
+    fsdp_sharded = "fsdp-sharded"
+
+
+class Load(str, Enum):
+    device = "device"
+    cpu = "cpu"
+    cpu_rank0 = "cpu-rank0"
+
+
+#: the shardings whose parameters FSDP holds (its state dict types and its CPU-RAM-efficient loading)
+FSDP_PARAM_SHARDING = (Sharding.fsdp, Sharding.shard_grad_op, Sharding.hybrid_shard)
+
+
 class SetupError(ValueError):
     """A value a setup cannot take: ``field`` names it (None for a rule across fields)."""
 
@@ -212,6 +230,7 @@ class TrainingSetup:
     sharding: Sharding = Sharding.none
     padding: Padding = Padding.longest
     seq_mean: int | None = None
+    seq_padded: int | None = None
     keep_outputs: KeepOutputs = KeepOutputs.none
     optimizer_in_backward: bool = False
     act_offload: bool = False
@@ -220,10 +239,17 @@ class TrainingSetup:
     kbit_prep: KbitPrep | None = None
     compile: bool = False
     recipe: Recipe = Recipe.loop
+    eval_batch: int | None = None
+    eval_seq: int | None = None
+    eval_generate: int | None = None
+    save: Save | None = None
+    load: Load | None = None
 
     #: fields ``model_dump`` leaves out while they hold this value: added after result files were
     #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
-    DUMPED_ONLY_WHEN_SET: ClassVar[dict[str, Any]] = {"recipe": Recipe.loop}
+    DUMPED_ONLY_WHEN_SET: ClassVar[dict[str, Any]] = {"recipe": Recipe.loop, "seq_padded": None, "eval_batch": None,
+                                                       "eval_seq": None,
+                                                       "eval_generate": None, "save": None, "load": None}
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -270,6 +296,10 @@ class TrainingSetup:
         "seq_mean": FieldSpec(int, ge=1, le=1_048_576, optional=True, description="mean sample length in tokens "
                               "(default: every sample is seq tokens long); sets the real tokens per step and, with "
                               "padding=longest, the padded length of a micro-batch"),
+        "seq_padded": FieldSpec(int, ge=1, le=1_048_576, optional=True, description="with padding=longest and "
+                                "seq_mean: the mean padded length of a micro-batch, when the dataset's lengths are "
+                                "known (--lengths FILE sets it; default: from an exponential length distribution of "
+                                "that mean, estimate/lengths.py)"),
         "keep_outputs": FieldSpec(KeepOutputs, description="how long the training loop keeps the model's outputs "
                                   "(logits): none (transformers' Trainer drops them before backward), step (until "
                                   "the optimizer step, e.g. fsdp_qlora's train.py), next-step (until the next "
@@ -301,6 +331,22 @@ class TrainingSetup:
                             "transformers' Trainer, as trl sft runs it: its fused LM head computes the loss, "
                             "entropy and token accuracy in tiles without the full logits, and it casts a 4-bit "
                             "model's adapters to bf16; reportgen/estimate/recipes.py)"),
+        "eval_batch": FieldSpec(int, ge=1, le=4096, optional=True, description="the whole run: evaluation "
+                                "micro-batch per GPU (per_device_eval_batch_size; default: no evaluation phase; "
+                                "reportgen/estimate/run.py)"),
+        "eval_seq": FieldSpec(int, ge=8, le=1_048_576, optional=True, description="evaluation sequence length "
+                              "(default: seq)"),
+        "eval_generate": FieldSpec(int, ge=1, le=1_048_576, optional=True, description="evaluation by generate(): "
+                                   "new tokens per sample, with their KV cache (default: loss only)"),
+        "save": FieldSpec(Save, optional=True, description="what a checkpoint save writes: none, adapter (peft's "
+                          "save_pretrained), full (the whole state dict), fsdp-full (FSDP FULL_STATE_DICT gathered on "
+                          "rank 0's host) or fsdp-sharded (each rank its shard); default: adapter for LoRA/QLoRA, "
+                          "fsdp-full when FSDP shards the parameters, else full"),
+        "load": FieldSpec(Load, optional=True, description="how the checkpoint is loaded: device (from_pretrained "
+                          "with a device_map: each tensor read straight onto the GPU), cpu (into host RAM, then moved: "
+                          "every rank holds the whole model for a while) or cpu-rank0 (FSDP_CPU_RAM_EFFICIENT_LOADING: "
+                          "rank 0 loads, the others receive its broadcast); default: cpu-rank0 when FSDP shards the "
+                          "parameters, else device"),
     }
 
     def __post_init__(self) -> None:
@@ -338,6 +384,7 @@ class TrainingSetup:
         if self.recipe == Recipe.trl_sft:
             self._check_trl_sft()
         self._check_seq_mean()
+        self._check_run()
         # derived facts the estimator reads thousands of times per search: computed once
         d = self.__dict__
         d["is_peft"] = self.method in (Method.lora, Method.qlora)
@@ -349,10 +396,36 @@ class TrainingSetup:
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
 
+    def _check_run(self) -> None:
+        """The run's phases (``estimate/run.py``): what each of its choices needs."""
+        if self.eval_batch is None and (self.eval_seq is not None or self.eval_generate is not None):
+            field = "eval_seq" if self.eval_seq is not None else "eval_generate"
+            raise SetupError(field, "describes the evaluation phase: give eval_batch (the evaluation micro-batch) too")
+        if self.save == Save.adapter and self.method == Method.full:
+            raise SetupError("save", "'adapter' saves LoRA/QLoRA adapters: a full fine-tune saves full, fsdp-full or "
+                             "fsdp-sharded")
+        if self.save in (Save.fsdp_full, Save.fsdp_sharded) and self.sharding not in FSDP_PARAM_SHARDING:
+            raise SetupError("save", f"{self.save.value!r} is FSDP's state dict: needs sharding fsdp, shard-grad-op or "
+                             f"hybrid-shard (got {self.sharding.value!r})")
+        if self.load == Load.cpu and self.method == Method.qlora:
+            raise SetupError("load", "QLoRA quantizes the weights while from_pretrained places them on the GPU "
+                             "(bitsandbytes needs a device_map): use load device")
+        if self.load == Load.cpu_rank0 and self.sharding not in FSDP_PARAM_SHARDING:
+            raise SetupError("load", "'cpu-rank0' is FSDP's CPU-RAM-efficient loading (rank 0 loads, FSDP broadcasts "
+                             f"with sync_module_states): needs FSDP sharding (got {self.sharding.value!r})")
+
     def _check_seq_mean(self) -> None:
         if self.seq_mean is not None and self.seq_mean > self.seq:
             raise SetupError("seq_mean", f"the mean sample length ({self.seq_mean}) cannot exceed seq, the longest "
                              f"({self.seq})")
+        if self.seq_padded is None:
+            return
+        if self.seq_mean is None or self.padding != Padding.longest:
+            raise SetupError("seq_padded", "is the mean padded length of batches padded to their longest sample: "
+                             "needs padding longest and seq_mean")
+        if not self.seq_mean <= self.seq_padded <= self.seq:
+            raise SetupError("seq_padded", f"the mean padded length ({self.seq_padded}) lies between seq_mean "
+                             f"({self.seq_mean}) and seq ({self.seq})")
 
     def _check_trainer(self) -> None:
         """What transformers' ``Trainer`` (and so ``SFTTrainer``) does not do: ``training_step``
@@ -486,7 +559,8 @@ class TrainingSetup:
         if self.gpus > 1:
             parts.append(f"{self.gpus}x {self.sharding.value}")
         if self.seq_mean is not None:
-            parts.append(f"mean {self.seq_mean} {self.padding.value}")
+            parts.append(f"mean {self.seq_mean} {self.padding.value}"
+                         + (f" to {self.seq_padded}" if self.seq_padded is not None else ""))
         elif self.padding == Padding.packed:
             parts.append("packed")
         if self.keep_outputs != KeepOutputs.none:
@@ -499,6 +573,13 @@ class TrainingSetup:
             parts.append("4bit-head")
         if self.frozen_dtype == FrozenDtype.fp32:
             parts.append("fp32-frozen")
+        if self.eval_batch is not None:
+            parts.append(f"eval b{self.eval_batch}" + (f" s{self.eval_seq}" if self.eval_seq else "")
+                         + (f" gen{self.eval_generate}" if self.eval_generate else ""))
+        if self.save is not None:
+            parts.append(f"save-{self.save.value}")
+        if self.load is not None:
+            parts.append(f"load-{self.load.value}")
         if self.kbit_prep is not None:
             parts.append(f"kbit-prep-{self.kbit_prep.value}")
         if self.compile:

@@ -48,29 +48,35 @@ def test_every_setup_flag_reaches_the_setup(capsys):
                  "--lora-dropout", "0.05", "--dora", "--quant", "fp4", "--double-quant", "--offload", "optimizer", "--gpus", "2",
                  "--sharding", "fsdp", "--loss", "fused", "--padding", "packed", "--seq-mean", "500",
                  "--keep-outputs", "next-step", "--act-offload", "--quant-head", "--kbit-prep", "none",
-                 "--compile")
+                 "--compile", "--eval-batch", "2", "--eval-seq", "512", "--eval-generate", "64", "--save", "fsdp-full",
+                 "--load", "cpu-rank0")
     expected = {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
                 "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "loss": "fused", "lora_rank": 32,
                 "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "dora": True, "quant": "fp4",
                 "double_quant": True, "offload": "optimizer", "gpus": 2, "sharding": "fsdp", "padding": "packed",
                 "seq_mean": 500, "keep_outputs": "next-step", "optimizer_in_backward": False, "act_offload": True,
                 "quant_head": True, "frozen_dtype": "compute", "kbit_prep": "none",
-                "compile": True}
+                "compile": True, "eval_batch": 2, "eval_seq": 512, "eval_generate": 64, "save": "fsdp-full",
+                "load": "cpu-rank0"}
     assert d["setup"] == expected
     from reportgen.setup import TrainingSetup
 
     default = TrainingSetup().model_dump(mode="json")
     # every field has a flag, tested here (recipe below: trl-sft refuses a fused loss and kept outputs)
-    assert set(expected) | {"recipe"} == set(TrainingSetup.model_fields)
+    # (seq_padded below: it needs padding longest, the packed rows here have none)
+    assert set(expected) | {"recipe", "seq_padded"} == set(TrainingSetup.model_fields)
     # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload,
     # frozen_dtype fp32 pure bf16: both are checked below)
-    assert all(expected[k] != default[k] for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))
+    assert all(expected[k] != default.get(k) for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--frozen-dtype", "fp32")
     assert d["setup"]["frozen_dtype"] == "fp32"
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--recipe", "trl-sft")
     assert d["setup"]["recipe"] == "trl-sft"
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--optimizer-in-backward")
     assert d["setup"]["optimizer_in_backward"] is True
+    d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--seq", "1000", "--seq-mean", "400",
+                 "--seq-padded", "700")
+    assert d["setup"]["seq_padded"] == 700
 
 
 def test_model_path_accepted(capsys, tmp_path):

@@ -112,12 +112,24 @@ def test_ddp_adds_gradient_buckets():
 
 
 def test_optimizer_offload_moves_states_to_host():
-    """torchao's CPUOffloadOptimizer (and ZeRO-Offload) keep AdamW's two fp32 states and an fp32
-    copy of each trainable parameter on the host (``torchao/optim/cpu_offload.py``: the base
-    optimizer steps a CPU copy of each parameter, fp32 under mixed precision, then copies it back):
-    8 + 4 bytes per parameter of a full fine-tune."""
+    """torchao's CPUOffloadOptimizer keeps AdamW's two fp32 states, a pinned fp32 copy of each
+    trainable parameter and a pinned fp32 gradient beside it on the host (``torchao/optim/cpu_offload.py``
+    98-100): 8 + 4 + 4 bytes per parameter of a full fine-tune under mixed precision. ZeRO-Offload keeps
+    the same per parameter of its partition, and ZeRO-3 its bf16 gradient partition buffer too (DeepSpeed
+    0.19.8 ``stage3.py`` 791-795): 18 bytes, where DeepSpeed's own estimator counts 16 (times 1.5)."""
     e = mem(method="full", precision="bf16-mixed", grad_ckpt=True, offload="optimizer")
-    assert e.terms["optimizer"] == 0 and e.host_ram == 12 * M.total_params
+    assert e.terms["optimizer"] == 0 and e.host_ram == 16 * M.total_params
+    assert e.host_terms == {"master_weights": 4 * M.total_params, "optimizer_states": 8 * M.total_params,
+                            "gradients": 4 * M.total_params}
+    z3 = mem(method="full", precision="bf16-mixed", grad_ckpt=True, offload="optimizer", gpus=2, sharding="zero3")
+    half = M.total_params // 2
+    assert z3.host_terms == {"master_weights": 4 * half, "optimizer_states": 8 * half, "gradients": 4 * half,
+                             "gradient_partition_buffer": 2 * half}
+    from reportgen.estimate.host import deepspeed_zero3_host_bytes
+
+    # DeepSpeed's figure for the node (two ranks): 16 bytes per parameter, times its buffer factor 1.5
+    assert deepspeed_zero3_host_bytes(M.total_params) == int(M.total_params * 16 * 1.5)
+    assert 2 * z3.host_ram - M.total_params * 16 == 2 * M.total_params  # the buffer it leaves out
 
 
 def test_gemma2_sdpa_falls_back_to_eager_with_a_note():

@@ -181,10 +181,10 @@ def _case_rows(page: str):
         line = line.strip()
         if line.startswith("| Setup | Batch | Memory GiB"):
             header = [h.strip() for h in line.strip("|").split("|")]
-        elif header and line.startswith("| ") and re.search(r"`[^`]+\.[^`]+`", line):
+        elif header and line.startswith("| ") and 'class="rg-id"' in line:
             cells = [c.strip() for c in line.strip("|").split(" | ")]
-            cid = re.search(r"`([^`]+)`", cells[-1]).group(1)
-            yield cid, cells[2], cells[header.index("Fits")]
+            shown = re.search(r'<code class="rg-id">(.*?)</code>', cells[0]).group(1)  # under the setup's label
+            yield re.sub(r"<[^>]+>", "", shown), cells[2], cells[header.index("Fits")]
 
 
 def _stored(consumer) -> dict[str, dict]:

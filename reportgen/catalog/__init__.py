@@ -109,23 +109,38 @@ def parse_memory(text: str) -> int:
     """``48GiB`` / ``48 GB`` / ``49140MiB`` -> bytes; a ``UserError`` for anything else (``48G`` is
     ambiguous between GB and GiB, so it is refused), for zero, and outside ``MIN_GPU_MEMORY`` to
     ``MAX_GPU_MEMORY``."""
+    return parse_size(text, "GPU memory", MIN_GPU_MEMORY, MAX_GPU_MEMORY)
+
+
+#: host RAM a node may have (``--host-memory``): from 1 GiB to 64 TiB
+HOST_MEMORY_RANGE = (2**30, 64 * 2**40)
+
+
+def parse_host_memory(text: str) -> int:
+    """``--host-memory``: the node's RAM, as ``parse_memory`` reads a size."""
+    return parse_size(text, "host memory", *HOST_MEMORY_RANGE)
+
+
+def parse_size(text: str, what: str, low: int, high: int) -> int:
     from reportgen.errors import UserError
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*", str(text))
     unit = m.group(2).lower() if m else None
     units = "units: GiB, GB, MiB, MB, TiB, TB (GiB = 2^30 bytes, GB = 10^9)"
+    example = "e.g. 48GiB, 24GB or 23028MiB" if what == "GPU memory" else "e.g. 128GiB or 256GB"
     if m is None or unit not in MEMORY_UNITS:
-        raise UserError(f"GPU memory {text!r}: expected a size with its unit, e.g. 48GiB, 24GB or 23028MiB",
-                        hint=units)
+        raise UserError(f"{what} {text!r}: expected a size with its unit, {example}", hint=units)
     size = int(float(m.group(1)) * MEMORY_UNITS[unit])
     if size <= 0:
-        raise UserError(f"GPU memory {text!r}: must be more than zero", hint="e.g. 48GiB, 24GB or 23028MiB")
-    if size < MIN_GPU_MEMORY:
-        raise UserError(f"GPU memory {text!r}: less than 64 MiB, less than the CUDA context alone",
-                        hint="give the card's memory with its unit, e.g. 48GiB, 24GB or 23028MiB")
-    if size > MAX_GPU_MEMORY:
-        raise UserError(f"GPU memory {text!r}: more than 4 TiB, far above any GPU",
-                        hint="give one card's memory, e.g. 48GiB; several cards: --gpus N")
+        raise UserError(f"{what} {text!r}: must be more than zero", hint=example)
+    if size < low:
+        floor = "less than 64 MiB, less than the CUDA context alone" if what == "GPU memory" else "less than 1 GiB"
+        raise UserError(f"{what} {text!r}: {floor}", hint=f"give the size with its unit, {example}")
+    if size > high:
+        if what == "GPU memory":
+            raise UserError(f"{what} {text!r}: more than 4 TiB, far above any GPU",
+                            hint="give one card's memory, e.g. 48GiB; several cards: --gpus N")
+        raise UserError(f"{what} {text!r}: more than 64 TiB, far above any node", hint=f"{example}")
     return size
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from reportgen.estimate import params as P
 from reportgen.estimate.band import Band
 from reportgen.fingerprint import estimator_hash
+from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.memory import MemoryEstimate, estimate_memory
+from reportgen.estimate.run import RunEstimate, estimate_run
 from reportgen.estimate.search import max_batch, max_seq
 from reportgen.estimate.verdict import Verdict, judge
 from reportgen.estimate.time import TimeEstimate, estimate_time
@@ -34,6 +36,7 @@ class Estimate:
     max_seq: int | None  # longest sequence whose verdict is "fits" (None: not even 128 tokens)
     context_limit: int | None = None  # the model's max_position_embeddings: max_seq never passes it
     notes: list[str] = field(default_factory=list)
+    run: RunEstimate | None = None  # the whole run's phases (run.py); the verdict is its deciding phase's
 
     @property
     def verdict(self) -> str:
@@ -67,6 +70,7 @@ class Estimate:
             "demand": self.judgement.demand,
             "margin": self.judgement.margin,
             "verdict_text": self.judgement.text(),
+            "verdict_phase": self.judgement.phase,
             "band": None if self.band is None else {
                 **self.band.as_dict(), "quantity": "device_total", "demand_range": list(self.judgement.range)},
             "capacity": self.capacity,
@@ -74,6 +78,7 @@ class Estimate:
             "max_seq": self.max_seq,
             "context_limit": self.context_limit,
             "notes": self.notes,
+            "run": None if self.run is None else self.run.as_dict(),
             "estimator_hash": estimator_hash(),
         }
 
@@ -92,16 +97,19 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         notes.append(vision_note(model, setup))
     if t.peak_dtype in gpu.derived:
         notes.append(f"{gpu.name}: {t.peak_dtype} peak FLOP/s derived by reportgen, not published (GPU catalog)")
+    run = estimate_run(model, setup, gpu, dtypes_for(setup), mem)
+    deciding = run.phases[run.deciding]
     return Estimate(
         model=model.name, gpu=gpu.key, setup=setup,
         params_total=model.total_params + (model.vision.params if model.vision else 0),
         params_trainable=P.trainable_params(model, setup) + P.vision_lora_params(model, setup)
         + (model.vision.params if model.vision and setup.method.value == "full" else 0),
-        memory=mem, time=t, judgement=judge(mem, gpu.memory_bytes, setup.method.value),
+        memory=mem, time=t, judgement=judge(mem, gpu.memory_bytes, setup.method.value, demand=deciding.gpu_demand,
+                                            phase=deciding.name),
         max_batch=max_batch(model, setup, gpu) if reverse else None,
         max_seq=max_seq(model, setup, gpu) if reverse else None,
         context_limit=model.max_position_embeddings or None,
-        notes=notes,
+        notes=notes + run.notes, run=run,
     )
 
 

@@ -62,10 +62,44 @@ def expected_longest(mean: float, longest: float, batch: int) -> float:
 
 
 def padded_length(setup: TrainingSetup) -> float:
-    """Tokens per row the kernels process (padding included), on average over micro-batches."""
+    """Tokens per row the kernels process (padding included), on average over micro-batches: the
+    dataset's own figure when its lengths are known (``seq_padded``, ``empirical_longest``)."""
     if setup.seq_mean is None or setup.padding != Padding.longest:
         return float(setup.seq)
+    if setup.seq_padded is not None:
+        return float(setup.seq_padded)
     return expected_longest(setup.seq_mean, setup.seq, setup.batch)
+
+
+def empirical_longest(values, counts, cap: int, batch: int) -> float:
+    """Expected longest of ``batch`` samples drawn at random from a dataset's length histogram, each cut
+    at ``cap`` tokens: with ``F`` the histogram's cumulative share, ``E[max] = sum_x x (F(x)^b - F(x-)^b)``
+    over its distinct truncated lengths ``x`` (the maximum of ``b`` independent draws has the
+    distribution ``F^b``)."""
+    total = sum(counts)
+    hist: dict[int, int] = {}
+    for v, c in zip(values, counts):
+        hist[min(v, cap)] = hist.get(min(v, cap), 0) + c
+    out, below = 0.0, 0
+    for x in sorted(hist):
+        f_before, below = below / total, below + hist[x]
+        out += x * ((below / total) ** batch - f_before ** batch)
+    return out
+
+
+def dataset_report(lengths, setup: TrainingSetup) -> dict:
+    """What a dataset's lengths (``datalengths.Lengths``) mean for the setup: truncation, padding waste
+    under its padding and under packing, and the length that would cut only 0.5 % of the samples."""
+    cap = setup.seq
+    mean = lengths.mean(cap)
+    padded = {"max": float(cap), "packed": mean, "longest": empirical_longest(lengths.values, lengths.counts, cap,
+                                                                               setup.batch)}
+    p995 = lengths.percentile(0.995)
+    return {"samples": lengths.n, "longest": lengths.longest, "mean": mean, "cap": cap,
+            "cut_share": lengths.share_over(cap), "padded_length": padded[setup.padding.value],
+            "padding_waste": 1 - mean / padded[setup.padding.value], "waste_by_padding": {
+                k: 1 - mean / v for k, v in padded.items()},
+            "p99_5": p995, "p99_5_cut_share": lengths.share_over(p995)}
 
 
 def real_tokens_per_step(setup: TrainingSetup) -> float:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
+from reportgen.estimate import host as HOST
 from reportgen.estimate import params as P
 from reportgen.estimate import recipes as RC
 from reportgen.estimate import sharding as SH
@@ -66,7 +67,7 @@ class MemoryEstimate:
     device_total: int
     peak_phase: str
     phases: dict[str, int]  # allocated bytes at each moment of the timeline
-    host_ram: int
+    host_ram: int  # bytes of host RAM one GPU process's step keeps (``host_terms`` summed)
     notes: list[str] = field(default_factory=list)
     offloaded_activations: int = 0  # bytes act_offload moves to the host each micro-batch
     cache_released: int = 0  # cached free bytes the allocator must release to stay within the card
@@ -75,6 +76,8 @@ class MemoryEstimate:
     #: ``max_memory_reserved`` counted from the first step instead of after warm-up steps
     #: (``allocator_limited_reserved``): differs only for a step that releases its cache
     reserved_from_first_step: int = 0
+    #: the step's host RAM per GPU process, term by term (``host.step_host_terms``)
+    host_terms: dict = field(default_factory=dict)
 
     @property
     def card_demand(self) -> int:
@@ -649,7 +652,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     pb = parameter_bytes(model, setup, dt)
     dev = device_placement(model, setup, dt, gpu, place, pb)
     a = step_activations(model, setup, dt, attn, libs)
-    host = dev.host + a.offloaded
+    host_terms = HOST.step_host_terms(model, setup, dt, pb.states, place, dev.host, a.offloaded)
+    host = sum(host_terms.values())
     gathered = SH.gathers_layers(setup)
     tl = timeline(model, setup, dt, attn, libs, place, gathered, pb, dev, a)
     phases = tl.phases
@@ -692,4 +696,5 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     return MemoryEstimate(terms=terms, peak_allocated=peak, peak_reserved=reserved, device_total=device_total,
                           peak_phase=phase, phases=phases, host_ram=host, notes=notes,
                           offloaded_activations=a.offloaded, cache_released=released, cache_inputs=cache,
+                          host_terms=host_terms,
                           reserved_from_first_step=reserved if not released else gpu.memory_bytes - cuda_context_bytes(gpu))

@@ -74,7 +74,7 @@ def max_seq(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, multiple: int 
     allow TinyLlama 43,008 tokens on a 24 GB card, but it was trained on 2,048."""
     limit = min(MAX_SEQ, context_limit(model))
     # memory follows the longest sample (lengths.py): the mean length does not enter the search
-    setup = setup if setup.seq_mean is None else setup.model_copy(update={"seq_mean": None})
+    setup = setup if setup.seq_mean is None else setup.model_copy(update={"seq_mean": None, "seq_padded": None})
 
     def ok(s: int) -> bool:
         return fits(model, setup.model_copy(update={"seq": s}), gpu)

@@ -42,6 +42,7 @@ class Verdict:
     demand: int  # bytes the step asks of the card (MemoryEstimate.card_demand)
     capacity: int  # bytes of the card
     band: Band | None = None  # expected error of the demand, from the validation data
+    phase: str = "train"  # the run's phase whose demand this is (run.py): the training step unless another asks more
 
     @property
     def fits(self) -> bool:
@@ -68,7 +69,15 @@ class Verdict:
     def text(self) -> str:
         """One line a reader can act on, e.g. ``tight: needs 23.2 of 24.0 GiB, 0.8 GiB to spare by the
         estimate, but its error band reaches 24.8 GiB: may run out of memory``."""
-        return verdict_text(self.kind, self.demand, self.capacity, self.range)
+        text = verdict_text(self.kind, self.demand, self.capacity, self.range)
+        if self.phase == "train":
+            return text
+        word, rest = text.split(": ", 1)
+        return f"{word} at {PHASE_WORDS.get(self.phase, self.phase)}: {rest}"
+
+
+#: how a sentence names a run phase other than the training step (run.py)
+PHASE_WORDS = {"eval": "evaluation", "load": "loading", "save": "the checkpoint save"}
 
 
 def _g(n: float) -> str:
@@ -102,15 +111,16 @@ def margin_label(kind: str, margin: int) -> str:
     return f"{word} ({margin / GIB:+.1f} GiB)"
 
 
-def judge(mem, capacity: int, method: str) -> Verdict:
+def judge(mem, capacity: int, method: str, demand: int | None = None, phase: str = "train") -> Verdict:
     """The verdict of a ``MemoryEstimate`` on a card of ``capacity`` bytes, for a technique
-    (``full`` | ``lora`` | ``qlora``: which band applies)."""
+    (``full`` | ``lora`` | ``qlora``: which band applies); ``demand``/``phase``: the run's phase that asks
+    the most of the card (``run.py``), by default the training step's ``card_demand``."""
     band = band_for("device_total", method)
-    demand = mem.card_demand
+    demand = mem.card_demand if demand is None else demand
     kind = classify(demand, capacity, band)
-    if mem.cache_released and kind == "does not fit":
+    if mem.cache_released and kind == "does not fit" and phase == "train":
         kind = "tight"  # the allocated peak fits: it runs if releasing the cache leaves room
-    return Verdict(kind=kind, demand=demand, capacity=capacity, band=band)
+    return Verdict(kind=kind, demand=demand, capacity=capacity, band=band, phase=phase)
 
 
 __all__ = ["KINDS", "Verdict", "classify", "judge", "margin_label", "verdict_text"]

@@ -51,10 +51,11 @@ GROUPS = (
     ("Technique", ("method", "precision", "optimizer", "frozen_dtype")),
     ("LoRA", ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora")),
     ("QLoRA", ("quant", "double_quant", "quant_head", "kbit_prep")),
-    ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean")),
+    ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean", "seq_padded")),
     ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
     ("Training loop", ("recipe", "keep_outputs", "optimizer_in_backward", "compile")),
     ("GPUs", ("gpus", "sharding")),
+    ("The whole run", ("eval_batch", "eval_seq", "eval_generate", "save", "load")),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
 APPLIES = METHOD_FIELDS

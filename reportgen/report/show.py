@@ -224,6 +224,7 @@ def _print_estimate(est: dict, gpu: str, out=print) -> None:
     out(f"  {verdict_fields(est, gpu)['verdict_text']}")
     if mem.get("host_ram"):
         out(f"  {'host RAM (offload)':<42} {gib(mem['host_ram']):>10}")
+    _print_run(est.get("run"), out)
     out(f"  largest micro-batch that fits {est.get('max_batch') or '-'}   "
         f"longest sequence that fits {est.get('max_seq') or '-'}")
     out(f"  step {seconds(t.get('step_s'))}   tokens/s {rate(t.get('tokens_per_s'))}   MFU {pct(t.get('mfu'))}"
@@ -233,6 +234,19 @@ def _print_estimate(est: dict, gpu: str, out=print) -> None:
         out(f"  {t['train_tokens'] / 1e6:,.0f}M tokens: {hours}, {money(t.get('train_dollars'))}")
     for note in est.get("notes") or []:
         out(f"  note: {note}")
+
+
+def _print_run(run, out=print) -> None:
+    """The run's phases of a stored estimate (``estimate/run.py``): GPU and host RAM of each."""
+    from reportgen.format import gib
+
+    if not isinstance(run, dict) or not isinstance(run.get("phases"), dict):
+        return  # stored before the run had phases
+    for name in ("load", "train", "eval", "save"):
+        ph = run["phases"].get(name)
+        figures = [ph.get(k) for k in ("gpu_demand", "host")] if isinstance(ph, dict) else []
+        if figures and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in figures):
+            out(f"  {'run: ' + name:<42} {gib(figures[0]):>10}   GPU; host RAM {gib(figures[1])} GiB")
 
 
 def _print_comparison(est: dict | None, m: dict, gpu: str, out=print) -> bool:

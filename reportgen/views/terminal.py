@@ -6,14 +6,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from reportgen.estimate.run import NOT_COUNTED
 from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 
 VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
-def print_estimate(est, model, gpu, console: Console | None = None, footer: str = "estimate only") -> None:
-    """The estimate as tables; ``footer`` says whether this setup was measured (``measured.footer``)."""
+def print_estimate(est, model, gpu, console: Console | None = None, footer: str = "estimate only",
+                   host_memory: int | None = None) -> None:
+    """The estimate as tables; ``footer`` says whether this setup was measured (``measured.footer``);
+    ``host_memory``: the node's host RAM in bytes, to judge the run's host peak against."""
     console = console or Console()
     mem, t = est.memory, est.time
     console.print(f"[bold]{escape(model.name)}[/] on [bold]{gpu.name}[/] ({gpu.memory_bytes / GIB:.1f} GiB): "
@@ -55,6 +58,8 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
         table.add_row("host RAM (offload)", gib(mem.host_ram), "")
     console.print(table)
 
+    if est.run is not None:
+        console.print(_run_table(est.run, v.phase, host_memory))
     console.print(_time_table(t, gpu, v.kind))
     mb = "none fits" if est.max_batch is None else str(est.max_batch)  # the calculator's words
     ms = "none fits" if est.max_seq is None else f"{est.max_seq:,}"
@@ -69,6 +74,32 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
     for note in est.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"[dim]{escape(footer)}[/]", highlight=False)
+
+#: the run's phases as the table names them (estimate/run.py)
+PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
+
+
+def _run_table(run, deciding: str, host_memory: int | None) -> Table:
+    """The whole run's phases: what each asks of one GPU and of the node's host RAM."""
+    rt = Table(title=f"the whole run: each phase's peak ({run.ranks_per_node} GPU process"
+                     f"{'es' if run.ranks_per_node > 1 else ''} on the node)", title_justify="left")
+    rt.add_column("phase")
+    rt.add_column("GPU GiB", justify="right")
+    rt.add_column("host RAM GiB", justify="right")
+    rt.add_column("host RAM terms")
+    for name, ph in run.phases.items():
+        mark = " [bold](decides)[/]" if name == deciding and len(run.phases) > 1 else ""
+        terms = ", ".join(f"{k.replace('_', ' ')} {gib(b)}" for k, b in ph.host_terms.items()) or "-"
+        rt.add_row(PHASE_LABELS.get(name, name) + mark, gib(ph.gpu_demand), gib(ph.host), escape(terms))
+    rt.add_section()
+    peak = run.host_peak
+    if host_memory:
+        word = "fits" if peak <= host_memory else "does not fit"
+        rt.add_row("host RAM", "", gib(peak), f"{word}: peak at {PHASE_LABELS[run.host_phase]} of "
+                   f"{gib(host_memory)} GiB (--host-memory)")
+    rt.add_row("not counted", "", "", escape(NOT_COUNTED))
+    return rt
+
 
 def _time_table(t, gpu, kind: str) -> Table:
     """The step time of an estimate, GPU and host, as a table (said to be hypothetical when it does not fit)."""
@@ -100,3 +131,20 @@ def _time_table(t, gpu, kind: str) -> Table:
     tt.add_row(f"{t.train_tokens / 1e6:,.0f}M tokens", "-" if t.train_hours is None else
                f"{t.train_hours:.1f} h, {money(t.train_dollars)}")
     return tt
+
+
+def print_lengths(r: dict, setup, console: Console | None = None) -> None:
+    """What a dataset's lengths mean for the setup (``estimate/lengths.dataset_report``), with what to do."""
+    console = console or Console()
+    console.print(f"dataset: {r['samples']:,} samples, longest {r['longest']:,} tokens, mean {r['mean']:,.0f} after "
+                  f"the cut at {r['cap']:,} ({100 * r['cut_share']:.1f}% of samples are cut)", highlight=False)
+    console.print(f"padding {setup.padding.value}: a micro-batch of {setup.batch} is {r['padded_length']:,.0f} tokens "
+                  f"long on average, {100 * r['padding_waste']:.0f}% of the computed tokens are padding", highlight=False)
+    waste = r["waste_by_padding"]
+    if setup.padding.value != "packed" and r["padding_waste"] > 0.05:
+        console.print(f"[yellow]packing[/] (--padding packed) would cut the padding waste from "
+                      f"{100 * r['padding_waste']:.0f}% to 0%" + (f" (padding to the longest: {100 * waste['longest']:.0f}%)"
+                                                                 if setup.padding.value == "max" else ""), highlight=False)
+    if r["p99_5"] < r["cap"]:
+        console.print(f"cutting at {r['p99_5']:,} tokens (--seq {r['p99_5']}) would cut "
+                      f"{100 * r['p99_5_cut_share']:.1f}% of the samples; memory follows the cut", highlight=False)
