@@ -96,3 +96,17 @@ def test_seq_padded_is_checked_like_every_setup_field(capsys):
     assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq", "1000", "--seq-mean", "400",
                  "--seq-padded", "1200"]) == 2
     assert "lies between seq_mean (400) and seq (1000)" in capsys.readouterr().err
+
+
+def test_advise_walks_at_the_longest_sample_and_prices_the_padding_of_its_recommendation(tmp_path, capsys):
+    path = tmp_path / "lengths.txt"
+    path.write_text("300 990\n1500 9\n6000 1\n")
+    assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--lengths", str(path), "--format",
+                 "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    r = doc["lengths"]
+    assert doc["seq"] == 6000 and r["cap"] == 6000 and r["setup"] == doc["recommended"]["setup"]
+    assert r["p99_5"] == 1500 and r["p99_5_cut_share"] == pytest.approx(0.001)
+    assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--lengths", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "cutting at 1,500 tokens (--seq 1500) would cut 0.1% of the samples" in out

@@ -27,6 +27,10 @@ def register(sub) -> None:
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
     add_gpu_profile_flag(p)
     p.add_argument("--seq", type=int, default=None, help="sequence length in tokens (default 2048, or --from's)")
+    p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
+                   help="the dataset's sample lengths in tokens (as reportgen estimate --lengths): the walk runs at "
+                        "its longest sample (or --seq), then says what padding costs the recommended setup and what "
+                        "packing or a shorter cut would save")
     add_from_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=100_000_000,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
@@ -95,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         yours = setup_from(translation, model=args.model)
         if args.seq is None:
             args.seq = yours.seq
+    lengths = None
+    if args.lengths is not None:
+        from reportgen.datalengths import read_lengths
+
+        lengths = read_lengths(args.lengths)
+        args.seq = lengths.longest if args.seq is None else args.seq
     args.seq = 2048 if args.seq is None else args.seq
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     if not 8 <= args.seq <= 1_048_576:
@@ -104,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         doc["gpu_profile"] = gpu.profile.source
     if yours is not None:
         doc["config"] = config_verdict(model, gpu, yours, args)
+    if lengths is not None:
+        doc["lengths"] = lengths_advice(lengths, doc, args.seq)
     if args.format == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
@@ -113,7 +125,23 @@ def run(args: argparse.Namespace) -> int:
 
         measured_text = ratio_text(with_estimates(qlora_pairs(cases_from_files(DEFAULT_RESULTS))), doc["model"])
     print_walk(doc, measured_text=measured_text)
+    if lengths is not None:
+        from reportgen.setup import TrainingSetup
+        from reportgen.views.terminal import print_lengths
+
+        print_lengths(doc["lengths"], TrainingSetup.model_validate(doc["lengths"]["setup"]))
     return 0
+
+
+def lengths_advice(lengths, doc: dict, seq: int) -> dict:
+    """What the dataset's lengths mean for the walk's recommended setup (or the default setup at the
+    walk's length when nothing fits): ``estimate/lengths.dataset_report`` with the setup it read."""
+    from reportgen.estimate.lengths import dataset_report
+    from reportgen.setup import TrainingSetup
+
+    rec = doc.get("recommended")
+    setup = TrainingSetup.model_validate(rec["setup"]) if rec else TrainingSetup(seq=seq)
+    return {**dataset_report(lengths, setup), "setup": setup.model_dump(mode="json")}
 
 
 def config_verdict(model, gpu, setup, args) -> dict:
