@@ -375,7 +375,7 @@ def _setups():
                 continue
 
 
-@pytest.mark.parametrize("tool", ["trl", "axolotl"])
+@pytest.mark.parametrize("tool", ["trl", "axolotl", "llamafactory"])
 def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
     """Every setup a tool can express comes back unchanged from its keys; the others carry a note."""
     import yaml
@@ -387,7 +387,8 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
     checked = noted = 0
     for s in _setups():
         s = s.model_copy(update={"recipe": "trl-sft" if tool == "trl" else "trainer"})
-        keys = (reverse.trl_keys if tool == "trl" else reverse.axolotl_keys)("llama-3.1-8b", s)
+        write = {"trl": reverse.trl_keys, "axolotl": reverse.axolotl_keys, "llamafactory": reverse.llamafactory_keys}
+        keys = write[tool]("llama-3.1-8b", s)
         path = tmp_path / "c.yaml"
         path.write_text(keys.yaml())
         assert yaml.safe_load(path.read_text()) == keys.keys
@@ -419,7 +420,7 @@ def test_guides_show_the_recommended_setup_as_tool_keys(tmp_path):
     view = walk_view(doc, "guides/rtx-4090.md", {})
     want = TrainingSetup.model_validate(doc["recommended"]["setup"])
     shown = {r["tool"]: r for r in view["recommended"]["run_with"]}
-    assert set(shown) == {"TRL", "Axolotl"}
+    assert set(shown) == {"TRL", "Axolotl", "LLaMA-Factory"}
     for tool, r in shown.items():
         path = tmp_path / f"{tool}.yaml"
         path.write_text(r["yaml"])

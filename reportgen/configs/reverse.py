@@ -1,5 +1,5 @@
-"""A setup as the TRL and Axolotl keys that run it: the translators (``trl.py``, ``axolotl.py``)
-read backwards, so that reading the keys back gives the same setup (``tests/test_configs.py``
+"""A setup as the TRL, Axolotl and LLaMA-Factory keys that run it: the translators (``trl.py``,
+``axolotl.py``, ``llamafactory.py``) read backwards, so that reading the keys back gives the same setup (``tests/test_configs.py``
 checks the round trip). What a tool cannot express (TRL 1.16 always runs its fused LM head;
 Axolotl loads full fine-tuning weights in bf16) is said in the notes instead of silently dropped.
 """
@@ -192,6 +192,75 @@ def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["deepspeed"] = _deepspeed(s)
     elif s.offload.value != "none":
         k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no Axolotl key")
+    _launch(s, k)
+    _unsaid(s, k)
+    return k
+
+
+#: the setup's attention -> LLaMA-Factory's ``flash_attn`` (``llamafactory.ATTENTION`` read backwards)
+LF_ATTENTION = {"sdpa": "sdpa", "eager": "disabled"}
+
+
+def llamafactory_keys(model: str, setup: TrainingSetup | dict) -> Keys:
+    """The ``llamafactory-cli train`` YAML keys (LLaMA-Factory 0.9.5) that run ``setup`` on ``model``.
+    LLaMA-Factory loads the checkpoint in its own dtype and runs no k-bit preparation
+    (``llamafactory.py``), so what needs either is said in the notes."""
+    from reportgen.configs.common import DTYPES, checkpoint_dtype
+
+    s = TrainingSetup.model_validate(setup)
+    k = Keys()
+    d = k.keys
+    d.update(model_name_or_path=hub_id(model), stage="sft", do_train=True)
+    if s.recipe.value != "trainer":
+        k.notes.append(f"LLaMA-Factory trains with transformers' Seq2SeqTrainer (recipe trainer), not recipe "
+                       f"{s.recipe.value}")
+    weights = DTYPES.get(checkpoint_dtype(model), "fp32")
+    m, p = s.method.value, s.precision.value
+    d["finetuning_type"] = "full" if m == "full" else "lora"
+    if m == "qlora":
+        d.update(quantization_bit=4, quantization_type=s.quant.value, double_quantization=s.double_quant)
+        if s.kbit.value != ("none" if weights != "fp32" else "peft"):
+            k.notes.append(f"kbit_prep {s.kbit.value}: LLaMA-Factory runs no k-bit preparation (the unquantized "
+                           "weights stay in the checkpoint's dtype)")
+    if s.is_peft:
+        targets = _targets(model, s.lora_targets)
+        d.update(lora_rank=s.lora_rank, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
+                 lora_target="all" if targets == "all-linear" else ",".join(targets))
+        if s.dora:
+            d["use_dora"] = True
+        if s.frozen_dtype.value == "fp32" and weights != "fp32":
+            k.notes.append(f"fp32 frozen weights: LLaMA-Factory loads the checkpoint in its {weights}")
+    if p == "bf16":
+        d["pure_bf16"] = True
+    elif p.endswith("-mixed"):
+        d[p.split("-")[0]] = True
+    elif m != "full" and weights != "fp32":
+        d["bf16"] = True
+        k.notes.append(f"fp32 adapters over the checkpoint's {weights} weights without autocast is not LLaMA-Factory's: "
+                       "bf16 autocast is the closest")
+    d.update(per_device_train_batch_size=s.batch, gradient_accumulation_steps=s.accum, cutoff_len=s.seq)
+    if s.padding.value == "packed":
+        d["packing"] = True
+    elif s.padding.value == "max":
+        k.notes.append("padding every micro-batch to cutoff_len has no LLaMA-Factory key; packing: true is the closest")
+    if not s.grad_ckpt:
+        d["disable_gradient_checkpointing"] = True
+    d["flash_attn"] = LF_ATTENTION[s.attn.value]
+    d["optim"] = OPTIM_NAMES[s.optimizer.value]
+    if s.loss.value == "fused":
+        d["enable_liger_kernel"] = True
+    elif s.loss.value == "chunked":
+        k.notes.append("loss chunked (torchtune's) has no LLaMA-Factory key; enable_liger_kernel is the fused loss")
+    if s.compile:
+        d["torch_compile"] = True
+    if s.act_offload:
+        k.notes.append("activation offloading has no LLaMA-Factory key")
+    if s.sharding.value in _FSDP_WORDS:
+        d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
+    elif s.sharding.value.startswith("zero"):
+        d["deepspeed"] = _deepspeed(s)
+    elif s.offload.value != "none":
+        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no LLaMA-Factory key")
     _launch(s, k)
     _unsaid(s, k)
     return k

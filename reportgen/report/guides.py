@@ -160,13 +160,14 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict], quant_pairs: list
 
 
 def run_with(model: str, setup: dict) -> list[dict]:
-    """The recommended setup as the TRL and Axolotl keys that run it (``reportgen.configs.reverse``,
+    """The recommended setup as the TRL, Axolotl and LLaMA-Factory keys that run it (``reportgen.configs.reverse``,
     the ``--from`` mapping read backwards), with what each tool cannot express."""
     from reportgen.configs import reverse
 
     out = []
     for name, command, write in (("TRL", "trl sft --config sft.yaml", reverse.trl_keys),
-                                 ("Axolotl", "axolotl train config.yml", reverse.axolotl_keys)):
+                                 ("Axolotl", "axolotl train config.yml", reverse.axolotl_keys),
+                                 ("LLaMA-Factory", "llamafactory-cli train config.yaml", reverse.llamafactory_keys)):
         keys = write(model, setup)
         out.append({"tool": name, "command": command, "yaml": keys.yaml(), "notes": keys.notes})
     return out
