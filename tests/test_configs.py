@@ -375,7 +375,7 @@ def _setups():
                 continue
 
 
-@pytest.mark.parametrize("tool", ["trl", "axolotl", "llamafactory"])
+@pytest.mark.parametrize("tool", ["trl", "axolotl", "llamafactory", "torchtune"])
 def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
     """Every setup a tool can express comes back unchanged from its keys; the others carry a note."""
     import yaml
@@ -386,8 +386,9 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
     model = catalog.load_model("llama-3.1-8b")
     checked = noted = 0
     for s in _setups():
-        s = s.model_copy(update={"recipe": "trl-sft" if tool == "trl" else "trainer"})
-        write = {"trl": reverse.trl_keys, "axolotl": reverse.axolotl_keys, "llamafactory": reverse.llamafactory_keys}
+        s = s.model_copy(update={"recipe": {"trl": "trl-sft", "torchtune": "loop"}.get(tool, "trainer")})
+        write = {"trl": reverse.trl_keys, "axolotl": reverse.axolotl_keys, "llamafactory": reverse.llamafactory_keys,
+                 "torchtune": reverse.torchtune_keys}
         keys = write[tool]("llama-3.1-8b", s)
         path = tmp_path / "c.yaml"
         path.write_text(keys.yaml())
@@ -395,7 +396,7 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
         t = translate_file(path)
         assert t.unknown == [] and t.not_modelled == [], (s.short(), t.lines())
         back = setup_from(t, {"gpus": s.gpus})
-        if [n for n in keys.notes if not n.startswith("launch on")]:
+        if [n for n in keys.notes if not n.startswith(("launch on", "add tokenizer._component_"))]:
             noted += 1
             continue
         got, want = back.model_dump(mode="json"), s.model_dump(mode="json")
@@ -408,7 +409,8 @@ def test_reverse_keys_read_back_as_the_same_setup(tool, tmp_path):
         got["kbit_prep"], want["kbit_prep"] = back.kbit.value, s.kbit.value  # None means the recipe's default
         assert got == want, (tool, s.short(), keys.keys)
         checked += 1
-    assert checked > 100 and noted > 10, (checked, noted)
+    # torchtune trains without autocast: the mixed-precision half of the setups carries a note there
+    assert checked > (50 if tool == "torchtune" else 100) and noted > 10, (checked, noted)
 
 
 def test_guides_show_the_recommended_setup_as_tool_keys(tmp_path):
@@ -420,7 +422,7 @@ def test_guides_show_the_recommended_setup_as_tool_keys(tmp_path):
     view = walk_view(doc, "guides/rtx-4090.md", {})
     want = TrainingSetup.model_validate(doc["recommended"]["setup"])
     shown = {r["tool"]: r for r in view["recommended"]["run_with"]}
-    assert set(shown) == {"TRL", "Axolotl", "LLaMA-Factory"}
+    assert set(shown) == {"TRL", "Axolotl", "LLaMA-Factory", "torchtune"}
     for tool, r in shown.items():
         path = tmp_path / f"{tool}.yaml"
         path.write_text(r["yaml"])

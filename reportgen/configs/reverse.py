@@ -1,6 +1,6 @@
-"""A setup as the TRL, Axolotl and LLaMA-Factory keys that run it: the translators (``trl.py``,
-``axolotl.py``, ``llamafactory.py``) read backwards, so that reading the keys back gives the same setup (``tests/test_configs.py``
-checks the round trip). What a tool cannot express (TRL 1.16 always runs its fused LM head;
+"""A setup as the TRL, Axolotl, LLaMA-Factory and torchtune keys that run it: the translators (``trl.py``,
+``axolotl.py``, ``llamafactory.py``, ``torchtune.py``) read backwards, so that reading the keys back gives
+the same setup (``tests/test_configs.py`` checks the round trip). What a tool cannot express (TRL 1.16 always runs its fused LM head;
 Axolotl loads full fine-tuning weights in bf16) is said in the notes instead of silently dropped.
 """
 
@@ -264,6 +264,117 @@ def llamafactory_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     _launch(s, k)
     _unsaid(s, k)
     return k
+
+
+#: the setup's optimizer -> torchtune's ``optimizer._component_`` (``torchtune.OPTIMIZERS`` read backwards)
+TT_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
+                 "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit", "paged-adamw": "bitsandbytes.optim.PagedAdamW",
+                 "sgd": "torch.optim.SGD"}
+TT_LOSSES = {"chunked": "torchtune.modules.loss.CEWithChunkedOutputLoss", "standard": "torch.nn.CrossEntropyLoss"}
+#: the catalog's module names -> torchtune's attention module names
+TT_ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
+
+
+def _tt_builder(model: str, method: str) -> str | None:
+    """The torchtune builder of the catalog model's shapes (``torchtune.CATALOG`` read backwards), LoRA's or
+    QLoRA's for those methods."""
+    from reportgen.configs import table
+    from reportgen.configs.torchtune import CATALOG, SAME_SHAPES
+
+    base = next((b for b, m in CATALOG.items() if m == model and b not in SAME_SHAPES), None)
+    if base is None:
+        return None
+    name = {"full": "", "lora": "lora_", "qlora": "qlora_"}[method] + base
+    return next((b for b in table.schema()["torchtune"]["builders"] if b.rsplit(".", 1)[1] == name), None)
+
+
+def _tt_model(model: str, s: TrainingSetup, k: Keys) -> dict:
+    builder = _tt_builder(model, s.method.value)
+    section: dict = {"_component_": builder or f"(no torchtune builder for {model})"}
+    if builder is None:
+        k.notes.append(f"torchtune has no builder of {model}'s shapes: name yours under model._component_")
+    if not s.is_peft:
+        return section
+    from reportgen import catalog
+
+    sel = catalog.load_model(model).lora_selection(s.lora_targets)
+    mlp = {n for n in sel.linears if n not in TT_ATTN}
+    if mlp and len(mlp) != 3:
+        k.notes.append(f"adapters on {', '.join(sorted(mlp))} alone: torchtune's apply_lora_to_mlp takes all three")
+    if sel.embed:
+        k.notes.append("adapters on the embeddings have no torchtune key")
+    section.update(lora_attn_modules=[TT_ATTN[n] for n in TT_ATTN if n in sel.linears], apply_lora_to_mlp=bool(mlp),
+                   apply_lora_to_output=sel.head, lora_rank=s.lora_rank, lora_alpha=s.lora_alpha,
+                   lora_dropout=s.lora_dropout)
+    if s.dora:
+        section["use_dora"] = True
+    if s.method.value == "qlora" and (s.quant.value != "nf4" or not s.double_quant or s.quant_head):
+        k.notes.append("torchtune's QLoRA is torchao's NF4 with its scalers quantized again (double quantization), "
+                       "the head in the model dtype")
+    return section
+
+
+def torchtune_keys(model: str, setup: TrainingSetup | dict) -> Keys:
+    """A torchtune 0.6.1 ``tune run`` config's keys that run ``setup`` on ``model`` (with the LoRA or full
+    fine-tuning recipe, single-device or distributed); the tokenizer's and checkpointer's paths are the
+    user's to add."""
+    s = TrainingSetup.model_validate(setup)
+    k = Keys()
+    d = k.keys
+    d["model"] = _tt_model(model, s, k)
+    d["tokenizer"] = {"max_seq_len": s.seq}
+    d["dataset"] = {"packed": s.padding.value == "packed"}
+    if s.padding.value == "max":
+        k.notes.append("padding every batch to max_seq_len has no torchtune key (its collate pads to the longest)")
+    p = s.precision.value
+    d["dtype"] = "fp32" if p == "fp32" else "bf16"
+    if p.endswith("-mixed") or s.frozen_dtype.value == "fp32":
+        k.notes.append("torchtune trains without autocast: dtype bf16 is pure bf16 (precision bf16)")
+    d.update(batch_size=s.batch, gradient_accumulation_steps=s.accum)
+    d["loss"] = {"_component_": TT_LOSSES.get(s.loss.value, TT_LOSSES["chunked"])}
+    if s.loss.value == "fused":
+        k.notes.append("a fused linear cross-entropy has no torchtune key; CEWithChunkedOutputLoss is the closest")
+    opt = TT_OPTIMIZERS.get(s.optimizer.value, "torch.optim.AdamW")
+    if s.optimizer.value not in TT_OPTIMIZERS:
+        k.notes.append(f"optimizer {s.optimizer.value}: not one torchtune's configs name; AdamW written")
+    single_offload = s.offload.value == "optimizer" and s.sharding.value == "none"
+    d["optimizer"] = ({"_component_": "torchao.optim.CPUOffloadOptimizer", "optimizer_class": opt}
+                      if single_offload else {"_component_": opt})
+    d["enable_activation_checkpointing"] = s.grad_ckpt
+    d["enable_activation_offloading"] = s.act_offload
+    if s.act_offload and not s.grad_ckpt:
+        k.notes.append("torchtune offloads activations only with checkpointing on")
+    d["compile"] = s.compile
+    if not s.is_peft:
+        d["optimizer_in_bwd"] = s.optimizer_in_backward
+    _tt_unsaid(s, k)
+    if s.sharding.value in ("fsdp", "shard-grad-op"):
+        d["fsdp_cpu_offload"] = s.offload.value == "params"
+        if s.sharding.value == "shard-grad-op":
+            d["fsdp_reshard_after_forward"] = False
+    k.notes.append("add tokenizer._component_/path, dataset._component_ and the checkpointer section for your "
+                   "checkpoint")
+    return k
+
+
+def _tt_unsaid(s: TrainingSetup, k: Keys) -> None:
+    """What torchtune's recipes do not run."""
+    if s.attn.value != "sdpa":
+        k.notes.append("torchtune's attention is SDPA: eager has no key")
+    if s.recipe.value != "loop" or s.keep_outputs.value != "none":
+        k.notes.append("torchtune's recipes run their own loop (recipe loop, outputs freed before backward)")
+    if s.is_peft and s.optimizer_in_backward:
+        k.notes.append("optimizer_in_bwd is the full fine-tuning recipes' key")
+    if s.sharding.value not in ("none", "fsdp", "shard-grad-op"):
+        k.notes.append(f"sharding {s.sharding.value}: torchtune's distributed recipes shard with FSDP2")
+    if s.offload.value == "optimizer" and s.sharding.value != "none":
+        k.notes.append("offloading the optimizer beside FSDP has no torchtune key (fsdp_cpu_offload offloads the "
+                       "parameters)")
+    if s.kbit_prep not in (None,) and s.kbit.value != "none":
+        k.notes.append(f"kbit_prep {s.kbit.value}: torchtune prepares nothing for 4-bit training")
+    if s.gpus > 1:
+        k.notes.append(f"launch on {s.gpus} GPUs: tune run --nproc_per_node {s.gpus} "
+                       f"{'lora' if s.is_peft else 'full'}_finetune_distributed --config FILE")
 
 
 def _unsaid(s: TrainingSetup, k: Keys) -> None:

@@ -160,14 +160,18 @@ def walk_view(doc: dict, page: str, measured: dict[str, dict], quant_pairs: list
 
 
 def run_with(model: str, setup: dict) -> list[dict]:
-    """The recommended setup as the TRL, Axolotl and LLaMA-Factory keys that run it (``reportgen.configs.reverse``,
+    """The recommended setup as the TRL, Axolotl, LLaMA-Factory and torchtune keys that run it (``reportgen.configs.reverse``,
     the ``--from`` mapping read backwards), with what each tool cannot express."""
     from reportgen.configs import reverse
 
+    from reportgen.setup import TrainingSetup
+
+    recipe = ("lora" if TrainingSetup.model_validate(setup).is_peft else "full") + "_finetune_single_device"
     out = []
     for name, command, write in (("TRL", "trl sft --config sft.yaml", reverse.trl_keys),
                                  ("Axolotl", "axolotl train config.yml", reverse.axolotl_keys),
-                                 ("LLaMA-Factory", "llamafactory-cli train config.yaml", reverse.llamafactory_keys)):
+                                 ("LLaMA-Factory", "llamafactory-cli train config.yaml", reverse.llamafactory_keys),
+                                 ("torchtune", f"tune run {recipe} --config config.yaml", reverse.torchtune_keys)):
         keys = write(model, setup)
         out.append({"tool": name, "command": command, "yaml": keys.yaml(), "notes": keys.notes})
     return out
