@@ -164,9 +164,15 @@ def run_command(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from reportgen.estimate import estimate
 
+    from reportgen.setup import SetupError
+
     setup = setup_from_args(args)
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
-    est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
+    try:
+        est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
+    except SetupError as exc:  # what TRL or vLLM would refuse for this model and card (estimate/grpo.py)
+        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
+        raise UserError(f"{flag}: {exc.message}") from None
     if args.format == "json":
         out = est.as_dict()
         if gpu.profile is not None:

@@ -119,10 +119,19 @@ def _refuse_flags_of_other_methods(explicit: dict, method: str, method_fields: d
                             hint=f"drop {flag}, or pass {only}")
 
 
+def grpo_lengths(values: dict) -> dict:
+    """Recipe grpo: a prompt length given without ``seq`` sets ``seq`` to prompt + completion (TRL's
+    rows, ``estimate/grpo.py``); with ``seq`` the setup checks that they agree."""
+    if values.get("max_prompt_length") is not None and "seq" not in values:
+        completion = values.get("max_completion_length", TrainingSetup.max_completion_length)
+        return {**values, "seq": values["max_prompt_length"] + completion}
+    return values
+
+
 def setup_from_args(args: argparse.Namespace):
     from reportgen.setup import METHOD_FIELDS, SetupError, TrainingSetup
 
-    explicit = {f: getattr(args, f) for f in SETUP_FIELDS if getattr(args, f, None) is not None}
+    explicit = grpo_lengths({f: getattr(args, f) for f in SETUP_FIELDS if getattr(args, f, None) is not None})
     translation = translation_from_args(args)
     if translation is not None:
         from reportgen.configs import setup_from
