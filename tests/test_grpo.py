@@ -298,3 +298,35 @@ def test_bad_combinations_exit_2_with_one_error_line(hub, extra, words):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and words in proc.stderr.replace("\n", " ")
+
+
+# ----- --from a trl grpo config ---------------------------------------------------------------------------
+def test_a_grpo_config_accounts_for_every_key(hub):
+    proc = cli(["estimate", "--from", "tests/fixtures/configs/trl_grpo.yaml", "--gpu", "rtx-4090", "--format",
+                "json"], hub)
+    assert proc.returncode == 0, proc.stderr
+    setup = json.loads(proc.stdout)["setup"]
+    assert setup["recipe"] == "grpo" and setup["generation"] == "vllm-colocate" and "num_generations" not in setup  # 8, the default
+    assert setup["max_completion_length"] == 1024 and setup["seq"] == 512 + 1024
+    assert setup["vllm_gpu_memory_utilization"] == 0.4 and setup["vllm_enable_sleep_mode"] is True
+    report = proc.stderr.replace("\n", " ")
+    keys = [ln.split(":")[0] for ln in (ROOT / "tests/fixtures/configs/trl_grpo.yaml").read_text().splitlines()
+            if ln and not ln.startswith("#")]
+    for key in keys:  # every key honoured, approximated, not modelled or ignored, by name
+        assert key in report, key
+    assert "prompts taken as 512 tokens" in report and "reward_funcs" in report
+    assert "unknown" not in report
+
+
+def test_a_grpo_config_beside_flags(hub, tmp_path):
+    proc = cli(["estimate", "--from", "tests/fixtures/configs/trl_grpo.yaml", "--gpu", "rtx-4090",
+                "--max-prompt-length", "256", "--generation", "hf", "--format", "json"], hub)
+    assert proc.returncode == 0, proc.stderr
+    setup = json.loads(proc.stdout)["setup"]
+    assert setup["seq"] == 256 + 1024 and "generation" not in setup  # hf, the default
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "tests/fixtures/configs/trl_grpo.yaml").read_text().replace(
+        "per_device_train_batch_size: 8", "per_device_train_batch_size: 6"))
+    proc = cli(["estimate", "--from", str(bad), "--gpu", "rtx-4090"], hub)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "divisible by num_generations (8)" in proc.stderr.replace("\n", " ")

@@ -37,8 +37,8 @@ def _only(tool: str) -> frozenset[str]:
     from reportgen.configs import table
 
     schema = table.schema()
-    others = set().union(*(set(v["keys"]) for k, v in schema.items() if k != tool))
-    return frozenset(set(schema[tool]["keys"]) - others)
+    others = set().union(*(set(table.known_keys(k)) for k in schema if k != tool))
+    return frozenset(set(table.known_keys(tool)) - others)
 
 
 def _other_tool(doc: dict) -> tuple[str, list[str]] | None:
@@ -123,6 +123,9 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
     elif explicit["sharding"] == "none" and gpus == 1:
         values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
     values.update(explicit)
+    if values.get("recipe") == "grpo" and "seq" not in explicit and values.get("max_prompt_length"):
+        # a GRPO row is prompt + completion (estimate/grpo.py): a flag changing either moves seq
+        values["seq"] = values["max_prompt_length"] + values.get("max_completion_length", 512)
     if "method" in explicit:  # --method beside the file overrides it: the file's fields of its own method go too
         from reportgen.setup import METHOD_FIELDS
 

@@ -33,7 +33,7 @@ from reportgen.flags import DEFAULT_TRAIN_TOKENS, form_fields
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
 from reportgen.report.page import Page, SiteData
-from reportgen.setup import METHOD_FIELDS
+from reportgen.setup import METHOD_FIELDS, TrainingSetup
 from reportgen.format import GIB
 
 PATH = "calculator/index.md"
@@ -55,6 +55,7 @@ GROUPS = (
     ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
     ("Training loop", ("recipe", "keep_outputs", "optimizer_in_backward", "compile")),
     ("GPUs", ("gpus", "sharding")),
+    ("GRPO (recipe grpo)", TrainingSetup.GRPO_FIELDS),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
 APPLIES = METHOD_FIELDS
