@@ -171,6 +171,8 @@ def run_command(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from reportgen.estimate import estimate
 
+    from reportgen.setup import SetupError
+
     setup = setup_from_args(args)
     lengths = None
     if getattr(args, "lengths", None) is not None:
@@ -180,7 +182,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         setup = _apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     host_memory = catalog.parse_host_memory(args.host_memory) if getattr(args, "host_memory", None) else None
-    est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
+    try:
+        est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
+    except SetupError as exc:  # what TRL or vLLM would refuse for this model and card (estimate/grpo.py)
+        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
+        raise UserError(f"{flag}: {exc.message}") from None
     report = None
     if lengths is not None:
         from reportgen.estimate.lengths import dataset_report

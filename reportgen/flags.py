@@ -123,6 +123,16 @@ def _refuse_flags_of_other_methods(explicit: dict, method: str, method_fields: d
                             hint=f"drop {flag}, or pass {only}")
 
 
+def grpo_lengths(values: dict) -> dict:
+    """Recipe grpo: a prompt length given without ``seq`` sets ``seq`` to prompt + completion (TRL's
+    rows, ``estimate/grpo.py``); with ``seq`` the setup checks that they agree. Flags alone: beside a
+    ``--from`` file ``configs.setup_from`` adds the file's lengths."""
+    if values.get("max_prompt_length") is not None and "seq" not in values:
+        completion = values.get("max_completion_length", TrainingSetup.max_completion_length)
+        return {**values, "seq": values["max_prompt_length"] + completion}
+    return values
+
+
 def setup_from_args(args: argparse.Namespace):
     from reportgen.setup import METHOD_FIELDS, SetupError, TrainingSetup
 
@@ -138,6 +148,7 @@ def setup_from_args(args: argparse.Namespace):
         raise UserError("--model is required (or --from CONFIG)",
                         hint="e.g. --model llama-3.1-8b, or --from sft.yaml (a TRL or Axolotl config)")
     _refuse_flags_of_other_methods(explicit, str(explicit.get("method", "full")), METHOD_FIELDS)
+    explicit = grpo_lengths(explicit)  # beside --from, configs.setup_from does it with the file's lengths
     try:
         return TrainingSetup(**explicit)
     except SetupError as exc:

@@ -112,6 +112,13 @@ class Recipe(str, Enum):
     loop = "loop"
     trainer = "trainer"
     trl_sft = "trl-sft"
+    grpo = "grpo"
+
+
+class Generation(str, Enum):
+    hf = "hf"
+    vllm_colocate = "vllm-colocate"
+    vllm_server = "vllm-server"
 
 
 class Save(str, Enum):
@@ -244,12 +251,31 @@ class TrainingSetup:
     eval_generate: int | None = None
     save: Save | None = None
     load: Load | None = None
+    # recipe grpo (TRL 1.16's GRPOTrainer, ``estimate/grpo.py``): meaningless for every other recipe
+    num_generations: int = 8
+    max_completion_length: int = 512
+    max_prompt_length: int | None = None
+    generation_batch_size: int | None = None
+    generation: Generation = Generation.hf
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_enable_sleep_mode: bool = False
+    vllm_max_model_length: int | None = None
+    vllm_importance_sampling_correction: bool = True
+    beta: float = 0.0
 
     #: fields ``model_dump`` leaves out while they hold this value: added after result files were
     #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
-    DUMPED_ONLY_WHEN_SET: ClassVar[dict[str, Any]] = {"recipe": Recipe.loop, "seq_padded": None, "eval_batch": None,
-                                                       "eval_seq": None,
-                                                       "eval_generate": None, "save": None, "load": None}
+    DUMPED_ONLY_WHEN_SET: ClassVar[dict[str, Any]] = {
+        "recipe": Recipe.loop, "seq_padded": None, "eval_batch": None, "eval_seq": None, "eval_generate": None,
+        "save": None, "load": None, "num_generations": 8, "max_completion_length": 512, "max_prompt_length": None,
+        "generation_batch_size": None, "generation": Generation.hf, "vllm_gpu_memory_utilization": 0.3,
+        "vllm_enable_sleep_mode": False, "vllm_max_model_length": None, "vllm_importance_sampling_correction": True,
+        "beta": 0.0}
+    #: the fields of recipe grpo (TRL GRPOConfig's names; their defaults are TRL 1.16's)
+    GRPO_FIELDS: ClassVar[tuple[str, ...]] = (
+        "num_generations", "max_completion_length", "max_prompt_length", "generation_batch_size", "generation",
+        "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_max_model_length",
+        "vllm_importance_sampling_correction", "beta")
 
     #: the accepted values of every field (the validation rules and the sweep's/CLI's help)
     model_fields: ClassVar[dict[str, FieldSpec]] = {
@@ -330,7 +356,39 @@ class TrainingSetup:
                             "same memory as the loop, term by term) or trl-sft (TRL 1.16's SFTTrainer on "
                             "transformers' Trainer, as trl sft runs it: its fused LM head computes the loss, "
                             "entropy and token accuracy in tiles without the full logits, and it casts a 4-bit "
-                            "model's adapters to bf16; reportgen/estimate/recipes.py)"),
+                            "model's adapters to bf16; reportgen/estimate/recipes.py) or grpo (TRL 1.16's "
+                            "GRPOTrainer: generate num_generations completions per prompt, score them, step the "
+                            "policy on prompt + completion rows, seq long; reportgen/estimate/grpo.py)"),
+        "num_generations": FieldSpec(int, ge=2, le=4096, description="recipe grpo: completions sampled per prompt "
+                                     "(TRL GRPOConfig num_generations, default 8; GRPO needs at least 2)"),
+        "max_completion_length": FieldSpec(int, ge=1, le=1_048_576, description="recipe grpo: the longest "
+                                           "completion in tokens (TRL max_completion_length, default 512)"),
+        "max_prompt_length": FieldSpec(int, ge=1, le=1_048_576, optional=True, description="recipe grpo: the "
+                                       "longest prompt in tokens (TRL 1.16 has no such key: truncate the data set); "
+                                       "default: seq - max_completion_length. Given, seq must be (or is set to) "
+                                       "max_prompt_length + max_completion_length"),
+        "generation_batch_size": FieldSpec(int, ge=1, le=1_048_576, optional=True, description="recipe grpo: "
+                                           "completions generated at once (TRL generation_batch_size); default batch "
+                                           "x accum x gpus; a multiple of batch x gpus and of num_generations"),
+        "generation": FieldSpec(Generation, description="recipe grpo: who generates: hf (transformers' generate "
+                                "on the policy, TRL's default), vllm-colocate (vLLM in the training process, "
+                                "use_vllm=True, vllm_mode='colocate') or vllm-server (vLLM on another GPU, "
+                                "vllm_mode='server': not on this card)"),
+        "vllm_gpu_memory_utilization": FieldSpec(float, ge=0.01, lt=1.0, description="recipe grpo, vllm-colocate: "
+                                                 "the share of the card vLLM reserves for its weights and KV cache "
+                                                 "(TRL default 0.3)"),
+        "vllm_enable_sleep_mode": FieldSpec(bool, description="recipe grpo, vllm-colocate: vLLM frees its weights "
+                                            "and KV cache (sleep level 2) outside generation (TRL "
+                                            "vllm_enable_sleep_mode, default off)"),
+        "vllm_max_model_length": FieldSpec(int, ge=8, le=1_048_576, optional=True, description="recipe grpo, "
+                                           "vllm-colocate: vLLM's max_model_len (default: the model's "
+                                           "max_position_embeddings); its KV cache must hold one such sequence"),
+        "vllm_importance_sampling_correction": FieldSpec(bool, description="recipe grpo, vLLM: TRL recomputes the "
+                                                         "policy's log-probs of every completion to correct for "
+                                                         "vLLM's sampling (default on): one more forward pass"),
+        "beta": FieldSpec(float, ge=0.0, le=1e6, description="recipe grpo: KL coefficient (TRL default 0.0: no "
+                          "reference model); > 0 scores every completion with a reference model (a second copy of "
+                          "the weights for full fine-tuning, the adapter-disabled policy for LoRA/QLoRA)"),
         "eval_batch": FieldSpec(int, ge=1, le=4096, optional=True, description="the whole run: evaluation "
                                 "micro-batch per GPU (per_device_eval_batch_size; default: no evaluation phase; "
                                 "reportgen/estimate/run.py)"),
@@ -383,6 +441,7 @@ class TrainingSetup:
             self._check_trainer()
         if self.recipe == Recipe.trl_sft:
             self._check_trl_sft()
+        self._check_grpo()
         self._check_seq_mean()
         self._check_run()
         # derived facts the estimator reads thousands of times per search: computed once
@@ -391,7 +450,8 @@ class TrainingSetup:
         d["autocast"] = self.precision in (Precision.fp16_mixed, Precision.bf16_mixed)
         # the preparation the QLoRA recipe applies (kbit_prep; None = the recipe's default)
         # (TRL 1.16's SFTTrainer prepares nothing: its default is the load dtype, ``none``)
-        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed and self.recipe != Recipe.trl_sft
+        trl = self.recipe in (Recipe.trl_sft, Recipe.grpo)
+        d["kbit"] = (self.kbit_prep or (KbitPrep.peft if peft_mixed and not trl
                                         else KbitPrep.none)) if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
@@ -455,6 +515,51 @@ class TrainingSetup:
             raise SetupError("lora_targets", "SFTTrainer refuses a LoRA adapter on lm_head (its fused LM head "
                              "reads lm_head.weight directly); remove lm_head")
 
+    def _check_grpo(self) -> None:
+        """Recipe grpo's rules, TRL 1.16's own (``trl/trainer/grpo_config.py`` ``__post_init__`` 1096-1141),
+        and its fields refused with any other recipe (they would change nothing)."""
+        if self.recipe != Recipe.grpo:
+            for name in self.GRPO_FIELDS:
+                if getattr(self, name) != self.DUMPED_ONLY_WHEN_SET[name]:
+                    raise SetupError(name, f"applies only to recipe grpo (got recipe {self.recipe.value})")
+            return
+        if self.gpus > 1:
+            raise SetupError("gpus", "recipe grpo is modelled on one GPU (gpus 1)")
+        if self.loss != Loss.standard:
+            raise SetupError("loss", f"{self.loss.value!r} with recipe grpo: GRPOTrainer computes its log-probs with "
+                             "its own fused LM head (add_fused_lm_head); use loss standard")
+        if self.quant_head or self.is_peft_targets_head() or self.kbit_prep == KbitPrep.trl:
+            raise SetupError("recipe", "grpo shares trl-sft's limits: no 4-bit or LoRA lm_head, no kbit_prep trl")
+        c = self.max_completion_length
+        if self.max_prompt_length is not None and self.seq != self.max_prompt_length + c:
+            raise SetupError("seq", f"under recipe grpo seq is the prompt plus the completion: max_prompt_length "
+                             f"{self.max_prompt_length} + max_completion_length {c} = {self.max_prompt_length + c} "
+                             f"(got seq {self.seq}); drop seq or max_prompt_length")
+        if self.seq <= c:
+            raise SetupError("max_completion_length", f"{c} leaves no room for a prompt in seq {self.seq} (seq is "
+                             "prompt + completion under recipe grpo)")
+        per_step = self.batch * self.gpus
+        if self.generation_batch_size is not None and self.generation_batch_size % per_step:
+            raise SetupError("generation_batch_size", f"({self.generation_batch_size}) must be divisible by the "
+                             f"global batch size ({per_step}) (TRL GRPOConfig)")
+        if self.generation_batch % self.num_generations:
+            src = ("generation_batch_size" if self.generation_batch_size is not None
+                   else f"batch x accum = {self.batch} x {self.accum}")
+            raise SetupError("num_generations", f"the generation batch ({src} = {self.generation_batch}) must be "
+                             f"divisible by num_generations ({self.num_generations}) (TRL GRPOConfig: whole prompt "
+                             "groups only)")
+
+    @property
+    def generation_batch(self) -> int:
+        """Sequences generated at once (TRL ``generation_batch_size``; default ``batch x gpus x accum``,
+        ``steps_per_generation`` defaulting to ``gradient_accumulation_steps``)."""
+        return self.generation_batch_size or self.batch * self.gpus * self.accum
+
+    @property
+    def prompt_length(self) -> int:
+        """Recipe grpo: the longest prompt (``seq - max_completion_length``)."""
+        return self.seq - self.max_completion_length
+
     def is_peft_targets_head(self) -> bool:
         return self.method != Method.full and "lm_head" in self.lora_targets.split(",")
 
@@ -503,7 +608,7 @@ class TrainingSetup:
         rules that read them, not by the whole ``__post_init__`` (which made half of a cold sweep's
         setup time)."""
         update = update or {}
-        if not update or not update.keys() <= self._FREE_FIELDS:
+        if not update or not update.keys() <= self._FREE_FIELDS or self.recipe == Recipe.grpo:
             return dataclasses.replace(self, **update)
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
@@ -586,6 +691,13 @@ class TrainingSetup:
             parts.append("compile")
         if self.recipe != Recipe.loop:
             parts.append(self.recipe.value)
+        if self.recipe == Recipe.grpo:
+            parts.append(f"{self.num_generations}x{self.max_completion_length} {self.generation.value}")
+            if self.generation == Generation.vllm_colocate:
+                parts.append(f"util {self.vllm_gpu_memory_utilization:g}" + (" sleep" if self.vllm_enable_sleep_mode
+                                                                          else ""))
+            if self.beta:
+                parts.append(f"beta {self.beta:g}")
         return " ".join(parts)
 
     def technique(self) -> str:

@@ -2,7 +2,8 @@
 YAML may hold, with the tool's default (``{"keys": {name: default}}``, null where the default is not a plain
 value), read from the tools themselves.
 
-* TRL: the fields of the four dataclasses ``trl sft`` parses its config into
+* TRL: the fields of the four dataclasses ``trl sft`` parses its config into (and, as ``grpo_keys``,
+  those ``trl grpo`` adds: ``GRPOScriptArguments`` and ``GRPOConfig``)
   (``trl/scripts/sft.py`` ``make_parser``: ``ScriptArguments``, ``SFTConfig`` (which extends
   transformers' ``TrainingArguments``), ``ModelConfig``, ``DatasetMixtureConfig``), from the
   installed, pinned trl and transformers (``pip install trl==1.16.0``).
@@ -71,7 +72,22 @@ def trl_keys() -> dict:
             default = f.default if f.default is not dataclasses.MISSING else None
             keys.setdefault(f.name, _jsonable(default))
     return {"version": metadata.version("trl"), "transformers": metadata.version("transformers"),
-            "keys": dict(sorted(keys.items()))}
+            "keys": dict(sorted(keys.items())), "grpo_keys": trl_grpo_keys(keys)}
+
+
+def trl_grpo_keys(sft: dict) -> dict:
+    """The keys a ``trl grpo --config`` file has beyond an SFT file's (``trl/scripts/grpo.py``
+    ``make_parser``: ``GRPOScriptArguments``, ``GRPOConfig``, ``ModelConfig``, ``DatasetMixtureConfig``),
+    with GRPO's defaults; a file holding any of them is read as GRPO (``reportgen/configs/trl.py``)."""
+    from trl import GRPOConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    keys: dict[str, object] = {}
+    for cls in (GRPOScriptArguments, GRPOConfig):
+        for f in dataclasses.fields(cls):
+            if f.init and not f.name.startswith("_") and f.name not in sft:
+                keys.setdefault(f.name, _jsonable(f.default if f.default is not dataclasses.MISSING else None))
+    return dict(sorted(keys.items()))
 
 
 def _classes(sources: dict[str, str]) -> dict[str, ast.ClassDef]:

@@ -73,7 +73,7 @@ MUTANTS = [
     m("formulas", E + "dtypes.py", "base = 2 if setup.precision == Precision.bf16 else 4",
       "base = 4 if setup.precision == Precision.bf16 else 4", "pure-bf16 full fine-tuning stored as fp32"),
     m("formulas", E + "dtypes.py", "adapter = 2 if setup.precision == Precision.bf16 or (\n"
-      "        setup.recipe == Recipe.trl_sft and setup.method == Method.qlora) else 4", "adapter = 2",
+      "        setup.recipe in (Recipe.trl_sft, Recipe.grpo) and setup.method == Method.qlora) else 4", "adapter = 2",
       "LoRA adapters in 16 bit under mixed precision"),
     m("formulas", E + "params.py", "return q // 2 + (model.total_params - q - embed)",
       "return q + (model.total_params - q - embed)", "4-bit weights one byte each"),

@@ -62,9 +62,9 @@ def test_every_setup_flag_reaches_the_setup(capsys):
     from reportgen.setup import TrainingSetup
 
     default = TrainingSetup().model_dump(mode="json")
-    # every field has a flag, tested here (recipe below: trl-sft refuses a fused loss and kept outputs)
-    # (seq_padded below: it needs padding longest, the packed rows here have none)
-    assert set(expected) | {"recipe", "seq_padded"} == set(TrainingSetup.model_fields)
+    # every field has a flag, tested here (recipe below: trl-sft refuses a fused loss and kept outputs; seq_padded
+    # below: it needs padding longest, the packed rows here have none; recipe grpo's fields in tests/test_grpo.py)
+    assert set(expected) | {"recipe", "seq_padded"} | set(TrainingSetup.GRPO_FIELDS) == set(TrainingSetup.model_fields)
     # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload,
     # frozen_dtype fp32 pure bf16: both are checked below)
     assert all(expected[k] != default.get(k) for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))

@@ -301,14 +301,14 @@ def test_no_traceback_from_the_command_line(tmp_path):
 
 
 # ----- the table ---------------------------------------------------------------------------------
-LEGACY = {("trl", "max_seq_length"),  # read for older TRL files, not a key of the pinned version
+LEGACY = {("trl", "max_seq_length"), ("trl", "max_prompt_length"),  # read for older TRL files, not pinned keys
           ("torchtune", "optimizer.optimizer_class")}  # torchao CPUOffloadOptimizer's: torchao is not in the wheel
 
 
 def test_every_row_is_a_key_of_the_pinned_tool_and_sets_real_fields():
     fields = set(TrainingSetup.model_fields) | {"model"}
     for row in table.ROWS:
-        assert (row.tool, row.key) in LEGACY or row.key in table.schema()[row.tool]["keys"], row
+        assert (row.tool, row.key) in LEGACY or row.key in table.known_keys(row.tool), row
         assert row.status in (table.HONOURED, table.APPROXIMATED, table.IGNORED)
         named = {f.strip() for f in row.fields.split(",") if f.strip()}
         assert named <= fields, row
@@ -329,6 +329,11 @@ def test_keys_json_matches_the_installed_trl():
              for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
     assert names == set(data["keys"])
     assert SFTConfig.__dataclass_fields__["max_length"].default == data["keys"]["max_length"] == 1024
+    from trl import GRPOConfig  # trl grpo's keys beyond SFT's (scripts/config_keys.py trl_grpo_keys)
+
+    grpo = {f.name for f in dataclasses.fields(GRPOConfig) if f.init and not f.name.startswith("_")}
+    assert set(data["grpo_keys"]) <= grpo | {"reward_funcs", "reward_model_name_or_path"}
+    assert grpo - names <= set(data["grpo_keys"]) and data["grpo_keys"]["num_generations"] == 8
 
 
 # ----- the sweep key ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_values_are_coerced_and_checked():
 def test_the_pydantic_style_api_round_trips():
     s = TrainingSetup(method="lora", precision="bf16", lora_targets="qv", seq=1024)
     d = s.model_dump(mode="json")
-    # every field but those left out at their default (recipe and the run's: added after results were stored)
+    # every field but those left out at their default (recipe, the run's and GRPO's: added after results were stored)
     assert d["method"] == "lora" and d["lora_targets"] == "qv"
     assert set(d) == set(TrainingSetup.model_fields) - set(TrainingSetup.DUMPED_ONLY_WHEN_SET)
     assert TrainingSetup.model_validate(d) == s == TrainingSetup.model_validate_json(s.model_dump_json())

@@ -39,8 +39,8 @@ def _only(tool: str) -> frozenset[str]:
 
     schema = table.schema()
     # torchtune's files are told by their _component_ sections, never by a key's name
-    others = set().union(*(set(v["keys"]) for k, v in schema.items() if k not in (tool, "torchtune")))
-    return frozenset(set(schema[tool]["keys"]) - others)
+    others = set().union(*(set(table.known_keys(k)) for k in schema if k not in (tool, "torchtune")))
+    return frozenset(set(table.known_keys(tool)) - others)
 
 
 def _is_torchtune(doc: dict) -> bool:
@@ -127,6 +127,9 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
         if name not in explicit:
             raise ConfigError(f"{t.where(key)}: {key}: {why}", hint=f"{hint}, or pass {option(name, 'N')}")
     values.update(explicit)
+    if values.get("recipe") == "grpo" and "seq" not in explicit and values.get("max_prompt_length"):
+        # a GRPO row is prompt + completion (estimate/grpo.py): a flag changing either moves seq
+        values["seq"] = values["max_prompt_length"] + values.get("max_completion_length", 512)
     if "method" in explicit:  # --method beside the file overrides it: the file's fields of its own method go too
         from reportgen.setup import METHOD_FIELDS
 

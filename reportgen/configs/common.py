@@ -79,7 +79,7 @@ class Translation:
         for key in self.unknown:
             import difflib
 
-            close = difflib.get_close_matches(key, list(table.schema()[self.tool]["keys"]), n=2, cutoff=0.75)
+            close = difflib.get_close_matches(key, list(table.known_keys(self.tool)), n=2, cutoff=0.75)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             out.append(f"warning: unknown key {key!r}: not a key of {name}'s config{hint}; ignored")
         if self.ignored:
@@ -391,7 +391,7 @@ def finish(r: Reader, t: Translation) -> Translation:
     ignored (bookkeeping), not modelled (ignored but changes the step) and unknown (a warning)."""
     approximated = {k for k, _ in t.approximated}
     t.present, t.key_lines = frozenset(r.doc), dict(r._lines)
-    keys = table.schema()[t.tool]["keys"]
+    keys = table.known_keys(t.tool)
     for key in r.doc:
         row = table.row(t.tool, key)
         if row is not None and row.status != table.IGNORED:

@@ -115,6 +115,47 @@ ROWS: tuple[Row, ...] = (
        "comes from --gpus"),
     _r("trl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
     _r("trl", "eval_strategy", IGNORED, "", "evaluation passes between steps: not modelled"),
+    # ----- TRL GRPO (trl grpo --config: GRPOConfig, GRPOScriptArguments; keys.json grpo_keys) --------------
+    _r("trl", "num_generations", HONOURED, "num_generations, recipe", "completions per prompt; any GRPO key makes "
+       "the file GRPOTrainer's: recipe grpo (estimate/grpo.py)"),
+    _r("trl", "max_completion_length", HONOURED, "max_completion_length, seq", "the longest completion; each row "
+       "is prompt + completion (seq)"),
+    _r("trl", "max_prompt_length", APPROXIMATED, "max_prompt_length, seq", "a key of TRL before 1.0 (TRL 1.16 "
+       "truncates no prompt): read as the longest prompt; without it prompts are taken as 512 tokens, that "
+       "key's old default"),
+    _r("trl", "generation_batch_size", HONOURED, "generation_batch_size", "completions generated at once"),
+    _r("trl", "steps_per_generation", HONOURED, "generation_batch_size", "generation_batch_size = "
+       "per_device_train_batch_size x steps_per_generation"),
+    _r("trl", "use_vllm", HONOURED, "generation", "false: transformers' generate (hf); true: vLLM (vllm_mode)"),
+    _r("trl", "vllm_mode", HONOURED, "generation", "colocate (vllm-colocate) or server (vllm-server: another GPU)"),
+    _r("trl", "vllm_gpu_memory_utilization", HONOURED, "vllm_gpu_memory_utilization", "vLLM's share of the card "
+       "(colocate)"),
+    _r("trl", "vllm_enable_sleep_mode", HONOURED, "vllm_enable_sleep_mode", "vLLM frees its pool outside "
+       "generation"),
+    _r("trl", "vllm_max_model_length", HONOURED, "vllm_max_model_length", "vLLM's max_model_len: its KV cache must "
+       "hold one such sequence"),
+    _r("trl", "vllm_importance_sampling_correction", HONOURED, "vllm_importance_sampling_correction", "true: one "
+       "more forward pass to re-score vLLM's completions"),
+    _r("trl", "beta", HONOURED, "beta", "> 0: a reference model scores every completion (a copy of the weights for "
+       "full fine-tuning, the adapter-disabled policy for LoRA)"),
+    _r("trl", "vllm_tensor_parallel_size", HONOURED, "generation", "1 only: vLLM over several GPUs is not modelled"),
+    _r("trl", "num_iterations", APPROXIMATED, "recipe", "1 (the default) as TRL runs it; > 1 reuses each "
+       "generation for several steps and re-scores it (fewer generations per step, one more forward): estimated "
+       "as 1"),
+    _r("trl", "cache_implementation", IGNORED, "", "a static or offloaded KV cache instead of DynamicCache: not "
+       "modelled"),
+    _r("trl", "use_transformers_continuous_batching", IGNORED, "", "transformers' paged continuous batching "
+       "instead of generate: not modelled"),
+    _r("trl", "cast_lm_head_to_fp32", IGNORED, "", "an fp32 LM head (fp32 log-prob tiles): not modelled"),
+    _r("trl", "reward_model_name_or_path", IGNORED, "", "a reward model on the GPU: not modelled (reward "
+       "functions are assumed to run on the host)"),
+    _r("trl", "reward_funcs", IGNORED, "", "functions run on the host; a Hub model id among them is a reward model "
+       "on the GPU: not modelled"),
+    _r("trl", "temperature", IGNORED, "", "sampling only", affects=False),
+    _r("trl", "top_p", IGNORED, "", "sampling only", affects=False),
+    _r("trl", "top_k", IGNORED, "", "sampling only", affects=False),
+    _r("trl", "mask_truncated_completions", IGNORED, "", "masks the loss only", affects=False),
+    _r("trl", "scale_rewards", IGNORED, "", "reward scaling only", affects=False),
     # ----- Axolotl -----------------------------------------------------------------------------------
     _r("axolotl", "base_model", HONOURED, "model, recipe", "a catalog model whose config.json names this Hub id, or a "
        "local directory or config.json; an -Instruct/-it/-chat variant of a catalog model is approximated by it; an "
@@ -337,8 +378,15 @@ def schema() -> dict:
 
 
 def default(tool: str, key: str):
-    """The tool's own default for a key (``keys.json``)."""
-    return schema()[tool]["keys"][key]
+    """The tool's own default for a key (``keys.json``; TRL's GRPO keys from its ``grpo_keys``)."""
+    data = schema()[tool]
+    return data["keys"][key] if key in data["keys"] else data.get("grpo_keys", {})[key]
+
+
+def known_keys(tool: str) -> dict:
+    """Every key of the tool's schema (TRL: SFT's and GRPO's)."""
+    data = schema()[tool]
+    return {**data["keys"], **data.get("grpo_keys", {})}
 
 
 def version(tool: str) -> str:

@@ -37,7 +37,11 @@ def translate(r: Reader) -> Translation:
     # ----- precision -----
     _precision(r, t, init, method)
 
-    _batch(r, t)
+    grpo = is_grpo(r)
+    if grpo:
+        _grpo(r, t)
+    else:
+        _batch(r, t)
 
     # ----- the step -----
     t.set("grad_ckpt", bool(r.boolean("gradient_checkpointing", True)), "gradient_checkpointing")
@@ -49,12 +53,18 @@ def translate(r: Reader) -> Translation:
         attention(r, "attn_implementation" if r.has("attn_implementation") else "model_init_kwargs", attn, t)
     else:
         t.set("attn", "sdpa", "attn_implementation")
-    loss_type = str(r.get("loss_type", "nll"))
-    if loss_type not in ("nll", "dft", "chunked_nll"):
-        raise r.error("loss_type", f"{loss_type!r} is not a TRL 1.16 loss type", hint="nll, dft")
-    # the recipe: SFTTrainer's own loss (its fused LM head), adapters and optimizer (estimate/recipes.py)
-    t.set("recipe", "trl-sft", "model_name_or_path")
-    t.set("loss", "standard", "loss_type")
+    if grpo:
+        t.set("loss", "standard", "loss_type")
+        if r.has("loss_type"):
+            t.approx("loss_type", f"{r.get('loss_type')}: GRPO's loss aggregation; per-token tensors of batch x "
+                     "completion whichever it is, no memory or time difference")
+    else:
+        loss_type = str(r.get("loss_type", "nll"))
+        if loss_type not in ("nll", "dft", "chunked_nll"):
+            raise r.error("loss_type", f"{loss_type!r} is not a TRL 1.16 loss type", hint="nll, dft")
+        # the recipe: SFTTrainer's own loss (its fused LM head), adapters and optimizer (estimate/recipes.py)
+        t.set("recipe", "trl-sft", "model_name_or_path")
+        t.set("loss", "standard", "loss_type")
     if r.boolean("use_liger_kernel", False):
         t.approx("use_liger_kernel", "Liger's RMSNorm, RoPE and SwiGLU kernels are not modelled; the loss stays TRL's "
                  "fused LM head")
@@ -62,6 +72,75 @@ def translate(r: Reader) -> Translation:
     # ----- several GPUs -----
     trainer_sharding(r, t)
     return finish(r, t)
+
+
+#: TRL 1.16 dropped it, older GRPO files have it (``table.py``); the prompt length without it
+LEGACY_PROMPT_KEY, PROMPT_DEFAULT = "max_prompt_length", 512
+
+
+def is_grpo(r: Reader) -> bool:
+    """A ``trl grpo --config`` file: any key of GRPO's beyond SFT's (``keys.json`` grpo_keys)."""
+    from reportgen.configs import table
+
+    grpo = set(table.schema()["trl"].get("grpo_keys", {})) | {LEGACY_PROMPT_KEY}
+    return any(k in grpo for k in r.doc)
+
+
+def _grpo(r: Reader, t: Translation) -> None:
+    """GRPOTrainer's batch, lengths and generation (``trl/trainer/grpo_config.py``; recipe grpo,
+    ``estimate/grpo.py``). The divisibility rules are the setup's (``TrainingSetup._check_grpo``)."""
+    from reportgen.configs import table
+
+    first = next(k for k in r.doc if k in set(table.schema()["trl"]["grpo_keys"]) | {LEGACY_PROMPT_KEY})
+    t.set("recipe", "grpo", first)
+    batch = r.integer("per_device_train_batch_size", 8, minimum=1)
+    t.set("batch", batch, "per_device_train_batch_size")
+    t.set("accum", r.integer("gradient_accumulation_steps", 1, minimum=1), "gradient_accumulation_steps")
+    t.set("num_generations", r.integer("num_generations", 8, minimum=1), "num_generations")
+    if "max_completion_length" in r.doc and r.doc["max_completion_length"] is None:
+        raise r.error("max_completion_length", "null: completions end only at EOS, the longest decides the memory",
+                      hint="set max_completion_length, or pass --max-completion-length N")
+    completion = r.integer("max_completion_length", 512, minimum=1)
+    t.set("max_completion_length", completion, "max_completion_length")
+    prompt = r.integer(LEGACY_PROMPT_KEY, PROMPT_DEFAULT, minimum=1)
+    if r.has(LEGACY_PROMPT_KEY):
+        t.approx(LEGACY_PROMPT_KEY, "not a key of TRL 1.16 (it truncates no prompt): read as the longest prompt")
+    else:
+        t.approx("max_completion_length", f"prompts taken as {PROMPT_DEFAULT} tokens (no max_prompt_length in TRL "
+                 "1.16): pass --max-prompt-length N for your data's longest")
+    t.set("max_prompt_length", prompt, LEGACY_PROMPT_KEY)
+    t.set("seq", prompt + completion, "max_completion_length")
+    gbs, spg = r.integer("generation_batch_size", None, minimum=1), r.integer("steps_per_generation", None, minimum=1)
+    if gbs is not None and spg is not None:
+        raise r.error("steps_per_generation", "and generation_batch_size cannot both be set (TRL GRPOConfig)")
+    if gbs is not None or spg is not None:
+        t.set("generation_batch_size", gbs or batch * spg, "generation_batch_size" if gbs else "steps_per_generation")
+    _vllm(r, t)
+    t.set("beta", float(r.number("beta", 0.0)), "beta")
+    if r.integer("num_iterations", 1, minimum=1) > 1:
+        t.approx("num_iterations", "> 1 not modelled: estimated as 1 (one generation and no re-scoring per step)")
+
+
+def _vllm(r: Reader, t: Translation) -> None:
+    """``use_vllm``/``vllm_mode`` as ``generation``, and the colocated engine's settings."""
+    if not r.boolean("use_vllm", False):
+        t.set("generation", "hf", "use_vllm")
+        return
+    mode = str(r.get("vllm_mode", "colocate"))
+    if mode not in ("colocate", "server"):
+        raise r.error("vllm_mode", f"must be colocate or server (got {mode!r})")
+    t.set("generation", f"vllm-{mode}", "vllm_mode")
+    if r.integer("vllm_tensor_parallel_size", 1, minimum=1) > 1:
+        raise r.error("vllm_tensor_parallel_size", "vLLM over several GPUs is not modelled", hint="1")
+    t.set("vllm_importance_sampling_correction", bool(r.boolean("vllm_importance_sampling_correction", True)),
+          "vllm_importance_sampling_correction")
+    if mode == "colocate":
+        t.set("vllm_gpu_memory_utilization", float(r.number("vllm_gpu_memory_utilization", 0.3)),
+              "vllm_gpu_memory_utilization")
+        t.set("vllm_enable_sleep_mode", bool(r.boolean("vllm_enable_sleep_mode", False)), "vllm_enable_sleep_mode")
+        length = r.integer("vllm_max_model_length", None, minimum=8)
+        if length is not None:
+            t.set("vllm_max_model_length", length, "vllm_max_model_length")
 
 
 def _method(r: Reader, t: Translation) -> str:

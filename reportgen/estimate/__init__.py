@@ -20,7 +20,7 @@ from reportgen.estimate.verdict import Verdict, judge
 from reportgen.estimate.time import TimeEstimate, estimate_time
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
-from reportgen.setup import TrainingSetup
+from reportgen.setup import Recipe, TrainingSetup
 
 @dataclass(frozen=True)
 class Estimate:
@@ -37,6 +37,8 @@ class Estimate:
     context_limit: int | None = None  # the model's max_position_embeddings: max_seq never passes it
     notes: list[str] = field(default_factory=list)
     run: RunEstimate | None = None  # the whole run's phases (run.py); the verdict is its deciding phase's
+    #: recipe grpo: device bytes and seconds per phase, the phases that decide (``grpo.py``)
+    grpo: dict | None = None
 
     @property
     def verdict(self) -> str:
@@ -80,12 +82,16 @@ class Estimate:
             "notes": self.notes,
             "run": None if self.run is None else self.run.as_dict(),
             "estimator_hash": estimator_hash(),
+            **({"grpo": self.grpo} if self.grpo is not None else {}),
         }
 
 
 def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: bool = True,
              train_tokens: int = 100_000_000) -> Estimate:
-    """Estimate one case. ``reverse=False`` skips the largest-batch/longest-sequence searches."""
+    """Estimate one case. ``reverse=False`` skips the largest-batch/longest-sequence searches. Recipe
+    grpo: ``estimate_grpo`` (a ``SetupError`` for what TRL or vLLM would refuse)."""
+    if setup.recipe == Recipe.grpo:
+        return estimate_grpo(model, gpu, setup, reverse=reverse, train_tokens=train_tokens)
     mem = estimate_memory(model, setup, gpu)
     t = estimate_time(model, setup, gpu, activation_bytes=mem.terms["activations"],
                       logits_bytes=mem.terms["logits"], train_tokens=train_tokens,
@@ -111,6 +117,31 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         context_limit=model.max_position_embeddings or None,
         notes=notes + run.notes, run=run,
     )
+
+
+def estimate_grpo(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: bool = True,
+                  train_tokens: int = 100_000_000) -> Estimate:
+    """TRL's GRPOTrainer (``grpo.py``): memory and time per phase; the verdict is the phase asking the most
+    of the card. The batch and length searches do not apply (a GRPO batch must hold whole prompt groups):
+    ``grpo["max_num_generations"]`` answers the reverse question instead."""
+    from reportgen.estimate import grpo as G
+
+    G.check(model, setup, gpu)
+    mem, phases = G.grpo_memory(model, setup, gpu)
+    policy = estimate_time(model, setup, gpu, train_tokens=train_tokens, offloaded_bytes=mem.offloaded_activations)
+    t, times = G.grpo_time(model, setup, gpu, policy)
+    judgement = judge(mem, gpu.memory_bytes, setup.method.value)
+    info = {**phases.as_dict(), "times": times["times"], "time_phase": times["dominant"],
+            "generation_batch": setup.generation_batch, "prompt_length": setup.prompt_length,
+            "max_num_generations": G.max_num_generations(model, setup, gpu) if reverse else None}
+    notes = list(dict.fromkeys(mem.notes + t.notes))
+    if model.vision is not None:
+        notes.append(vision_note(model, setup))
+    return Estimate(model=model.name, gpu=gpu.key, setup=setup,
+                    params_total=model.total_params + (model.vision.params if model.vision else 0),
+                    params_trainable=P.trainable_params(model, setup), memory=mem, time=t, judgement=judgement,
+                    max_batch=None, max_seq=None, context_limit=model.max_position_embeddings or None, notes=notes,
+                    grpo=info)
 
 
 def context_note(model: ModelSpec, seq: int) -> str:

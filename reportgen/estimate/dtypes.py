@@ -68,9 +68,10 @@ def dtypes_for(setup: TrainingSetup, libs: Libraries = CURRENT) -> Dtypes:
         # Frozen base weights need no fp32 master copy: stored in the 16-bit dtype unless fp32.
         upcast = setup.frozen_dtype == FrozenDtype.fp32 or setup.kbit in (KbitPrep.peft, KbitPrep.trl)
         base = 4 if setup.precision == Precision.fp32 or upcast else 2
-    # TRL 1.16's SFTTrainer casts a quantized model's trainable parameters to bf16 (recipes.py)
+    # TRL 1.16's SFTTrainer casts a quantized model's trainable parameters to bf16 (recipes.py), and so
+    # does its GRPOTrainer (``trl/trainer/grpo_trainer.py`` 531-541)
     adapter = 2 if setup.precision == Precision.bf16 or (
-        setup.recipe == Recipe.trl_sft and setup.method == Method.qlora) else 4
+        setup.recipe in (Recipe.trl_sft, Recipe.grpo) and setup.method == Method.qlora) else 4
     quantized = setup.method == Method.qlora
     embed = c if setup.kbit == KbitPrep.trl and setup.frozen_dtype != FrozenDtype.fp32 else 0
     cast = setup.is_peft and setup.autocast and base == 4

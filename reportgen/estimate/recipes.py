@@ -62,13 +62,20 @@ TRL_ACCUMULATORS = 7
 
 
 def fused_head(setup: TrainingSetup) -> bool:
-    """Whether the recipe computes the loss with TRL's fused LM head instead of the model's."""
-    return setup.recipe == Recipe.trl_sft
+    """Whether the recipe computes the loss with TRL's fused LM head instead of the model's: SFTTrainer,
+    and GRPOTrainer, which patches the policy with ``add_fused_lm_head(..., outputs=("log_probs",
+    "entropy"))`` (``trl/trainer/grpo_trainer.py`` 1068-1072) and calls ``model(..., fused_lm_head=True)``
+    for every log-prob it needs (``_get_per_token_logps_and_entropies``, 1496-1498)."""
+    return setup.recipe in (Recipe.trl_sft, Recipe.grpo)
 
 
 def trl_scored_tokens(setup: TrainingSetup, tokens: int) -> int:
     """Positions the fused head scores: each row's last token has no next-token label (``labels[:, 1:]``);
-    every other label is valid in the worst case (no -100 besides padding)."""
+    every other label is valid in the worst case (no -100 besides padding). GRPO labels the completion
+    only (``labels[:, :-logits_to_keep] = -100``, ``grpo_trainer.py`` 1496, ``logits_to_keep`` the
+    completion length): ``max_completion_length`` positions per row."""
+    if setup.recipe == Recipe.grpo:
+        return setup.batch * setup.max_completion_length
     return max(0, tokens - setup.batch)
 
 

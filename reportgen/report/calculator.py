@@ -33,7 +33,7 @@ from reportgen.flags import DEFAULT_TRAIN_TOKENS, form_fields
 from reportgen.fingerprint import ESTIMATOR_SOURCES, estimator_hash
 from reportgen.report import pyodide
 from reportgen.report.page import Page, SiteData
-from reportgen.setup import METHOD_FIELDS
+from reportgen.setup import METHOD_FIELDS, TrainingSetup
 from reportgen.format import GIB
 
 PATH = "calculator/index.md"
@@ -56,6 +56,7 @@ GROUPS = (
     ("Training loop", ("recipe", "keep_outputs", "optimizer_in_backward", "compile")),
     ("GPUs", ("gpus", "sharding")),
     ("The whole run", ("eval_batch", "eval_seq", "eval_generate", "save", "load")),
+    ("GRPO (recipe grpo)", TrainingSetup.GRPO_FIELDS),
 )
 #: methods a field matters for (the page greys it out and leaves it off the command otherwise)
 APPLIES = METHOD_FIELDS
