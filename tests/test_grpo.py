@@ -330,3 +330,17 @@ def test_a_grpo_config_beside_flags(hub, tmp_path):
     proc = cli(["estimate", "--from", str(bad), "--gpu", "rtx-4090"], hub)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "divisible by num_generations (8)" in proc.stderr.replace("\n", " ")
+
+
+def test_the_verdict_names_generation_when_it_asks_the_most():
+    """vLLM asleep outside generation but holding 95 % of the card while it generates: generation decides,
+    and the verdict's sentence says so (verdict.PHASE_WORDS); a policy step that decides reads as training's."""
+    m, g = catalog.load_model("llama-3.2-1b"), catalog.load_gpu("rtx-4090")
+    s = TrainingSetup(recipe="grpo", method="lora", grad_ckpt=True, batch=8, generation="vllm-colocate",
+                      vllm_gpu_memory_utilization=0.95, vllm_enable_sleep_mode=True, vllm_max_model_length=2048)
+    e = estimate(m, g, s, reverse=False)
+    assert e.grpo["peak_phase"] == "generation" and e.judgement.phase == "generation"
+    assert e.judgement.text().startswith("does not fit at generation: needs ")
+    plain = estimate(m, g, s.model_copy(update={"generation": "hf", "vllm_enable_sleep_mode": False,
+                                                "vllm_max_model_length": None}), reverse=False)
+    assert plain.grpo["peak_phase"] == "policy-step" and plain.judgement.phase == "train"

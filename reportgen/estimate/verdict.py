@@ -77,7 +77,8 @@ class Verdict:
 
 
 #: how a sentence names a run phase other than the training step (run.py)
-PHASE_WORDS = {"eval": "evaluation", "load": "loading", "save": "the checkpoint save"}
+PHASE_WORDS = {"eval": "evaluation", "load": "loading", "save": "the checkpoint save",
+               "generation": "generation", "scoring": "scoring"}  # (grpo.py's phases)
 
 
 def _g(n: float) -> str:
