@@ -38,9 +38,10 @@ warm-up steps are done, so the optimizer states exist and the peak is the steady
 every timed step, the largest sample; it adds the CUDA context and memory outside the allocator.
 ``memory_after_load``: ``memory_allocated()`` once the model (and adapters) are built.
 
-Time (``loop.timed_steps``, summarised by ``_record``): each timed step is timed twice: its wall time (``torch.cuda.synchronize()`` before and
-after it, ``time.perf_counter`` around it: ``step_times_s``) and, on CUDA, the time between two CUDA
-events recorded on the current stream at its start and end (``torch.cuda.Event.elapsed_time``:
+Time (``loop.timed_steps``, summarised by ``_record``): each timed step is timed twice: its wall
+time (``torch.cuda.synchronize()`` before and after it, ``time.perf_counter`` around it:
+``step_times_s``) and, on CUDA, the time between two CUDA events recorded on the current stream at
+its start and end (``torch.cuda.Event.elapsed_time``:
 ``step_times_cuda_s``, median ``step_s_cuda``). ``step_s`` is the median of the wall times. The
 number of timed steps adapts (``timing.py``): at least ``steps``, then on until the median's 95 %
 confidence interval lies within ``target_rel_ci`` of it (``stable``), ``max_steps`` ran, or the
