@@ -38,6 +38,20 @@ warm-up steps are done, so the optimizer states exist and the peak is the steady
 every timed step, the largest sample; it adds the CUDA context and memory outside the allocator.
 ``memory_after_load``: ``memory_allocated()`` once the model (and adapters) are built.
 
+Host memory (issue 32; ``host.py``, bytes, on any device, null off Linux): ``host_rss_after_load``:
+the process's resident set size once the model is built (``VmRSS`` of ``/proc/self/status``,
+where ``memory_after_load`` is read); ``host_peak_rss_load``, ``host_peak_rss_warmup``,
+``host_peak_rss``: its peak resident set size (Linux getrusage(2): ``ru_maxrss`` of
+``RUSAGE_SELF``, in kilobytes) up to the end of loading, of the warm-up, and of the timed steps
+(read with the GPU peaks, before any profiled step); it only grows, and it counts from the
+worker's start (interpreter and imports included). ``host_peak_rss_children``: ``ru_maxrss`` of
+``RUSAGE_CHILDREN``, the largest peak of a child process that ended (not a sum; a child carries
+its parent's resident set size at the time it started, ``host.py``). A failed run
+records ``host_peak_rss_at_failure`` instead of ``host_peak_rss``: the peak up to the failure.
+``ru_maxrss`` may read a few hundred KiB below ``VmRSS`` read at the same moment (``host.py``), so
+``host_peak_rss_load`` can be just below ``host_rss_after_load``.
+Measurements made before issue 32 lack these fields.
+
 Time (``loop.timed_steps``, summarised by ``_record``): each timed step is timed twice: its wall
 time (``torch.cuda.synchronize()`` before and after it, ``time.perf_counter`` around it:
 ``step_times_s``) and, on CUDA, the time between two CUDA events recorded on the current stream at
@@ -93,7 +107,7 @@ import traceback
 from dataclasses import dataclass
 
 from reportgen import catalog
-from reportgen.measure import loop, timing
+from reportgen.measure import host, loop, timing
 from reportgen.measure.optimizers import SetupNotSupported
 from reportgen.measure.protocol import MeasureRequest, answer, empty_measurement, tail
 from reportgen.setup import Offload, TrainingSetup
@@ -279,6 +293,7 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         steps = loop.make_steps(model.model, model.trainer, trainable, spec, setup, dev.name, dist)
         phase.name = "warmup"
         loop.warm_up(request.warmup, steps.step, lambda: _inject(fault, "warmup"), dev.cuda)
+        measurement["host_peak_rss_warmup"] = host.peak_rss()
         phase.name = "timed"
         timed = loop.timed_steps(request, steps, dev.name, dev.nvml, dist, measurement)
         _record(environment, spec, setup, steps, timed, dev, measurement)
@@ -400,6 +415,7 @@ def _record_load(model: _Model, dev: _Device, measurement: dict) -> list:
         torch.cuda.empty_cache()  # drop what the build cached (QLoRA's 16-bit temporaries)
         measurement["memory_after_load"] = int(torch.cuda.memory_allocated())
         measurement["memory_after_load_reserved"] = int(torch.cuda.memory_reserved())
+    measurement.update(host_rss_after_load=host.rss_now(), host_peak_rss_load=host.peak_rss())
     return trainable
 
 
@@ -433,6 +449,7 @@ def _record(environment: dict, spec, setup: TrainingSetup, steps: loop.Steps, ti
         if setup.optimizer.value == "paged-adamw-8bit":
             measurement.setdefault("notes", []).append(
                 "paged optimizer states live in CUDA managed memory: in device_used, not in peak_allocated")
+    measurement.update(host_peak_rss=host.peak_rss(), host_peak_rss_children=host.peak_rss_children())
     from reportgen.estimate.memory import effective_attention
 
     attn, _ = effective_attention(spec, setup)
@@ -456,6 +473,7 @@ def _failure(exc: BaseException, phase: Phase, dev: _Device, dist, measurement: 
             measurement["peak_allocated_at_failure"] = int(torch.cuda.max_memory_allocated())
         except Exception:  # noqa: BLE001 - a broken CUDA context cannot answer
             pass
+    measurement["host_peak_rss_at_failure"] = host.peak_rss()  # as far as it got, likewise
     if isinstance(exc, SetupNotSupported):
         return "error", str(exc)
     if is_oom(exc):
