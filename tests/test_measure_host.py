@@ -121,3 +121,24 @@ def test_show_prints_host_ram_and_a_file_from_before_as_it_was():
     assert added == ["host RAM: peak 5.50 GiB (after load 3.00 GiB)"]
     failed = _shown(_real(host_rss_after_load=3 * 2**30, host_peak_rss_at_failure=4 * 2**30))
     assert "host RAM: peak 4.00 GiB up to the failure (after load 3.00 GiB)" in failed
+
+
+def test_a_multi_gpu_merge_keeps_each_ranks_host_memory_and_the_largest():
+    """Each rank is a process of its own: the merged figure is the largest rank's (one process's,
+    as the GPU figures are one GPU's), and each rank keeps its own."""
+    from reportgen.measure.protocol import MeasureRequest, answer, empty_measurement
+    from reportgen.measure.ranks import merge
+
+    request = MeasureRequest(model="llama-3.1-8b", gpu="h100-sxm", setup={"method": "lora", "gpus": 2,
+                                                                           "sharding": "ddp"}, device="cpu")
+
+    def rank(r: int, peak: int) -> dict:
+        env = {"device": "cpu", "rank": r, "local_rank": r, "world_size": 2, "backend": "gloo", "launcher": "torchrun"}
+        m = dict(empty_measurement(), step_times_s=[0.1, 0.2], step_s=0.15, real_tokens_per_step=64,
+                 host_rss_after_load=peak // 2, host_peak_rss_load=peak // 2, host_peak_rss_warmup=peak,
+                 host_peak_rss=peak, host_peak_rss_children=0)
+        return answer(request, "ok", measurement=m, environment=env)
+
+    m = merge(request, {0: rank(0, 3 * 2**30), 1: rank(1, 4 * 2**30)})["measurement"]
+    assert m["host_peak_rss"] == 4 * 2**30 and m["host_rss_after_load"] == 2 * 2**30
+    assert [r["host_peak_rss"] for r in m["ranks"]] == [3 * 2**30, 4 * 2**30]
