@@ -290,7 +290,7 @@ def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) ->
         model = _build(spec, setup, fault, dev, dist, measurement, phase)
         trainable = _record_load(model, dev, measurement)
         phase.name = "optimizer"
-        steps = loop.make_steps(model.model, model.trainer, trainable, spec, setup, dev.name, dist)
+        steps = loop.make_steps(model.model, model.trainer, trainable, spec, setup, dev.name, dist, chunked_loss)
         phase.name = "warmup"
         loop.warm_up(request.warmup, steps.step, lambda: _inject(fault, "warmup"), dev.cuda)
         measurement["host_peak_rss_warmup"] = host.peak_rss()

@@ -47,13 +47,14 @@ class Timed:
     gc_seconds: list = field(default_factory=list)  # and their pause
 
 
-def make_steps(model, trainer, trainable: list, spec, setup: TrainingSetup, device: str, dist) -> Steps:
+def make_steps(model, trainer, trainable: list, spec, setup: TrainingSetup, device: str, dist,
+               chunked_loss: Callable) -> Steps:
     """``model``: what the steps train (the trainer's, or a rank's wrapped model); ``trainer``: the
-    recipe's Trainer or None; ``dist``: the rank of a multi-GPU run or None."""
+    recipe's Trainer or None; ``dist``: the rank of a multi-GPU run or None; ``chunked_loss``: the
+    forward of ``loss=chunked`` (``harness.chunked_loss``, where the tracer imports it from)."""
     import torch
 
     from reportgen.measure.data import MicroBatches
-    from reportgen.measure.harness import chunked_loss
 
     optimizer = None
     if trainer is not None:
