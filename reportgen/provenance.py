@@ -143,7 +143,9 @@ def provenance_of(block: dict | None) -> Provenance:
 
 
 #: figures of a measurement block that are byte counts, times or rates: a number, finite and not negative
-_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "memory_after_load", "mfu")
+_FIGURES = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "memory_after_load", "mfu",
+            "host_rss_after_load", "host_peak_rss_load", "host_peak_rss_warmup", "host_peak_rss",
+            "host_peak_rss_children", "host_peak_rss_at_failure")
 
 
 def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, device: str, key: str | None,
@@ -156,7 +158,8 @@ def inconsistency(block: dict, env: dict, settings: dict, measurement: dict, dev
       run because ``environment.device`` says so) and its card: the GPU name CUDA reported maps to
       the catalog key it claims (``hardware.catalog_gpu_for``, the mapping the harness itself used;
       a file without a GPU name is not checked by name);
-    * its figures are physically possible: numbers, finite and not negative; peak reserved at least
+    * its figures are physically possible: numbers, finite and not negative (the host memory figures
+      too: ``host_peak_rss`` and the others, absent from files made before issue 32); peak reserved at least
       peak allocated (the caching allocator reserves what it allocates); the device total at least
       the reserved; neither above the memory of the GPU that ran it, nor, capped, the reserved above
       the cap; a step time is not zero; MFU within the card's peak (at most 1);

@@ -156,6 +156,14 @@ class Measured(_Loose):
     params_trainable: Number | None = None
     step_times_s: list[Number] | None = None
     notes: list[StrictStr] = []
+    # host memory (issue 32; harness.py): byte counts, whole numbers; absent from older files. A
+    # negative one is well-formed but impossible: provenance.inconsistency sets the file aside
+    host_rss_after_load: StrictInt | None = None
+    host_peak_rss_load: StrictInt | None = None
+    host_peak_rss_warmup: StrictInt | None = None
+    host_peak_rss: StrictInt | None = None
+    host_peak_rss_children: StrictInt | None = None
+    host_peak_rss_at_failure: StrictInt | None = None
 
 
 class Settings(_Loose):

@@ -245,7 +245,8 @@ def test_damaged_figures_never_count_and_never_raise():
     values = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**62, max_value=2**62),
                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
                        st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
-    keys = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "mfu")
+    keys = ("peak_allocated", "peak_reserved", "device_used", "step_s", "tokens_per_s", "mfu", "host_peak_rss",
+            "host_rss_after_load")
 
     @settings(max_examples=300, deadline=None)
     @given(st.dictionaries(st.sampled_from(keys), values, min_size=1))

@@ -193,6 +193,16 @@ def test_validation_names_a_forged_run_it_sets_aside(work, capsys):
     assert "its settings say it ran on the CPU" in err
 
 
+def test_validation_sets_aside_a_run_with_a_negative_host_peak(work, capsys):
+    """Issue 32: the host memory figures are checked as the GPU ones: the file reads (well-formed),
+    and is set aside with its reason."""
+    _edit(_measurement(work), "measurement.host_peak_rss", -1)
+    assert _run("validation", "--results", str(work / "results")) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "set aside, compared with nothing: llama-3.2-1b.h100-sxm.lora." in err
+    assert "its host_peak_rss (-1) is not a size, time or rate" in err
+
+
 # ----- property: no damaged file is a traceback, a hang or a published impossibility ---------------------
 def _paths(doc, prefix=()):
     yield prefix

@@ -7,6 +7,7 @@
   ``ranks.py``: the command and the merge of the ranks' answers);
 * ``cluster.py``: a sweep's cases as a Slurm job array through submitit (``--executor slurm``);
 * ``worker.py``: that subprocess's entry point; ``harness.py``: the measurement itself;
+  ``loop.py``: its step call, warm-up and timed loop;
 * ``timing.py``: how many timed steps run and what their times say (median, spread, interval);
 * ``profiling.py``: ``--profile``'s steps under torch.profiler; ``trace_stats.py``: per-step
   figures (GPU-busy time, kernels, CPU ops) from the trace's events;

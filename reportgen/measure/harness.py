@@ -3,6 +3,15 @@ read PyTorch's and the driver's memory counters and the step times.
 
 Runs inside the worker subprocess (``worker.py``), never in the CLI's own process.
 
+``run`` goes through the phases (``Phase``: what a failure names as ``failed_in``) in order, one
+function each: ``_prepare`` (setup, model spec, refusals), ``_start_device`` (CUDA context, NVML,
+cap, memory history), ``connect`` (a rank), ``_build`` (model, adapters, a recipe's Trainer, a
+rank's wrapping; ``build_s``), ``_record_load`` (dtypes, trainable parameters, memory after load),
+``loop.make_steps`` (optimizer and data: the ``optimizer`` phase), ``loop.warm_up``,
+``loop.timed_steps`` (``loop.py``: the loop and its CUDA calls), ``_record`` (the figures below
+from the timed steps), ``_profile``; ``_failure`` turns an exception into the answer's status
+(an OOM is a result, never an exception; Ctrl-C is raised again).
+
 Training step (``step.py`` ``train_step``, shared with ``reportgen trace``; the loop of HF
 Trainer without its extras, and what the estimator's timeline assumes, ``estimate/memory.py``):
 for each of ``accum`` micro-batches of random token ids ``(batch, seq)`` with labels = input ids
@@ -29,9 +38,24 @@ warm-up steps are done, so the optimizer states exist and the peak is the steady
 every timed step, the largest sample; it adds the CUDA context and memory outside the allocator.
 ``memory_after_load``: ``memory_allocated()`` once the model (and adapters) are built.
 
-Time: each timed step is timed twice: its wall time (``torch.cuda.synchronize()`` before and
-after it, ``time.perf_counter`` around it: ``step_times_s``) and, on CUDA, the time between two CUDA
-events recorded on the current stream at its start and end (``torch.cuda.Event.elapsed_time``:
+Host memory (issue 32; ``host.py``, bytes, on any device, null off Linux): ``host_rss_after_load``:
+the process's resident set size once the model is built (``VmRSS`` of ``/proc/self/status``,
+where ``memory_after_load`` is read); ``host_peak_rss_load``, ``host_peak_rss_warmup``,
+``host_peak_rss``: its peak resident set size (Linux getrusage(2): ``ru_maxrss`` of
+``RUSAGE_SELF``, in kilobytes) up to the end of loading, of the warm-up, and of the timed steps
+(read with the GPU peaks, before any profiled step); it only grows, and it counts from the
+worker's start (interpreter and imports included). ``host_peak_rss_children``: ``ru_maxrss`` of
+``RUSAGE_CHILDREN``, the largest peak of a child process that ended (not a sum; a child carries
+its parent's resident set size at the time it started, ``host.py``). A failed run
+records ``host_peak_rss_at_failure`` instead of ``host_peak_rss``: the peak up to the failure.
+``ru_maxrss`` may read a few hundred KiB below ``VmRSS`` read at the same moment (``host.py``), so
+``host_peak_rss_load`` can be just below ``host_rss_after_load``.
+Measurements made before issue 32 lack these fields.
+
+Time (``loop.timed_steps``, summarised by ``_record``): each timed step is timed twice: its wall
+time (``torch.cuda.synchronize()`` before and after it, ``time.perf_counter`` around it:
+``step_times_s``) and, on CUDA, the time between two CUDA events recorded on the current stream at
+its start and end (``torch.cuda.Event.elapsed_time``:
 ``step_times_cuda_s``, median ``step_s_cuda``). ``step_s`` is the median of the wall times. The
 number of timed steps adapts (``timing.py``): at least ``steps``, then on until the median's 95 %
 confidence interval lies within ``target_rel_ci`` of it (``stable``), ``max_steps`` ran, or the
@@ -74,20 +98,19 @@ for real measurements: the measurement records it if it is set.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import signal
 import statistics
 import time
 import traceback
+from dataclasses import dataclass
 
 from reportgen import catalog
-from reportgen.measure import timing
-from reportgen.measure.optimizers import SetupNotSupported, make_optimizer
+from reportgen.measure import host, loop, timing
+from reportgen.measure.optimizers import SetupNotSupported
 from reportgen.measure.protocol import MeasureRequest, answer, empty_measurement, tail
-from reportgen.measure.step import train_step
-from reportgen.setup import Offload, Precision, TrainingSetup
+from reportgen.setup import Offload, TrainingSetup
 
 FAULT_ENV = "REPORTGEN_FAULT"
 SNAPSHOT_MAX_ENTRIES = 200_000
@@ -223,250 +246,239 @@ def _mfu(spec, setup: TrainingSetup, attn, tokens_per_s: float, device_key: str 
     return model_flops * tokens_per_s / peak, basis
 
 
+@dataclass
+class _Device:
+    """The device of the run and what the harness turned on there; a failure and the end of the run
+    read it again (the allocator's peak, the memory history, the cap)."""
+
+    name: str  # request.device: "cuda" or "cpu"
+    started: bool = False  # CUDA context created: a failure can ask the allocator for its peak
+    nvml: object = None  # nvml.Nvml of the device (device_used), when NVML answers
+    cap: dict | None = None  # the answer's cap block (cap_to_gpu)
+    snapshot_on: bool = False  # memory history recorded (--snapshot): dumped when the run ends
+
+    @property
+    def cuda(self) -> bool:
+        return self.name == "cuda"
+
+
+@dataclass
+class _Model:
+    """The model the steps train: built (``build.py``), inside its Trainer for a recipe other than
+    the loop (``sft.py``), wrapped (DDP, FSDP2) for a multi-GPU rank."""
+
+    model: object
+    built: object  # build.Built: attention, dtypes, notes (the measurement's notes list itself)
+    trainer: object = None  # recipes trainer and trl-sft: the real Trainer / SFTTrainer around the model
+    trainer_dir: object = None  # the trainer's output folder, removed when the run ends
+
+
 def run(request: MeasureRequest, environment: dict, dist=None, on_phase=None) -> dict:
     """Measure one case; every outcome (ok, OOM, error) is an answer, never an exception.
     ``dist``: this process's ``distributed.Rank`` in a multi-GPU run (None: one process, one GPU);
     ``on_phase(name)``: called at each phase change."""
     phase = Phase(on_phase)
     measurement = empty_measurement()
-    cap = None
-    snapshot_on = cuda_started = False
+    dev = _Device(request.device)
     try:
-        import torch
-
-        setup = TrainingSetup.model_validate(request.setup)
-        spec = catalog.load_model(request.model)
-        device = request.device
-        index = dist.local_rank if dist is not None else 0  # the CUDA device of this process
-        measurement.update(warmup=request.warmup, steps=request.steps, tokens_per_step=setup.tokens_per_step)
-        fault = os.environ.get(FAULT_ENV) or None
-        if dist is not None:
-            fault = dist.fault(fault)
-        if fault:
-            measurement["fault_injected"] = fault
-        if device == "cuda" and not torch.cuda.is_available():
-            raise SetupNotSupported("--device cuda: no CUDA device is visible to PyTorch "
-                                    f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
-        check_supported(setup, device, dist.world_size if dist is not None else 1)
-        cuda = device == "cuda"
-        nvml = None
-        if cuda:
-            torch.cuda.set_device(index)
-            cuda_started = True
-            torch.empty(1, device="cuda")  # create the context before reading its size
-            try:
-                from reportgen.measure.nvml import Nvml, uuid_of
-
-                nvml = Nvml(uuid_of(torch.cuda.get_device_properties(index)))
-            except Exception as exc:  # noqa: BLE001 - no NVML: device_used stays null
-                measurement["device_used_source"] = f"unavailable ({type(exc).__name__}: {exc})"
-            if request.cap_to_gpu:
-                cap = _cap(request, nvml, environment.get("gpu_catalog_key"), index)
-            if request.snapshot:
-                torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
-                snapshot_on = True
-            # fp32 matmuls run on CUDA cores unless TF32 is allowed (PyTorch's default: not allowed)
-            measurement["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        setup, spec, fault = _prepare(request, measurement, dist)
+        _start_device(request, environment, measurement, dev, dist)
         if dist is not None:
             phase.name = "connect"
-            dist.connect(device)
-
-        # ----- build ----------------------------------------------------------------------------
+            dist.connect(dev.name)
         phase.name = "build"
-        _inject(fault, "build")
-        from reportgen.measure.build import build
-        from reportgen.measure.data import MicroBatches
-
-        t0 = time.perf_counter()
-        if dist is None:
-            built = build(spec, setup, device)
-        else:
-            built = build(spec, setup, device, quant_storage=dist.quant_storage(setup))
-        model = built.model
-        trainer = None  # recipes trainer and trl-sft: the real Trainer / SFTTrainer around the model (sft.py)
-        if setup.recipe.value != "loop":
-            import tempfile
-
-            from reportgen.measure.sft import make_trainer
-
-            trainer_dir = tempfile.TemporaryDirectory(prefix="reportgen-trainer-")
-            trainer = make_trainer(model, setup, device, trainer_dir.name)
-            model = trainer.model
-            if setup.is_peft:  # as the trainer left them (SFTTrainer casts a 4-bit model's adapters to bf16)
-                dtype = next(p.dtype for p in model.parameters() if p.requires_grad)
-                built.adapter_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-            built.notes.append("measured through " + ("TRL SFTTrainer" if setup.recipe.value == "trl-sft"
-                                                      else "transformers Trainer"))
-        if dist is not None:
-            phase.name = "wrap"
-            model = dist.wrap(model, setup, device, built.notes)
-        if cuda:
-            torch.cuda.synchronize()
-        measurement["build_s"] = time.perf_counter() - t0
-        measurement.update(attn_implementation=built.attn_implementation, storage_dtype=built.storage_dtype,
-                           compute_dtype=built.compute_dtype, adapter_dtype=built.adapter_dtype, notes=built.notes)
-        if snapshot_on:
-            built.notes.append("memory history recorded (--snapshot): step times include its overhead")
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        measurement["params_trainable"] = sum(p.numel() for p in trainable)
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()  # drop what the build cached (QLoRA's 16-bit temporaries)
-            measurement["memory_after_load"] = int(torch.cuda.memory_allocated())
-            measurement["memory_after_load_reserved"] = int(torch.cuda.memory_reserved())
-
-        # ----- optimizer and data ---------------------------------------------------------------
+        model = _build(spec, setup, fault, dev, dist, measurement, phase)
+        trainable = _record_load(model, dev, measurement)
         phase.name = "optimizer"
-        optimizer = None
-        if trainer is not None:
-            from reportgen.measure.sft import trainer_optimizer
-
-            optimizer = trainer_optimizer(trainer, setup)  # Trainer.create_optimizer where optim names it
-        optimizer = optimizer if optimizer is not None else make_optimizer(trainable, setup, device)
-        scaler = torch.amp.GradScaler(device) if setup.precision == Precision.fp16_mixed else None
-        amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(setup.compute_dtype)
-
-        def autocast():
-            if setup.autocast:
-                return torch.autocast(device_type=device, dtype=amp_dtype)
-            return contextlib.nullcontext()
-
-        gen = torch.Generator(device=device).manual_seed(dist.rank if dist is not None else 0)
-        data = MicroBatches(setup, spec.vocab_size, device, gen)
-        batches = data.next_step(longest=True)
-        last_loss: list[float] = []
-
-        keep = setup.keep_outputs.value
-        kept: list = []  # outputs the loop holds (keep_outputs): past the loss, or into the next step
-        # multi-GPU: the context of each micro-batch (DDP's no_sync before the last one)
-        sync = dist.micro_batch_sync(model, setup) if dist is not None else None
-        offload = torch.autograd.graph.save_on_cpu(pin_memory=cuda) if setup.act_offload else contextlib.nullcontext()
-
-        def forward(ids, mask, labels):
-            if trainer is not None:
-                return trainer.forward(ids, mask, labels)  # the trainer's compute_loss
-            if setup.loss.value == "chunked":
-                return chunked_loss(model, ids, mask, labels, spec)
-            out = model(input_ids=ids, attention_mask=mask, labels=labels)
-            return out.loss, out
-
-        def step() -> None:
-            train_step(model, optimizer, batches, setup.accum, autocast, scaler, last_loss, keep=keep, kept=kept,
-                       offload=offload, forward=forward, sync=sync)
-
-        # ----- warm-up --------------------------------------------------------------------------
+        steps = loop.make_steps(model.model, model.trainer, trainable, spec, setup, dev.name, dist, chunked_loss)
         phase.name = "warmup"
-        for _ in range(request.warmup):
-            _inject(fault, "warmup")
-            step()
-        if request.warmup == 0:
-            _inject(fault, "warmup")
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-
-        # ----- timed steps ----------------------------------------------------------------------
+        loop.warm_up(request.warmup, steps.step, lambda: _inject(fault, "warmup"), dev.cuda)
+        measurement["host_peak_rss_warmup"] = host.peak_rss()
         phase.name = "timed"
-        rule = timing.rule_from_settings(vars(request))
-        measurement.update(max_steps=rule.max_steps, max_timed_s=rule.max_timed_s, target_rel_ci=rule.target_rel_ci)
-        times: list[float] = []
-        cuda_times: list[float] = []
-        used_samples: list[int] = []
-        source = None
-        data.real_tokens.clear()
-        start_ev = torch.cuda.Event(enable_timing=True) if cuda else None
-        end_ev = torch.cuda.Event(enable_timing=True) if cuda else None
-        reason = None
-        gc_pauses = timing.GcPauses()
-        gc_counts: list[int] = []
-        gc_seconds: list[float] = []
-        while reason is None:
-            batches[:] = data.next_step(longest=not times)  # outside the timed window
-            if cuda:
-                torch.cuda.synchronize()
-            gc_pauses.take()
-            t = time.perf_counter()
-            if cuda:
-                start_ev.record()
-            with gc_pauses:
-                step()
-            if cuda:
-                end_ev.record()
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-            n_gc, s_gc = gc_pauses.take()
-            gc_counts.append(n_gc)
-            gc_seconds.append(s_gc)
-            if cuda:
-                cuda_times.append(start_ev.elapsed_time(end_ev) / 1000.0)  # milliseconds -> seconds
-            if nvml is not None:
-                used, source = nvml.process_used()
-                if used is not None:
-                    used_samples.append(used)
-            reason = timing.stop_reason(times, rule)
-            if dist is not None:  # every rank runs as many steps as the others (collectives)
-                reason = dist.agree_stop(reason, device)
-        stats = timing.summary(times)
-        median = stats["step_s"]
-        real_per_step = statistics.mean(data.real_tokens)  # data tokens, padding left out
-        tokens_per_s = real_per_step / median
-        measurement["real_tokens_per_step"] = real_per_step
-        measurement.update(stats, step_times_s=times, tokens_per_s=tokens_per_s, stop_reason=reason,
-                           timed_s=sum(times), step_times_cuda_s=cuda_times if cuda else None,
-                           step_s_cuda=statistics.median(cuda_times) if cuda else None,
-                           gc_collections=gc_counts, gc_pause_s=gc_seconds)
-        if last_loss:
-            value = float(last_loss[0].float().item()) * setup.accum
-            measurement["final_loss"] = value if value == value and abs(value) != float("inf") else None
-            measurement["loss_finite"] = value == value and abs(value) != float("inf")
-        if cuda:
-            measurement["peak_allocated"] = int(torch.cuda.max_memory_allocated())
-            measurement["peak_reserved"] = int(torch.cuda.max_memory_reserved())
-            measurement["device_used"] = max(used_samples) if used_samples else None
-            measurement["device_used_source"] = source if used_samples else measurement.get("device_used_source")
-            if setup.optimizer.value == "paged-adamw-8bit":
-                measurement.setdefault("notes", []).append(
-                    "paged optimizer states live in CUDA managed memory: in device_used, not in peak_allocated")
-        from reportgen.estimate.memory import effective_attention
-
-        attn, _ = effective_attention(spec, setup)
-        device_key = environment.get("gpu_catalog_key") if cuda else None
-        measurement["mfu"], measurement["mfu_basis"] = _mfu(spec, setup, attn, tokens_per_s, device_key)
-
-        # ----- profiled steps (after every figure above is read) ----------------------------------
-        if request.profile:
+        timed = loop.timed_steps(request, steps, dev.name, dev.nvml, dist, measurement)
+        _record(environment, spec, setup, steps, timed, dev, measurement)
+        if request.profile:  # profiled steps, after every figure above is read
             phase.name = "profile"
 
             def next_batches(_: int) -> None:
-                batches[:] = data.next_step()
+                steps.batches[:] = steps.data.next_step()
 
-            measurement["profile"] = _profile(request, step, next_batches, cuda, dist)
+            measurement["profile"] = _profile(request, steps.step, next_batches, dev.cuda, dist)
         status, error = "ok", None
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
         if isinstance(exc, KeyboardInterrupt):
             raise
-        measurement["failed_in"] = phase.name
-        if dist is not None:  # when, and whether only because another rank went away (ranks.py)
-            from reportgen.measure.distributed import is_peer_failure
-
-            measurement.update(failed_at=time.time(), peer_lost=is_peer_failure(exc))
-        if cuda_started:
-            # how far it got: the allocator's peak up to the failure (since the warm-up's reset when
-            # it failed in a timed step); not the case's peak, which the run never reached
-            try:
-                measurement["peak_allocated_at_failure"] = int(torch.cuda.max_memory_allocated())
-            except Exception:  # noqa: BLE001 - a broken CUDA context cannot answer
-                pass
-        if isinstance(exc, SetupNotSupported):
-            status, error = "error", str(exc)
-        elif is_oom(exc):
-            status, error = "oom", tail(str(exc))
-        else:
-            status, error = "error", tail("".join(traceback.format_exception(exc)))
+        status, error = _failure(exc, phase, dev, dist, measurement)
     finally:
-        if snapshot_on:
+        if dev.snapshot_on:
             measurement["snapshot"] = _dump_snapshot(request.snapshot)
-    return answer(request, status, measurement=measurement, error=error, environment=environment, cap=cap)
+    return answer(request, status, measurement=measurement, error=error, environment=environment, cap=dev.cap)
+
+
+def _prepare(request: MeasureRequest, measurement: dict, dist) -> tuple:
+    """The case's setup and model spec, and the injected fault (test only); refuses what cannot run
+    here (``check_supported``). Returns ``(setup, spec, fault)``."""
+    import torch
+
+    setup = TrainingSetup.model_validate(request.setup)
+    spec = catalog.load_model(request.model)
+    measurement.update(warmup=request.warmup, steps=request.steps, tokens_per_step=setup.tokens_per_step)
+    fault = os.environ.get(FAULT_ENV) or None
+    if dist is not None:
+        fault = dist.fault(fault)
+    if fault:
+        measurement["fault_injected"] = fault
+    if request.device == "cuda" and not torch.cuda.is_available():
+        raise SetupNotSupported("--device cuda: no CUDA device is visible to PyTorch "
+                                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+    check_supported(setup, request.device, dist.world_size if dist is not None else 1)
+    return setup, spec, fault
+
+
+def _start_device(request: MeasureRequest, environment: dict, measurement: dict, dev: _Device, dist) -> None:
+    """On CUDA: the context, NVML, the cap (``cap_to_gpu``), the memory history (``--snapshot``);
+    nothing on the CPU."""
+    if not dev.cuda:
+        return
+    import torch
+
+    index = dist.local_rank if dist is not None else 0  # the CUDA device of this process
+    torch.cuda.set_device(index)
+    dev.started = True
+    torch.empty(1, device="cuda")  # create the context before reading its size
+    try:
+        from reportgen.measure.nvml import Nvml, uuid_of
+
+        dev.nvml = Nvml(uuid_of(torch.cuda.get_device_properties(index)))
+    except Exception as exc:  # noqa: BLE001 - no NVML: device_used stays null
+        measurement["device_used_source"] = f"unavailable ({type(exc).__name__}: {exc})"
+    if request.cap_to_gpu:
+        dev.cap = _cap(request, dev.nvml, environment.get("gpu_catalog_key"), index)
+    if request.snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+        dev.snapshot_on = True
+    # fp32 matmuls run on CUDA cores unless TF32 is allowed (PyTorch's default: not allowed)
+    measurement["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def _build(spec, setup: TrainingSetup, fault: str | None, dev: _Device, dist, measurement: dict,
+           phase: Phase) -> _Model:
+    """Build the model (and adapters), put it in its Trainer (a recipe) or wrap it (a rank);
+    ``build_s`` is the time it took (to the device's last kernel)."""
+    import torch
+
+    _inject(fault, "build")
+    from reportgen.measure.build import build
+
+    t0 = time.perf_counter()
+    if dist is None:
+        built = build(spec, setup, dev.name)
+    else:
+        built = build(spec, setup, dev.name, quant_storage=dist.quant_storage(setup))
+    out = _Model(built.model, built)
+    if setup.recipe.value != "loop":
+        import tempfile
+
+        from reportgen.measure.sft import make_trainer
+
+        out.trainer_dir = tempfile.TemporaryDirectory(prefix="reportgen-trainer-")
+        out.trainer = make_trainer(out.model, setup, dev.name, out.trainer_dir.name)
+        out.model = out.trainer.model
+        if setup.is_peft:  # as the trainer left them (SFTTrainer casts a 4-bit model's adapters to bf16)
+            dtype = next(p.dtype for p in out.model.parameters() if p.requires_grad)
+            built.adapter_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        built.notes.append("measured through " + ("TRL SFTTrainer" if setup.recipe.value == "trl-sft"
+                                                  else "transformers Trainer"))
+    if dist is not None:
+        phase.name = "wrap"
+        out.model = dist.wrap(out.model, setup, dev.name, built.notes)
+    if dev.cuda:
+        torch.cuda.synchronize()
+    measurement["build_s"] = time.perf_counter() - t0
+    return out
+
+
+def _record_load(model: _Model, dev: _Device, measurement: dict) -> list:
+    """What the build made (dtypes, notes, trainable parameters) and the memory after load; returns
+    the trainable parameters."""
+    import torch
+
+    built = model.built
+    measurement.update(attn_implementation=built.attn_implementation, storage_dtype=built.storage_dtype,
+                       compute_dtype=built.compute_dtype, adapter_dtype=built.adapter_dtype, notes=built.notes)
+    if dev.snapshot_on:
+        built.notes.append("memory history recorded (--snapshot): step times include its overhead")
+    trainable = [p for p in model.model.parameters() if p.requires_grad]
+    measurement["params_trainable"] = sum(p.numel() for p in trainable)
+    gc.collect()
+    if dev.cuda:
+        torch.cuda.empty_cache()  # drop what the build cached (QLoRA's 16-bit temporaries)
+        measurement["memory_after_load"] = int(torch.cuda.memory_allocated())
+        measurement["memory_after_load_reserved"] = int(torch.cuda.memory_reserved())
+    measurement.update(host_rss_after_load=host.rss_now(), host_peak_rss_load=host.peak_rss())
+    return trainable
+
+
+def _record(environment: dict, spec, setup: TrainingSetup, steps: loop.Steps, timed: loop.Timed, dev: _Device,
+            measurement: dict) -> None:
+    """The figures of the timed steps: the timing summary and tokens/s, the last loss, the
+    allocator's and the driver's memory peaks (CUDA), MFU."""
+    import torch
+
+    cuda = dev.cuda
+    times, cuda_times = timed.times, timed.cuda_times
+    stats = timing.summary(times)
+    median = stats["step_s"]
+    real_per_step = statistics.mean(steps.data.real_tokens)  # data tokens, padding left out
+    tokens_per_s = real_per_step / median
+    measurement["real_tokens_per_step"] = real_per_step
+    measurement.update(stats, step_times_s=times, tokens_per_s=tokens_per_s, stop_reason=timed.reason,
+                       timed_s=sum(times), step_times_cuda_s=cuda_times if cuda else None,
+                       step_s_cuda=statistics.median(cuda_times) if cuda else None,
+                       gc_collections=timed.gc_counts, gc_pause_s=timed.gc_seconds)
+    if steps.last_loss:
+        value = float(steps.last_loss[0].float().item()) * setup.accum
+        measurement["final_loss"] = value if value == value and abs(value) != float("inf") else None
+        measurement["loss_finite"] = value == value and abs(value) != float("inf")
+    if cuda:
+        measurement["peak_allocated"] = int(torch.cuda.max_memory_allocated())
+        measurement["peak_reserved"] = int(torch.cuda.max_memory_reserved())
+        measurement["device_used"] = max(timed.used_samples) if timed.used_samples else None
+        measurement["device_used_source"] = timed.source if timed.used_samples \
+            else measurement.get("device_used_source")
+        if setup.optimizer.value == "paged-adamw-8bit":
+            measurement.setdefault("notes", []).append(
+                "paged optimizer states live in CUDA managed memory: in device_used, not in peak_allocated")
+    measurement.update(host_peak_rss=host.peak_rss(), host_peak_rss_children=host.peak_rss_children())
+    from reportgen.estimate.memory import effective_attention
+
+    attn, _ = effective_attention(spec, setup)
+    device_key = environment.get("gpu_catalog_key") if cuda else None
+    measurement["mfu"], measurement["mfu_basis"] = _mfu(spec, setup, attn, tokens_per_s, device_key)
+
+
+def _failure(exc: BaseException, phase: Phase, dev: _Device, dist, measurement: dict) -> tuple[str, str]:
+    """The status and error of a run that raised ``exc`` (not a Ctrl-C), and where it failed."""
+    measurement["failed_in"] = phase.name
+    if dist is not None:  # when, and whether only because another rank went away (ranks.py)
+        from reportgen.measure.distributed import is_peer_failure
+
+        measurement.update(failed_at=time.time(), peer_lost=is_peer_failure(exc))
+    if dev.started:
+        # how far it got: the allocator's peak up to the failure (since the warm-up's reset when
+        # it failed in a timed step); not the case's peak, which the run never reached
+        try:
+            import torch
+
+            measurement["peak_allocated_at_failure"] = int(torch.cuda.max_memory_allocated())
+        except Exception:  # noqa: BLE001 - a broken CUDA context cannot answer
+            pass
+    measurement["host_peak_rss_at_failure"] = host.peak_rss()  # as far as it got, likewise
+    if isinstance(exc, SetupNotSupported):
+        return "error", str(exc)
+    if is_oom(exc):
+        return "oom", tail(str(exc))
+    return "error", tail("".join(traceback.format_exception(exc)))
 
 
 def _profile(request: MeasureRequest, step, before, cuda: bool, dist=None) -> dict:

@@ -11,6 +11,9 @@ answer of the case, still the shape of ``protocol.py``::
      "measurement": {
         "peak_allocated", "peak_reserved", "device_used", "memory_after_load":  the max over ranks
                                                  (the per-GPU memory the estimator predicts);
+        "host_peak_rss", "host_rss_after_load", ... (harness.py): the max over ranks too, one
+                       process's host memory (the node holds world_size of them; torchrun's own
+                       process is in none);
         "step_times_s": per timed step, the slowest rank's time; "step_s": their median, and the
                        timing summary of timing.py over them (min, max, quartiles, interval);
         "step_times_cuda_s": likewise from the ranks' CUDA-event times; "stop_reason": rank 0's
@@ -47,14 +50,17 @@ from reportgen.measure.distributed import LAUNCHER, TORCHRUN_FLAG, rank_paths
 from reportgen.measure.protocol import FINAL_STATUSES, MeasureRequest, answer, empty_measurement, tail
 from reportgen.measure.timing import summary
 
+#: host memory figures of each rank's process (harness.py, host.py)
+HOST_KEYS = ("host_rss_after_load", "host_peak_rss_load", "host_peak_rss_warmup", "host_peak_rss",
+             "host_peak_rss_children", "host_peak_rss_at_failure")
 #: memory figures: max over ranks
 MAX_KEYS = ("peak_allocated", "peak_reserved", "device_used", "memory_after_load", "memory_after_load_reserved",
-            "peak_allocated_at_failure")
+            "peak_allocated_at_failure", *HOST_KEYS)
 #: what each rank's entry keeps of its own measurement
 RANK_KEYS = ("phase", "failed_in", "peak_allocated", "peak_reserved", "device_used", "device_used_source",
              "memory_after_load", "memory_after_load_reserved", "peak_allocated_at_failure", "step_times_s", "step_s",
              "step_times_cuda_s", "stop_reason", "real_tokens_per_step", "final_loss", "loss_finite", "build_s",
-             "fault_injected", "peer_lost", "profile")
+             "fault_injected", "peer_lost", "profile", *HOST_KEYS)
 #: per-rank figures that the merged measurement recomputes (never rank 0's alone)
 PER_RANK = ("step_times_s", "step_s", "step_s_min", "step_s_max", "tokens_per_s", "real_tokens_per_step", "mfu",
             "final_loss", "loss_finite", "device_used_source", "phase", "pid", "failed_at", "peer_lost",

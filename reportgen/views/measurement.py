@@ -53,6 +53,9 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
     mfu_label = "MFU" + (f" (vs {basis['gpu']} {basis['dtype']} peak)" if basis.get("gpu") else "")
     table.add_row(mfu_label, pct(m.get("mfu")), pct(et.mfu) if et else "-")
     console.print(table)
+    host = host_line(m)
+    if host:
+        console.print(host, highlight=False)
     if m.get("step_times_s"):
         console.print("step times: " + _times(m["step_times_s"]) + f" after {m.get('warmup')} warm-up steps",
                       highlight=False)
@@ -91,6 +94,18 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
         f"python {env.get('python')}", *parts,
         f"reportgen {env.get('reportgen')} @ {(env.get('git_commit') or 'unknown')[:10]}",
         env.get("hostname"), env.get("utc")])) + "[/]", highlight=False)
+
+
+def host_line(m: dict) -> str | None:
+    """Host RAM of the measuring process (``measure/harness.py``: peak resident set size, and once the
+    model was loaded); None for a measurement made before the harness recorded it (issue 32)."""
+    failed = m.get("host_peak_rss") is None and m.get("host_peak_rss_at_failure") is not None
+    peak = m.get("host_peak_rss_at_failure") if failed else m.get("host_peak_rss")
+    after = m.get("host_rss_after_load")
+    if peak is None and after is None:
+        return None
+    return f"host RAM: peak {gib(peak)} GiB" + (" up to the failure" if failed else "") + \
+        f" (after load {gib(after)} GiB)"
 
 
 #: step times listed in full up to this many; beyond, the first ones and a count
