@@ -570,3 +570,13 @@ def test_a_model_page_opens_with_its_answer(docs):
     row = next(line for line in text.split("## Where it fits")[1].splitlines() if line.startswith(f"| [{card}]"))
     assert tokens in row
     assert "Full fine-tuning fits" in body and "every card is [below](#where-it-fits)" in body
+
+
+def test_a_note_naming_keys_reads_as_itself():
+    """Notes name config keys such as model._component_: Markdown must not set them in italics (seen on the
+    guides' torchtune configs), and markup characters stay text."""
+    from markdown import markdown
+
+    html = markdown(str(render._note("name yours under model._component_ | *not bold*")))
+    assert "<em>" not in html and "model._component_" in html.replace("&#95;", "_")
+    assert "*not bold*" in html.replace("&#42;", "*")

@@ -171,6 +171,12 @@ def _code(text) -> Markup:
     return Markup(f"{fence}{pad}{s}{pad}{fence}")
 
 
+def _note(text) -> Markup:
+    """A note's sentence as Markdown that reads as itself, underscores too: notes name keys such as
+    ``model._component_``, which Markdown would set in italics."""
+    return Markup(str(_cell(text)).replace("_", "&#95;"))
+
+
 def case_id_cell(text) -> Markup:
     """A case id in a table's setup cell (issue 31: as a last column it was cut off by wide tables, and it is
     the handle ``reportgen show`` takes): an HTML code span that may wrap before its hash, on two lines at
@@ -207,7 +213,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(gib=_gib, rate=rate, pct=_pct, money=money, num=_num, signed_pct=_signed_pct, cell=_cell,
-                       code=_code, case_id=case_id_cell, fenced=_fenced, join=_join)
+                       code=_code, case_id=case_id_cell, note=_note, fenced=_fenced, join=_join)
     return env
 
 
