@@ -36,7 +36,8 @@ value), read from the tools themselves.
   ``functools.wraps``), with their literal defaults (a module-level constant such as ``_DEFAULT_TARGET_MODULES``
   resolved), read with ``ast`` from the published wheel (``pip download unsloth==2026.10.9 --no-deps``), and its
   ``unsloth/models/mapper.py`` ``__INT_TO_FLOAT_MAPPER`` as ``models``: every ``unsloth/...`` repo it names ->
-  the original checkpoint's Hub id. The trainer section's keys are TRL's (the ``trl`` entry).
+  the original checkpoint's Hub id. The trainer section's keys are TRL's (the ``trl`` entry); the defaults unsloth's
+  patched configs put in place of TRL's (``unsloth/models/rl.py`` ``replacements``) are ``trainer_defaults``.
 
 Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, ``python scripts/config_keys.py --only-llamafactory
 LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` ``python scripts/config_keys.py --only-torchtune TORCHTUNE_WHEEL`` or
@@ -361,16 +362,29 @@ def _unsloth_models(text: str) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def _unsloth_trainer_defaults(text: str) -> dict[str, object]:
+    """``unsloth/models/rl.py``'s ``replacements``: the defaults unsloth's patched TRL configs (``UnslothSFTConfig``)
+    put in place of TRL's (``per_device_train_batch_size`` 4, ``optim`` adamw_8bit, ...)."""
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "replacements"
+                and isinstance(node.value, ast.Dict)):
+            return {k.value: _literal(v) for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant)}
+    raise SystemExit("unsloth/models/rl.py: no replacements dict")
+
+
 def unsloth_keys(wheel: Path) -> dict:
     with zipfile.ZipFile(wheel) as z:
         files = {n: z.read(n).decode() for n in ("unsloth/models/loader.py", "unsloth/models/llama.py",
-                                                 "unsloth/models/mapper.py", "unsloth/_version.py")}
+                                                 "unsloth/models/mapper.py", "unsloth/models/rl.py",
+                                                 "unsloth/_version.py")}
     version = re.search(r'__version__ = "([^"]+)"', files["unsloth/_version.py"]).group(1)
     load = _method_args(ast.parse(files["unsloth/models/loader.py"]), "FastLanguageModel", "from_pretrained", ())
     peft = _method_args(ast.parse(files["unsloth/models/llama.py"]), "FastLlamaModel", "get_peft_model", ("model",))
     keys = {**{f"from_pretrained.{k}": v for k, v in load.items()}, **{f"get_peft_model.{k}": v for k, v in peft.items()}}
     return {"version": version, "keys": dict(sorted(keys.items())),
-            "models": _unsloth_models(files["unsloth/models/mapper.py"])}
+            "models": _unsloth_models(files["unsloth/models/mapper.py"]),
+            "trainer_defaults": dict(sorted(_unsloth_trainer_defaults(files["unsloth/models/rl.py"]).items()))}
 
 
 def main(argv: list[str]) -> int:
