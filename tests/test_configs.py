@@ -156,7 +156,7 @@ def test_advise_from_walks_the_files_model_and_length(capsys):
 BAD = [
     ("bad.yaml", "model_name_or_path: [unclosed\n", "bad.yaml:2: not valid YAML"),
     ("list.yaml", "- model_name_or_path: x\n", "a config is a mapping"),
-    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl, a LLaMA-Factory nor a torchtune config"),
+    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl, a LLaMA-Factory, a torchtune nor an unsloth config"),
     ("unknown-model.yaml", "output_dir: x\nmodel_name_or_path: acme/NotAModel-3B\n",
      "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
      "config.json is not in the Hugging Face cache"),
