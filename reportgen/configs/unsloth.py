@@ -208,7 +208,9 @@ def _method(r: Reader, t: Translation) -> str:
     if method == "full":
         return method
     if not any(k.startswith(PEFT) for k in r.doc) and "get_peft_model" not in r._lines:
-        raise r.error(source, f"a {'4-bit' if method == 'qlora' else '16-bit LoRA'} model trains only through the "
+        what = f"{source.split('.')[1]}{'' if source in r.doc else ' (unsloth default true)'}: a " + (
+            "4-bit" if method == "qlora" else "16-bit LoRA")
+        raise r.error(source if source in r.doc else "from_pretrained", f"{what} model trains only through the "
                       "adapters get_peft_model adds, and the file has no get_peft_model section",
                       hint="add FastLanguageModel.get_peft_model: {r: 16}, or full_finetuning: true")
     if method == "qlora":
