@@ -65,7 +65,9 @@ def gpu_from_args(args: argparse.Namespace):
 def add_from_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_file", type=Path, default=None, metavar="CONFIG",
                    help="a TRL (trl sft --config), Axolotl, LLaMA-Factory (llamafactory-cli train) or torchtune "
-                        "(tune run) YAML/JSON config: its model and setup (the docs' configs page lists what each "
+                        "(tune run) YAML/JSON config, or unsloth's arguments as YAML (sections "
+                        "FastLanguageModel.from_pretrained, FastLanguageModel.get_peft_model, SFTConfig): its model and "
+                        "setup (the docs' configs page lists what each "
                         "key becomes); setup flags given beside it "
                         "override the file's values")
 

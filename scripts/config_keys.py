@@ -31,8 +31,17 @@ value), read from the tools themselves.
   ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel).
   ``pip download torchtune==0.6.1 --no-deps``.
 
+* unsloth: the keyword arguments of ``FastLanguageModel.from_pretrained`` (``unsloth/models/loader.py``) and of
+  ``FastLlamaModel.get_peft_model`` (``unsloth/models/llama.py``; ``FastLanguageModel.get_peft_model`` wraps it with
+  ``functools.wraps``), with their literal defaults (a module-level constant such as ``_DEFAULT_TARGET_MODULES``
+  resolved), read with ``ast`` from the published wheel (``pip download unsloth==2026.10.9 --no-deps``), and its
+  ``unsloth/models/mapper.py`` ``__INT_TO_FLOAT_MAPPER`` as ``models``: every ``unsloth/...`` repo it names ->
+  the original checkpoint's Hub id. The trainer section's keys are TRL's (the ``trl`` entry); the defaults unsloth's
+  patched configs put in place of TRL's (``unsloth/models/rl.py`` ``replacements``) are ``trainer_defaults``.
+
 Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, ``python scripts/config_keys.py --only-llamafactory
-LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` or ``python scripts/config_keys.py --only-torchtune TORCHTUNE_WHEEL``
+LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` ``python scripts/config_keys.py --only-torchtune TORCHTUNE_WHEEL`` or
+``python scripts/config_keys.py --only-unsloth UNSLOTH_WHEEL``
 to rewrite one tool's section alone (the others are kept byte for byte).
 """
 
@@ -317,7 +326,75 @@ def torchtune_keys(wheel: Path) -> dict:
             "components": {s: sorted(c) for s, c in sections.items() if s != "model"}}
 
 
+def _method_args(tree: ast.Module, cls: str, method: str, skip: tuple) -> dict[str, object]:
+    """A class's method's keyword arguments and literal defaults, a default naming a module-level constant of
+    ``tree`` read as that constant's value."""
+    consts = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            consts[node.targets[0].id] = _literal(node.value)
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(b for b in klass.body if isinstance(b, ast.FunctionDef) and b.name == method)
+    out = _args(fn, skip)
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    named = list(zip(pos[len(pos) - len(a.defaults):], a.defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+    for arg, d in named:
+        if isinstance(d, ast.Name) and d.id in consts:
+            out[arg.arg] = consts[d.id]
+    return out
+
+
+def _unsloth_models(text: str) -> dict[str, str]:
+    """``mapper.py``'s ``__INT_TO_FLOAT_MAPPER``: each ``unsloth/...`` name (lower case, as unsloth's loader looks
+    it up) -> the first Hub id of another organisation among its values (the original checkpoint)."""
+    tree = ast.parse(text)
+    node = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "__INT_TO_FLOAT_MAPPER")
+    out: dict[str, str] = {}
+    for key, value in ast.literal_eval(node).items():
+        names = list(value["16"] if isinstance(value, dict) else value)
+        original = next((n for n in names if not n.lower().startswith("unsloth/")), None)
+        if original:
+            for name in [key] + names:
+                if name.lower().startswith("unsloth/"):
+                    out.setdefault(name.lower(), original)
+    return dict(sorted(out.items()))
+
+
+def _unsloth_trainer_defaults(text: str) -> dict[str, object]:
+    """``unsloth/models/rl.py``'s ``replacements``: the defaults unsloth's patched TRL configs (``UnslothSFTConfig``)
+    put in place of TRL's (``per_device_train_batch_size`` 4, ``optim`` adamw_8bit, ...)."""
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "replacements"
+                and isinstance(node.value, ast.Dict)):
+            return {k.value: _literal(v) for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant)}
+    raise SystemExit("unsloth/models/rl.py: no replacements dict")
+
+
+def unsloth_keys(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z:
+        files = {n: z.read(n).decode() for n in ("unsloth/models/loader.py", "unsloth/models/llama.py",
+                                                 "unsloth/models/mapper.py", "unsloth/models/rl.py",
+                                                 "unsloth/_version.py")}
+    version = re.search(r'__version__ = "([^"]+)"', files["unsloth/_version.py"]).group(1)
+    load = _method_args(ast.parse(files["unsloth/models/loader.py"]), "FastLanguageModel", "from_pretrained", ())
+    peft = _method_args(ast.parse(files["unsloth/models/llama.py"]), "FastLlamaModel", "get_peft_model", ("model",))
+    keys = {**{f"from_pretrained.{k}": v for k, v in load.items()}, **{f"get_peft_model.{k}": v for k, v in peft.items()}}
+    return {"version": version, "keys": dict(sorted(keys.items())),
+            "models": _unsloth_models(files["unsloth/models/mapper.py"]),
+            "trainer_defaults": dict(sorted(_unsloth_trainer_defaults(files["unsloth/models/rl.py"]).items()))}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--only-unsloth":
+        data = json.loads(OUT.read_text())
+        data["unsloth"] = unsloth_keys(Path(argv[1]))
+        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
+        print(f"wrote {OUT}: unsloth {data['unsloth']['version']} ({len(data['unsloth']['keys'])} keys, "
+              f"{len(data['unsloth']['models'])} unsloth repos)")
+        return 0
     if len(argv) == 2 and argv[0] == "--only-torchtune":
         data = json.loads(OUT.read_text())
         data["torchtune"] = torchtune_keys(Path(argv[1]))

@@ -156,7 +156,7 @@ def test_advise_from_walks_the_files_model_and_length(capsys):
 BAD = [
     ("bad.yaml", "model_name_or_path: [unclosed\n", "bad.yaml:2: not valid YAML"),
     ("list.yaml", "- model_name_or_path: x\n", "a config is a mapping"),
-    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl, a LLaMA-Factory nor a torchtune config"),
+    ("neither.yaml", "learning_rate: 1.0e-4\n", "neither a TRL, an Axolotl, a LLaMA-Factory, a torchtune nor an unsloth config"),
     ("unknown-model.yaml", "output_dir: x\nmodel_name_or_path: acme/NotAModel-3B\n",
      "unknown-model.yaml:2: model_name_or_path: model 'acme/NotAModel-3B': HF_HUB_OFFLINE is set and its "
      "config.json is not in the Hugging Face cache"),
@@ -520,10 +520,19 @@ ACTED_ON = {
                   "dataset", "enable_activation_checkpointing", "enable_activation_offloading", "compile",
                   "optimizer_in_bwd", "loss._component_", "optimizer._component_", "optimizer.momentum",
                   "fsdp_cpu_offload", "fsdp_reshard_after_forward", "tensor_parallel_dim", "ac_mode"],
+    "unsloth": ["from_pretrained.model_name", "from_pretrained.max_seq_length", "from_pretrained.dtype",
+                "from_pretrained.load_in_4bit", "from_pretrained.load_in_8bit", "from_pretrained.load_in_16bit",
+                "from_pretrained.load_in_fp8", "from_pretrained.full_finetuning",
+                "from_pretrained.float32_mixed_precision", "from_pretrained.use_gradient_checkpointing",
+                "get_peft_model.r", "get_peft_model.lora_alpha", "get_peft_model.lora_dropout",
+                "get_peft_model.target_modules", "get_peft_model.use_gradient_checkpointing", "get_peft_model.bias",
+                "SFTConfig.per_device_train_batch_size", "SFTConfig.gradient_accumulation_steps", "SFTConfig.max_length",
+                "SFTConfig.packing", "SFTConfig.padding_free", "SFTConfig.bf16", "SFTConfig.fp16", "SFTConfig.optim",
+                "SFTConfig.fsdp", "SFTConfig.deepspeed", "get_peft_model", "SFTConfig"],
 }
 
 
-@pytest.mark.parametrize("tool", ["axolotl", "trl", "llamafactory", "torchtune"])
+@pytest.mark.parametrize("tool", ["axolotl", "trl", "llamafactory", "torchtune", "unsloth"])
 def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     """Property (hypothesis), issue 29 class 4: a valid config (the fixture, with Cut Cross-Entropy or
     Liger on) with one to three of the keys the readers act on set to any YAML value (of any type,
@@ -533,19 +542,22 @@ def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     from hypothesis import strategies as st
 
     fixture = {"axolotl": "axolotl_qlora.yml", "trl": "trl_qlora.yaml", "llamafactory": "llamafactory_qlora.yaml",
-               "torchtune": "torchtune_lora_single_device.yaml"}
+               "torchtune": "torchtune_lora_single_device.yaml", "unsloth": "unsloth_qlora.yaml"}
     base = yaml.safe_load((FIXTURES / fixture[tool]).read_text())
+    if tool == "unsloth":  # its sections by their short names, so that section.key sets them
+        base = {k.removeprefix("FastLanguageModel."): v for k, v in base.items()}
     base.update({"axolotl": {"cut_cross_entropy": True,
                              "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]},
                  "trl": {"use_liger_kernel": True}, "llamafactory": {"enable_liger_kernel": True},
-                 "torchtune": {}}[tool])
-    known = [k for k in ACTED_ON[tool] if k in table.schema()[tool]["keys"]]
+                 "torchtune": {}, "unsloth": {}}[tool])
+    known = [k for k in ACTED_ON[tool] if k in table.known_keys(tool) or tool == "unsloth"]
     leaves = st.one_of(st.none(), st.booleans(), st.integers(min_value=-3, max_value=70_000),
                        st.floats(allow_nan=False, allow_infinity=False, width=32), st.sampled_from(
                            ["true", "false", "auto", "4", "\u0664", "", "nf4", "offload", "full_shard", "adamw_torch",
                             "paged_adamw_8bit", "lora", "qlora", "all-linear", "sdpa", "bfloat16", "x.json", "bf16", "fp32",
                             "q_proj", "torch.optim.SGD", "torchtune.models.llama3_2.qlora_llama3_2_1b",
-                            "${output_dir}", "${batch_size}"]))
+                            "${output_dir}", "${batch_size}", "unsloth", "float16", "unsloth/llama-3-8b-Instruct",
+                            "unsloth/gemma-4-E2B-it", "adamw_8bit"]))
     values = st.one_of(leaves, st.lists(leaves, max_size=3), st.dictionaries(
         st.sampled_from(["stage", "offload_params", "bnb_4bit_use_double_quant", "zero_optimization", "x", "packed",
                          "_component_"]), leaves,
@@ -555,7 +567,7 @@ def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
     @given(st.dictionaries(st.sampled_from(known), values, min_size=1, max_size=3), st.sampled_from(["1", "2"]))
     def check(changes, gpus):
         doc = {k: v for k, v in {**base, **changes}.items() if v is not _REMOVE}
-        if tool == "torchtune":  # section.key: set in its section
+        if tool in ("torchtune", "unsloth"):  # section.key: set in its section
             doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
             for key, v in changes.items():
                 section, _, sub = key.partition(".")

@@ -1,8 +1,9 @@
-"""TRL, Axolotl, LLaMA-Factory and torchtune configs in: a config file as reportgen's model and ``TrainingSetup``.
+"""TRL, Axolotl, LLaMA-Factory, torchtune and unsloth configs in: a config file as reportgen's model and ``TrainingSetup``.
 
 ``translate_file(path)`` reads a TRL ``trl sft --config`` file, an Axolotl YAML, a LLaMA-Factory
-``llamafactory-cli train`` YAML or a torchtune ``tune run`` recipe config (which one is told by its keys:
-torchtune's by its ``_component_`` sections), ``setup_from(translation, explicit)``
+``llamafactory-cli train`` YAML, a torchtune ``tune run`` recipe config or unsloth's arguments as YAML (which one is
+told by its keys: torchtune's by its ``_component_`` sections, unsloth's by its sections named after its calls,
+``FastLanguageModel.from_pretrained``, ``get_peft_model``, ``SFTConfig``), ``setup_from(translation, explicit)``
 builds the setup with the flags a user gave beside the file overriding it. ``table.py`` lists what
 becomes of every key; ``reverse.py`` writes a setup as TRL's and Axolotl's keys. Torch-free: the calculator runs it under Pyodide.
 """
@@ -51,6 +52,10 @@ def _is_torchtune(doc: dict) -> bool:
 
 
 def detect(doc: dict, path: Path) -> str:
+    from reportgen.configs import unsloth
+
+    if unsloth.is_unsloth(doc):
+        return "unsloth"
     if _is_torchtune(doc):
         if "_component_" in doc:
             raise ConfigError(f"{path}: _component_ at the top: a torchtune component, not a recipe's config",
@@ -73,21 +78,26 @@ def detect(doc: dict, path: Path) -> str:
     if trl and axo:
         raise ConfigError(f"{path}: has TRL keys ({', '.join(trl)}) and Axolotl keys ({', '.join(axo)})",
                           hint="a config is for one tool: TRL names the model model_name_or_path, Axolotl base_model")
-    raise ConfigError(f"{path}: neither a TRL, an Axolotl, a LLaMA-Factory nor a torchtune config: it has none of "
-                      f"{', '.join(_TRL_MARKS)} (TRL), {', '.join(_AXOLOTL_MARKS)} (Axolotl), "
-                      f"{', '.join(_LLAMAFACTORY_MARKS)} (LLaMA-Factory) or a section's _component_ (torchtune)",
+    raise ConfigError(f"{path}: neither a TRL, an Axolotl, a LLaMA-Factory, a torchtune nor an unsloth config: it has "
+                      f"none of {', '.join(_TRL_MARKS)} (TRL), {', '.join(_AXOLOTL_MARKS)} (Axolotl), "
+                      f"{', '.join(_LLAMAFACTORY_MARKS)} (LLaMA-Factory), a section's _component_ (torchtune) or a "
+                      "FastLanguageModel.from_pretrained section (unsloth)",
                       hint="TRL: model_name_or_path: meta-llama/Llama-3.2-1B; Axolotl: base_model: ...; torchtune: "
-                           "model: {_component_: torchtune.models.llama3_2.lora_llama3_2_1b, ...}")
+                           "model: {_component_: torchtune.models.llama3_2.lora_llama3_2_1b, ...}; unsloth: "
+                           "FastLanguageModel.from_pretrained: {model_name: unsloth/Llama-3.2-1B-Instruct, ...}")
 
 
 def translate_file(path: str | Path, bf16_capable: bool = True) -> Translation:
     """The file's model and setup fields and what became of each key; ``bf16_capable``: whether the
     card has bf16 (Axolotl's ``bf16: auto`` asks it). Raises ``ConfigError``."""
-    from reportgen.configs import axolotl, llamafactory, torchtune, trl
+    from reportgen.configs import axolotl, llamafactory, torchtune, trl, unsloth
 
     path = Path(path)
     doc, lines = read_file(path)
     tool = detect(doc, path)
+    if tool == "unsloth":
+        flat, flat_lines = unsloth.flatten(doc, lines, path)
+        return unsloth.translate(Reader(path, flat, flat_lines, tool), bf16_capable=bf16_capable)
     if tool == "torchtune":
         return torchtune.translate(Reader(path, torchtune.flatten(doc), lines, tool))
     r = Reader(path, doc, lines, tool)

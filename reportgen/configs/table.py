@@ -1,4 +1,4 @@
-"""The one table of what reportgen makes of each key of a TRL, Axolotl, LLaMA-Factory or torchtune config.
+"""The one table of what reportgen makes of each key of a TRL, Axolotl, LLaMA-Factory, torchtune or unsloth config.
 
 Every key the translators read is a row here, with its status:
 
@@ -22,12 +22,13 @@ from functools import lru_cache
 from importlib import resources
 
 HONOURED, APPROXIMATED, IGNORED = "honoured", "approximated", "ignored"
-TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory", "torchtune": "torchtune"}
+TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory", "torchtune": "torchtune",
+         "unsloth": "unsloth"}
 
 
 @dataclass(frozen=True)
 class Row:
-    tool: str  # "trl", "axolotl", "llamafactory" or "torchtune"
+    tool: str  # "trl", "axolotl", "llamafactory", "torchtune" or "unsloth"
     key: str
     status: str
     fields: str  # the setup fields (or "model") it sets, comma separated; "" when ignored
@@ -355,6 +356,96 @@ ROWS: tuple[Row, ...] = (
     _r("torchtune", "clip_grad_norm", IGNORED, "", "gradient clipping: a norm over the gradients, not modelled"),
     _r("torchtune", "profiler.enabled", IGNORED, "", "the torch profiler's trace: not modelled"),
     _r("torchtune", "low_cpu_ram", IGNORED, "", "how the checkpoint is saved: host memory only", affects=False),
+    # ----- unsloth (its calls' keyword arguments as YAML sections; keys read as section.key) ---------------
+    _r("unsloth", "from_pretrained.model_name", APPROXIMATED, "model, recipe, loss", "an unsloth/... repo (a "
+       "re-upload or pre-quantized copy; unsloth/models/mapper.py names the original checkpoint) is the catalog model "
+       "of the original's shapes (Llama 3 8B/70B: Llama 3.1's), another one refused (pass --model); any other Hub id or "
+       "path as the other tools'. unsloth's trainer is TRL's SFTTrainer, its model computing the loss in chunks "
+       "(unsloth_fused_ce_loss, unsloth/models/llama.py): recipe trainer with loss fused; its own Triton kernels are "
+       "not modelled"),
+    _r("unsloth", "from_pretrained.max_seq_length", HONOURED, "seq", "the longest sample (default 2048): unsloth's "
+       "trainer truncates to it (unsloth/models/rl.py), or to SFTConfig's max_length where that is set below it"),
+    _r("unsloth", "from_pretrained.dtype", HONOURED, "precision, frozen_dtype, kbit_prep", "null: bfloat16 where the "
+       "card has it, float16 otherwise (unsloth/models/llama.py). LoRA/QLoRA: only the adapters are upcast to fp32 "
+       "(unsloth_zoo training_utils.py prepare_model_for_training), autocast in the model's dtype (bf16-mixed, frozen "
+       "weights and unquantized layers in it: kbit_prep none); float32: fp32 throughout"),
+    _r("unsloth", "from_pretrained.load_in_4bit", APPROXIMATED, "method, quant, double_quant", "true (unsloth's "
+       "default): QLoRA with unsloth's BitsAndBytesConfig: NF4, double quantization, lm_head kept in 16 bit "
+       "(llama.py, unsloth_zoo peft_utils.py SKIP_QUANTIZATION_MODULES); a pre-quantized -bnb-4bit repo's own "
+       "quantization_config is modelled as the same"),
+    _r("unsloth", "from_pretrained.load_in_16bit", HONOURED, "method", "LoRA on 16-bit weights (also load_in_4bit: "
+       "false)"),
+    _r("unsloth", "from_pretrained.full_finetuning", HONOURED, "method, precision", "full fine-tuning: a bf16 "
+       "model trains in pure bf16 (precision bf16) unless float32_mixed_precision; get_peft_model's keys are unused"),
+    _r("unsloth", "from_pretrained.float32_mixed_precision", HONOURED, "precision", "full fine-tuning of a bf16 model: "
+       "true keeps fp32 master weights under bf16 autocast (bf16-mixed)"),
+    _r("unsloth", "from_pretrained.load_in_8bit", HONOURED, "method", "false only: 8-bit LoRA is not modelled, true "
+       "is refused"),
+    _r("unsloth", "from_pretrained.load_in_fp8", HONOURED, "method", "false only: fp8 LoRA is not modelled, true or "
+       "block is refused"),
+    _r("unsloth", "from_pretrained.use_gradient_checkpointing", APPROXIMATED, "grad_ckpt, act_offload", "full "
+       "fine-tuning's checkpointing (LoRA: get_peft_model's); unsloth (default): offloaded checkpointing, modelled as "
+       "checkpointing with activation offload; true: checkpointing"),
+    _r("unsloth", "from_pretrained.offload_embedding", IGNORED, "", "the input embeddings kept in host RAM: not "
+       "modelled"),
+    _r("unsloth", "from_pretrained.unsloth_tiled_mlp", IGNORED, "", "the MLP run in tiles of tokens: not modelled"),
+    _r("unsloth", "from_pretrained.fast_inference", IGNORED, "", "a vLLM engine beside the model (GRPO): not "
+       "modelled for SFT"),
+    _r("unsloth", "from_pretrained.gpu_memory_utilization", IGNORED, "", "vLLM's share of the card with "
+       "fast_inference: not modelled"),
+    _r("unsloth", "from_pretrained.qat_scheme", IGNORED, "", "quantization-aware training: not modelled"),
+    _r("unsloth", "from_pretrained.rope_scaling", IGNORED, "", "RoPE scaling: the same tensors", affects=False),
+    _r("unsloth", "from_pretrained.max_lora_rank", IGNORED, "", "vLLM's LoRA rank limit (fast_inference only)",
+       affects=False),
+    _r("unsloth", "get_peft_model.r", HONOURED, "lora_rank", "LoRA rank (default 16)"),
+    _r("unsloth", "get_peft_model.lora_alpha", HONOURED, "lora_alpha", "scaling only (default 16)"),
+    _r("unsloth", "get_peft_model.lora_dropout", HONOURED, "lora_dropout", "default 0 (unsloth's fast LoRA kernels "
+       "want 0)"),
+    _r("unsloth", "get_peft_model.target_modules", HONOURED, "lora_targets", "module names; unsloth's default, "
+       "q/k/v/o and gate/up/down, is all-linear"),
+    _r("unsloth", "get_peft_model.use_gradient_checkpointing", APPROXIMATED, "grad_ckpt, act_offload", "unsloth "
+       "(default): unsloth_zoo's Unsloth_Offloaded_Gradient_Checkpointer moves each layer's input checkpoint to host "
+       "RAM and back for the recomputation: modelled as checkpointing with activation offload (act_offload); true: "
+       "checkpointing on the GPU; false: none"),
+    _r("unsloth", "get_peft_model.bias", APPROXIMATED, "lora_targets", "none (default); lora_only or all also train "
+       "the biases: not modelled (a vector per layer)"),
+    _r("unsloth", "get_peft_model.use_rslora", IGNORED, "", "changes the adapters' scaling only", affects=False),
+    _r("unsloth", "get_peft_model.modules_to_save", IGNORED, "", "the named modules become fully trainable copies: "
+       "not modelled"),
+    _r("unsloth", "get_peft_model.layers_to_transform", IGNORED, "", "adapters on some layers only: not modelled"),
+    _r("unsloth", "get_peft_model.finetune_last_n_layers", IGNORED, "", "adapters on the last layers only: not "
+       "modelled"),
+    _r("unsloth", "get_peft_model.target_parameters", IGNORED, "", "adapters on parameters (MoE experts): not "
+       "modelled"),
+    _r("unsloth", "get_peft_model.offload_layers", IGNORED, "", "layers kept in host RAM: not modelled"),
+    _r("unsloth", "get_peft_model.checkpoint_skip_layers", IGNORED, "", "layers left out of checkpointing: not "
+       "modelled"),
+    _r("unsloth", "get_peft_model.qat_scheme", IGNORED, "", "quantization-aware training: not modelled"),
+    _r("unsloth", "SFTConfig.per_device_train_batch_size", HONOURED, "batch", "micro-batch per GPU (unsloth's "
+       "SFTConfig default 4, unsloth/models/rl.py)"),
+    _r("unsloth", "SFTConfig.gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (unsloth's "
+       "default 2)"),
+    _r("unsloth", "SFTConfig.max_length", HONOURED, "seq", "caps the model's max_seq_length where set below it (TRL's "
+       "default 1024 is not taken as a cap, unsloth/models/rl.py)"),
+    _r("unsloth", "SFTConfig.max_seq_length", HONOURED, "seq", "as max_length (unsloth's SFTConfig keeps the old "
+       "name)"),
+    _r("unsloth", "SFTConfig.packing", HONOURED, "padding", "packed rows of max_seq_length tokens"),
+    _r("unsloth", "SFTConfig.padding_free", APPROXIMATED, "padding", "unsloth turns padding-free batching on unless "
+       "packing or padding_free: false (unsloth/trainer.py): modelled as packed rows; false: each micro-batch padded "
+       "to its longest sample"),
+    _r("unsloth", "SFTConfig.bf16", HONOURED, "precision", "must agree with the model's dtype (unsloth raises "
+       "TypeError otherwise); the autocast follows the dtype"),
+    _r("unsloth", "SFTConfig.fp16", HONOURED, "precision", "as bf16"),
+    _r("unsloth", "SFTConfig.optim", HONOURED, "optimizer", _OPTIM + " (unsloth's SFTConfig default adamw_8bit)"),
+    _r("unsloth", "SFTConfig.fsdp", HONOURED, "sharding, offload", "as TRL's; the number of GPUs comes from --gpus"),
+    _r("unsloth", "SFTConfig.deepspeed", HONOURED, "sharding, offload", "as TRL's; the number of GPUs comes from "
+       "--gpus"),
+    _r("unsloth", "SFTConfig.gradient_checkpointing", IGNORED, "", "unsloth's trainer checkpoints as the model was "
+       "set up (get_peft_model's use_gradient_checkpointing wins, unsloth/models/rl.py)", affects=False),
+    _r("unsloth", "SFTConfig.torch_compile", IGNORED, "", "torch.compile over unsloth's compiled model: not modelled"),
+    _r("unsloth", "SFTConfig.activation_offloading", IGNORED, "", "TRL's activation offloading: not modelled with "
+       "unsloth"),
+    _r("unsloth", "SFTConfig.use_liger_kernel", IGNORED, "", "Liger's kernels over unsloth's: not modelled"),
 )
 
 
@@ -378,14 +469,19 @@ def schema() -> dict:
 
 
 def default(tool: str, key: str):
-    """The tool's own default for a key (``keys.json``; TRL's GRPO keys from its ``grpo_keys``)."""
-    data = schema()[tool]
-    return data["keys"][key] if key in data["keys"] else data.get("grpo_keys", {})[key]
+    """The tool's own default for a key (``keys.json``; TRL's GRPO keys from its ``grpo_keys``; unsloth's trainer
+    section: TRL's, with the defaults unsloth's patched config puts in their place)."""
+    return known_keys(tool)[key]
 
 
+@lru_cache(maxsize=None)
 def known_keys(tool: str) -> dict:
-    """Every key of the tool's schema (TRL: SFT's and GRPO's)."""
+    """Every key of the tool's schema (TRL: SFT's and GRPO's; unsloth: its two calls' arguments, and TRL's
+    ``SFTConfig`` keys as ``SFTConfig.key`` with ``trainer_defaults`` over TRL's defaults)."""
     data = schema()[tool]
+    if tool == "unsloth":
+        trainer = {**schema()["trl"]["keys"], **data["trainer_defaults"]}
+        return {**data["keys"], **{f"SFTConfig.{k}": v for k, v in trainer.items()}}
     return {**data["keys"], **data.get("grpo_keys", {})}
 
 

@@ -1,4 +1,4 @@
-"""The "TRL, Axolotl, LLaMA-Factory and torchtune configs" page: what ``--from`` makes of every key, from the same table the
+"""The "TRL, Axolotl, LLaMA-Factory, torchtune and unsloth configs" page: what ``--from`` makes of every key, from the same table the
 CLI reports with (``reportgen.configs.table``), the tools' pinned versions and key counts from
 ``keys.json``, and a worked example written by ``reportgen.configs.reverse``. Nothing estimated.
 """
@@ -21,17 +21,18 @@ def _tool(tool: str) -> dict:
     schema = table.schema()[tool]
     named = {r.key for r in rows}
     return {"key": tool, "name": table.TOOLS[tool], "version": schema["version"],
-            "transformers": schema.get("transformers"),
+            "transformers": schema.get("transformers"), "trl": table.version("trl"),
             "rows": [{"key": r.key, "status": r.status, "fields": r.fields, "note": r.note,
                       "affects": r.affects} for r in rows],
-            "others": len(set(schema["keys"]) - named)}
+            "others": len(set(table.known_keys(tool) if tool == "unsloth" else schema["keys"]) - named)}
 
 
 def config_pages(site: SiteData) -> list[Page]:
     trl = reverse.trl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     axo = reverse.axolotl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
     context = {
-        "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory"), _tool("torchtune")],
+        "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory"), _tool("torchtune"),
+                  _tool("unsloth")],
         "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(), "trl": trl.yaml(), "trl_notes": trl.notes,
                     "axolotl": axo.yaml(), "axolotl_notes": axo.notes},
     }
