@@ -114,9 +114,9 @@ def main() -> None:
     calls = calls_per_estimate(cases)
     print("issue 31's targets:")
     target("one reportgen estimate command", one, 0.15, "s")
-    print(f"    why: the same command for a case no sweep measured takes {bare_unmeasured:.3f} s; the rest is reading "
-          "and checking\n    this case's stored measurements (result_schema: importing pydantic and building its "
-          "models, about 0.12 s)")
+    print(f"    why: the same command for a case no sweep measured takes {bare_unmeasured:.3f} s (starting Python and "
+          "importing the estimator,\n    the catalogs and rich); reading and checking this case's stored measurements "
+          f"adds {one - bare_unmeasured:.3f} s (result_schema: importing pydantic, building its models)")
     target("bare estimates per second", bare, 30_000, "cases/s", most=False)
     print(f"    why: one estimate makes {calls:,.0f} Python function calls (the step's kernels one by one, the memory "
           f"timeline);\n    30,000/s leaves {1e6 / 30_000:.0f} us a case, the time of about "
