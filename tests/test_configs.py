@@ -77,7 +77,8 @@ def test_axolotl_qlora_yaml_field_by_field():
         lora_rank=32, lora_alpha=16, lora_dropout=0.05, lora_targets="all-linear",
         precision="bf16-mixed", kbit_prep="peft",  # prepare_model_for_kbit_training (no FSDP, no ZeRO-3)
         batch=2, accum=4, seq=4096, padding="packed", grad_ckpt=True, optimizer="paged-adamw", attn="sdpa",
-        loss="standard", recipe="trainer")  # Axolotl runs transformers' Trainer
+        loss="standard", recipe="trainer",  # Axolotl runs transformers' Trainer
+        eval_batch=2)  # val_set_size 0.05: it evaluates, eval_batch_size defaulting to micro_batch_size
     assert {"num_epochs", "learning_rate", "datasets", "output_dir", "special_tokens"} <= set(t.ignored)
     assert t.unknown == []
     assert "bf16" in dict(t.approximated)  # auto: read as the card's bf16 support
@@ -585,3 +586,40 @@ def test_any_config_exits_0_or_2(tool, tmp_path_factory, capsys):
 
 
 _REMOVE = object()
+
+
+@pytest.mark.parametrize("text, eval_batch", [
+    ("eval_strategy: steps\nper_device_eval_batch_size: 4\n", 4),
+    ("eval_strategy: epoch\n", 8),  # TrainingArguments' default per_device_eval_batch_size
+    ("eval_strategy: 'no'\nper_device_eval_batch_size: 4\n", None),
+    ("per_device_eval_batch_size: 4\n", None),  # eval_strategy defaults to no
+])
+def test_trl_and_llamafactory_evaluation_keys_make_the_runs_eval_phase(tmp_path, text, eval_batch):
+    for head in ("model_name_or_path: meta-llama/Llama-3.2-1B\n",
+                 "model_name_or_path: meta-llama/Llama-3.2-1B\nfinetuning_type: lora\nbf16: true\n"):
+        path = tmp_path / "c.yaml"
+        path.write_text(head + text)
+        t = translate_file(path)
+        assert setup_from(t).eval_batch == eval_batch, (head, text)
+        if "per_device_eval_batch_size" in text:
+            assert ("per_device_eval_batch_size" in t.honoured) == (eval_batch is not None)
+
+
+@pytest.mark.parametrize("text, eval_batch", [
+    ("val_set_size: 0.05\n", 2), ("val_set_size: 0.05\neval_batch_size: 6\n", 6), ("val_set_size: 0\n", None),
+    ("val_set_size: 0.05\neval_strategy: 'no'\n", None), ("test_datasets: [{path: x}]\n", 2),
+])
+def test_axolotl_validation_split_makes_the_runs_eval_phase(tmp_path, text, eval_batch):
+    path = tmp_path / "c.yaml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: 2\n" + text)
+    assert setup_from(translate_file(path)).eval_batch == eval_batch
+
+
+def test_a_bad_evaluation_key_names_its_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\neval_strategy: sometimes\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: eval_strategy: must be no, steps or epoch"):
+        translate_file(path)
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\nval_set_size: lots\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: val_set_size"):
+        translate_file(path)

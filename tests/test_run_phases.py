@@ -132,3 +132,16 @@ def test_the_run_fields_leave_a_default_setup_as_stored():
     assert not {"eval_batch", "eval_seq", "eval_generate", "save", "load"} & set(d)
     with pytest.raises(SetupError):
         TrainingSetup(eval_generate=16)
+
+
+def test_evaluation_logits_follow_what_each_recipe_runs_without_gradients():
+    """TRL's prediction_step scores with its fused head (no full logits); Liger's fused loss is a training-only
+    path, so evaluation materializes the logits as the standard loss does; torchtune's chunked loss stays
+    chunked."""
+    def eval_of(**fields):
+        e = run_of(method="qlora", grad_ckpt=True, eval_batch=8, eval_seq=2048, **fields)
+        return e.run.phases["eval"].gpu_allocated - e.memory.terms["optimizer"] - e.memory.terms["weights"]
+
+    standard, fused = eval_of(), eval_of(loss="fused")
+    assert fused == standard
+    assert eval_of(loss="chunked") < standard and eval_of(recipe="trl-sft") < eval_of(loss="chunked")

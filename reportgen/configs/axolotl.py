@@ -34,10 +34,24 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     _precision(r, t, method, bf16_capable)
     _kbit_prep(r, t, method)
     _batch(r, t)
+    _eval(r, t)
     _step(r, t)
     _loss(r, t)
     _gpus(r, t)
     return finish(r, t)
+
+
+def _eval(r: Reader, t: Translation) -> None:
+    """Evaluation during training: a validation split (``val_set_size`` > 0) or ``test_datasets`` makes Axolotl
+    evaluate unless ``eval_strategy: no``, on ``eval_batch_size`` samples at a time, which defaults to
+    ``micro_batch_size`` (``axolotl/utils/config/__init__.py`` ``normalize_config``)."""
+    split = r.get("val_set_size", 0)
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or split < 0:
+        raise r.error("val_set_size", f"must be a share (below 1) or a count of samples (got {split!r})")
+    if not (split > 0 or r.has("test_datasets")) or r.get("eval_strategy") == "no":
+        return
+    key = "eval_batch_size" if r.has("eval_batch_size") else "val_set_size" if split > 0 else "test_datasets"
+    t.set("eval_batch", r.integer("eval_batch_size", t.values["batch"], minimum=1), key)
 
 
 def _method(r: Reader, t: Translation) -> str:

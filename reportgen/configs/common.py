@@ -386,6 +386,23 @@ def trainer_sharding(r: Reader, t: Translation) -> None:
         deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
 
 
+#: transformers' ``IntervalStrategy`` values that evaluate during training (``"no"``, the default, does not)
+EVALUATING = ("steps", "epoch")
+
+
+def trainer_eval(r: Reader, t: Translation) -> None:
+    """transformers' ``TrainingArguments``: with ``eval_strategy`` steps or epoch the Trainer evaluates during
+    training on ``per_device_eval_batch_size`` (default 8) samples at a time, padded and truncated as the
+    training ones (the run's eval phase, ``estimate/run.py``); ``"no"`` (the default) never does."""
+    strategy = r.get("eval_strategy", "no")
+    if strategy in (None, "no"):
+        return
+    if strategy not in EVALUATING:
+        raise r.error("eval_strategy", f"must be no, steps or epoch (got {strategy!r})")
+    t.set("eval_batch", r.integer("per_device_eval_batch_size", 8, minimum=1), "per_device_eval_batch_size"
+          if r.has("per_device_eval_batch_size") else "eval_strategy")
+
+
 def finish(r: Reader, t: Translation) -> Translation:
     """Sort every key of the file into honoured, approximated (the translator recorded how),
     ignored (bookkeeping), not modelled (ignored but changes the step) and unknown (a warning)."""

@@ -23,7 +23,7 @@ What LLaMA-Factory 0.9.5 does with each key, from its source:
 from __future__ import annotations
 
 from reportgen.configs.common import (DTYPES, Reader, Translation, checkpoint_dtype, finish, optimizer, resolve_model,
-                                      trainer_sharding)
+                                      trainer_eval, trainer_sharding)
 
 #: LLaMA-Factory's ``flash_attn`` values (``AttentionFunction``) -> the setup's attention
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "sdpa", "fa3": "sdpa", "disabled": "eager"}
@@ -58,6 +58,7 @@ def translate(r: Reader) -> Translation:
     if r.boolean("use_unsloth", False):
         t.approx("use_unsloth", "unsloth's own kernels and LoRA are not modelled: estimated as the Hugging Face step")
     trainer_sharding(r, t)
+    trainer_eval(r, t)
     return finish(r, t)
 
 

@@ -115,7 +115,10 @@ ROWS: tuple[Row, ...] = (
        "inline): zero_optimization.stage 1, 2, 3 and offload_optimizer / offload_param to cpu; the number of GPUs "
        "comes from --gpus"),
     _r("trl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
-    _r("trl", "eval_strategy", IGNORED, "", "evaluation passes between steps: not modelled"),
+    _r("trl", "eval_strategy", HONOURED, "eval_batch", "steps or epoch: the run has an evaluation phase "
+       "(estimate/run.py) on per_device_eval_batch_size samples; no (the default): none"),
+    _r("trl", "per_device_eval_batch_size", HONOURED, "eval_batch", "the evaluation's micro-batch (default 8), "
+       "when eval_strategy evaluates"),
     # ----- TRL GRPO (trl grpo --config: GRPOConfig, GRPOScriptArguments; keys.json grpo_keys) --------------
     _r("trl", "num_generations", HONOURED, "num_generations, recipe", "completions per prompt; any GRPO key makes "
        "the file GRPOTrainer's: recipe grpo (estimate/grpo.py)"),
@@ -186,6 +189,11 @@ ROWS: tuple[Row, ...] = (
     _r("axolotl", "float16", APPROXIMATED, "precision", "load the weights in fp16 (as fp16)"),
     _r("axolotl", "tf32", IGNORED, "", "TF32 for fp32 matmuls: the time model prices the autocast dtype"),
     _r("axolotl", "micro_batch_size", HONOURED, "batch", "micro-batch per GPU (default 1)"),
+    _r("axolotl", "val_set_size", HONOURED, "eval_batch", "above 0: Axolotl evaluates on a validation split, an "
+       "evaluation phase of the run (estimate/run.py) on eval_batch_size samples"),
+    _r("axolotl", "test_datasets", HONOURED, "eval_batch", "an evaluation set: the run has an evaluation phase"),
+    _r("axolotl", "eval_batch_size", HONOURED, "eval_batch", "the evaluation's micro-batch (default micro_batch_size)"),
+    _r("axolotl", "eval_strategy", HONOURED, "eval_batch", "no: no evaluation phase even with a validation split"),
     _r("axolotl", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (default 1)"),
     _r("axolotl", "batch_size", HONOURED, "accum", "without gradient_accumulation_steps: batch_size / "
        "micro_batch_size steps (Axolotl's normalize_config)"),
@@ -256,6 +264,10 @@ ROWS: tuple[Row, ...] = (
        "prepare_model_for_kbit_training, kbit_prep none)"),
     _r("llamafactory", "fp16", HONOURED, "precision", "fp16 autocast, as bf16"),
     _r("llamafactory", "pure_bf16", HONOURED, "precision", "everything in bf16, no fp32 copy (precision bf16)"),
+    _r("llamafactory", "eval_strategy", HONOURED, "eval_batch", "steps or epoch: the run has an evaluation phase "
+       "(estimate/run.py) on per_device_eval_batch_size samples; no (the default): none"),
+    _r("llamafactory", "per_device_eval_batch_size", HONOURED, "eval_batch", "the evaluation's micro-batch "
+       "(default 8), when eval_strategy evaluates"),
     _r("llamafactory", "per_device_train_batch_size", HONOURED, "batch", "micro-batch per GPU (transformers' default "
        "8)"),
     _r("llamafactory", "gradient_accumulation_steps", HONOURED, "accum", "gradient accumulation (default 1)"),

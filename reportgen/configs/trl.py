@@ -21,7 +21,7 @@ What TRL 1.16.0 does with each key, from its source (``trl/scripts/sft.py`` ``ma
 from __future__ import annotations
 
 from reportgen.configs.common import (DTYPES, Reader, Translation, attention, checkpoint_dtype, finish, optimizer,
-                                      resolve_model, trainer_sharding)
+                                      resolve_model, trainer_eval, trainer_sharding)
 
 
 def translate(r: Reader) -> Translation:
@@ -71,6 +71,7 @@ def translate(r: Reader) -> Translation:
 
     # ----- several GPUs -----
     trainer_sharding(r, t)
+    trainer_eval(r, t)
     return finish(r, t)
 
 

@@ -18,7 +18,10 @@ PyTorch 2.x FSDP):
   of the node.
 * **eval** (``eval_batch``): transformers' ``Trainer.prediction_step`` runs the model under
   ``torch.no_grad()`` on ``eval_batch x eval_seq`` tokens with labels, so the loss upcasts its logits
-  as in training (``logits.py``'s forward terms) while no activation is saved: one layer's tensors are
+  as in training (``logits.py``'s forward terms; TRL's ``SFTTrainer.prediction_step`` calls ``compute_loss``
+  and its fused LM head, ``sft_trainer.py`` 1679-1688; torchtune's validation its chunked loss; Liger's
+  ``lce_forward`` skips the logits only when ``self.training``, so a fused loss evaluates on the full
+  logits) while no activation is saved: one layer's tensors are
   live at a time, bounded here by what that layer saves in training (``activations.layer_activations``).
   The weights and the optimizer states stay; the gradients are gone (``zero_grad(set_to_none=True)``
   after the optimizer step). With ``eval_generate`` (evaluation by ``generate``), transformers'
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field
 
 from reportgen.estimate import activations as act
 from reportgen.estimate import params as P
+from reportgen.estimate import recipes as RC
 from reportgen.estimate import sharding as SH
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.estimate.logits import logits_memory
@@ -150,7 +154,10 @@ def eval_phase(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, mem, train: P
     persistent = sum(mem.terms[k] for k in ("weights", "quant_constants", "lora_adapters", "optimizer",
                                             "fsdp_unsharded", "cublas_workspace"))
     layer = act.layer_activations(model, es, dt).bytes
-    logits = logits_memory(model, dt, tokens).forward_live
+    if RC.fused_head(es):  # TRL's prediction_step computes the loss with its fused LM head: no full logits
+        logits = RC.trl_head_memory(model, es, dt, tokens).forward_live
+    else:  # Liger's forward materializes the logits outside training: its fused loss is a training-only path
+        logits = logits_memory(model, dt, tokens, chunked=setup.loss.value == "chunked").forward_live
     new = setup.eval_generate or 0
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * dt.compute * setup.eval_batch * (seq + new)
     step_logits = setup.eval_batch * model.vocab_size * 4 if new else 0
