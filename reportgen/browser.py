@@ -226,6 +226,23 @@ def _run_rows(run: dict | None, deciding: str) -> list[dict]:
     return rows
 
 
+def _grpo_rows(g: dict | None) -> list[dict]:
+    """Recipe grpo (``estimate/grpo.py``): each phase's device memory and seconds per optimizer step, the
+    phases that decide the verdict and the time, and the largest num_generations that fits."""
+    if not g:
+        return []
+    rows = []
+    for name, secs in g["times"].items():
+        mem = g["phases"].get(name)
+        marks = [w for w, on in (("decides the verdict", name == g["peak_phase"]),
+                                 ("dominates the time", name == g["time_phase"])) if on]
+        rows.append(_row(f"grpo.{name}", name, "-" if mem is None else f"{gib(mem)} GiB",
+                         f"{seconds(secs) if secs else '-'} per step" + (f"; {', '.join(marks)}" if marks else "")))
+    n = g.get("max_num_generations")
+    rows.append(_row("grpo.max_num_generations", "largest num_generations that fits", _count(n, "none fits")))
+    return rows
+
+
 def view(d: dict) -> dict:
     """``reportgen estimate --format json``'s object as titled sections of rows of strings (the
     terminal table's content, ``reportgen.views.terminal``); each row has a stable ``key``."""
@@ -288,14 +305,15 @@ def view(d: dict) -> dict:
         "params": f"parameters {params['total']:,}, trainable {params['trainable']:,} ({share:.2f}%)",
         "verdict": d["verdict"],
         "verdict_text": d["verdict_text"],
-        "sections": [
+        "sections": [section for section in [
             {"id": "memory", "title": "Memory on one GPU, by term (GiB = 2^30 bytes)", "rows": memory},
             {"id": "totals", "title": "Totals and fit", "rows": totals},
             {"id": "run", "title": "The whole run: each phase's peak on one GPU and in the node's host RAM",
              "rows": _run_rows(d.get("run"), d.get("verdict_phase", "train"))},
+            {"id": "grpo", "title": "GRPO: each phase of the step (recipe grpo)", "rows": _grpo_rows(d.get("grpo"))},
             {"id": "time", "title": "Time (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows},
             {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
                                         "the whole error band within the card)", "rows": reverse},
-        ],
+        ] if section["rows"]],
         "notes": list(d["notes"]),
     }

@@ -431,3 +431,25 @@ def test_the_verdict_row_states_the_margin_in_gib(workdir):
     (totals,) = [s["rows"] for s in browser.view(data)["sections"] if s["id"] == "totals"]
     (row,) = [r for r in totals if r["key"] == "verdict"]
     assert row["note"].startswith("margin -1.50 GiB of ")
+
+
+def test_the_answer_shows_the_runs_phases_and_grpos():
+    """The calculator's answer (browser.view) has a section per run phase, and with recipe grpo one per GRPO
+    phase with the phases that decide the verdict and the time; a section with nothing to show is left out."""
+    from reportgen import browser as B
+    from reportgen.cli import main as cli_main
+
+    def view_of(*args):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert cli_main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--format", "json", *args]) == 0
+        return {s["id"]: s for s in B.view(json.loads(buf.getvalue()))["sections"]}
+
+    sft = view_of("--method", "lora", "--eval-batch", "4")
+    assert [r["key"] for r in sft["run"]["rows"]] == ["run.load", "run.train", "run.eval", "run.save",
+                                                       "run.not_counted"]
+    assert "grpo" not in sft
+    grpo = view_of("--recipe", "grpo", "--method", "lora", "--batch", "8", "--grad-ckpt")
+    rows = {r["key"]: r for r in grpo["grpo"]["rows"]}
+    assert {"grpo.generation", "grpo.policy-step", "grpo.max_num_generations"} <= set(rows)
+    assert "decides the verdict" in rows["grpo.policy-step"]["note"] and "run" not in grpo
