@@ -192,6 +192,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         from reportgen.estimate.lengths import dataset_report
 
         report = dataset_report(lengths, setup)
+        if setup.padding.value == "longest":
+            from reportgen.estimate.lengths import reserved_growth
+
+            report["reserved_growth"] = reserved_growth(model, setup, gpu, lengths)
     if args.format == "json":
         out = est.as_dict()
         if report is not None:

@@ -110,3 +110,22 @@ def test_advise_walks_at_the_longest_sample_and_prices_the_padding_of_its_recomm
     assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--lengths", str(path)]) == 0
     out = capsys.readouterr().out
     assert "cutting at 1,500 tokens (--seq 1500) would cut 0.1% of the samples" in out
+
+
+def test_the_reserve_follows_the_longest_micro_batch_seen_so_far(tmp_path, capsys):
+    """The caching allocator keeps the blocks of the largest step it ran: with 2 % of samples at 4,000 tokens
+    the first step's batch of 4 is most likely short, and by step 500 one of the 2,000 samples seen is long,
+    so the reserve has grown to the step at the cut (the estimate's own peak reserved)."""
+    from reportgen.estimate.lengths import longest_of
+
+    assert longest_of((100, 200), (1, 1), 1000, 1) == 100  # F(100) = 1/2: the median of one draw
+    assert longest_of((100, 200), (1, 1), 1000, 2) == 200  # F(100)^2 = 1/4 < 1/2
+    assert longest_of((100, 200), (1, 1), 150, 2) == 150  # cut
+    path = tmp_path / "lengths.txt"
+    path.write_text("200 980\n4000 20\n")
+    d = _estimate(capsys, "--lengths", str(path), "--batch", "4", "--method", "lora")
+    growth = d["lengths"]["reserved_growth"]
+    assert growth["first"]["longest"] == 200 and growth["500"]["longest"] == 4000
+    assert growth["first"]["peak_reserved"] < growth["500"]["peak_reserved"] == d["memory"]["peak_reserved"]
+    packed = _estimate(capsys, "--lengths", str(path), "--padding", "packed")
+    assert "reserved_growth" not in packed["lengths"]  # packed rows are all seq long: no growth

@@ -107,3 +107,39 @@ def real_tokens_per_step(setup: TrainingSetup) -> float:
     if setup.seq_mean is None or setup.padding == Padding.packed:
         return float(setup.tokens_per_step)
     return float(setup.batch * setup.accum * setup.gpus * setup.seq_mean)
+
+
+#: the step the growth of reserved memory is reported at (``reserved_growth``)
+GROWTH_STEP = 500
+
+
+def longest_of(values, counts, cap: int, rows: int, q: float = 0.5) -> int:
+    """The ``q``-quantile of the longest of ``rows`` samples drawn from a length histogram, each cut at
+    ``cap``: the smallest length ``x`` with ``F(x)^rows >= q`` (the longest of ``rows`` independent draws
+    has the distribution ``F^rows``)."""
+    total, seen = sum(counts), 0
+    for v, c in sorted(zip(values, counts)):
+        seen += c
+        if (seen / total) ** rows >= q:
+            return min(v, cap)
+    return cap
+
+
+def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROWTH_STEP) -> dict:
+    """Reserved memory as the run goes on, with batches padded to their longest sample: PyTorch's caching
+    allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
+    does not come back without ``empty_cache``), so the reserve follows the longest micro-batch seen so far.
+    The median longest sample of the first micro-batch and of the ``batch x accum x steps`` samples by
+    ``steps``, each priced as a step of that length (``memory.estimate_memory``). Not simulated: the
+    fragmentation that blocks of many sizes add on top (the traced allocator could replay it; not done)."""
+    from reportgen.estimate.memory import estimate_memory
+
+    out = {}
+    for label, rows in (("first", setup.batch), (str(steps), setup.batch * setup.accum * steps)):
+        length = longest_of(lengths.values, lengths.counts, setup.seq, rows)
+        length = max(8, length)
+        # still a padded batch (its SDPA mask, memory.sdpa_mask_bytes), its samples no longer than its longest
+        mean = None if setup.seq_mean is None else min(setup.seq_mean, length)
+        at = setup.model_copy(update={"seq": length, "seq_mean": mean, "seq_padded": None})
+        out[label] = {"longest": length, "peak_reserved": estimate_memory(model, at, gpu).peak_reserved}
+    return out

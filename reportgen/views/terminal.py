@@ -172,6 +172,13 @@ def print_lengths(r: dict, setup, console: Console | None = None) -> None:
         console.print(f"[yellow]packing[/] (--padding packed) would cut the padding waste from "
                       f"{100 * r['padding_waste']:.0f}% to 0%" + (f" (padding to the longest: {100 * waste['longest']:.0f}%)"
                                                                  if setup.padding.value == "max" else ""), highlight=False)
+    growth = r.get("reserved_growth")
+    if growth:
+        (first, a), (later, b) = list(growth.items())
+        console.print(f"reserved memory follows the longest micro-batch seen so far (the caching allocator keeps its "
+                      f"blocks): {gib(a['peak_reserved'])} GiB at the first step (its longest sample "
+                      f"{a['longest']:,} tokens), {gib(b['peak_reserved'])} GiB by step {later} ({b['longest']:,} "
+                      "tokens, median cases)", highlight=False)
     if r["p99_5"] < r["cap"]:
         console.print(f"cutting at {r['p99_5']:,} tokens (--seq {r['p99_5']}) would cut "
                       f"{100 * r['p99_5_cut_share']:.1f}% of the samples; memory follows the cut", highlight=False)
