@@ -294,7 +294,7 @@ def view(d: dict) -> dict:
     ]
     limit = d.get("context_limit")
     none = f"none fits (batch {setup.batch}, seq {setup.seq:,}: {d['verdict']})"
-    reverse = [
+    reverse = [] if d.get("grpo") else [  # GRPO's reverse question is num_generations (its own section)
         _row("max_batch", f"largest micro-batch that fits at seq {setup.seq:,}", _count(d["max_batch"], none)),
         _row("max_seq", f"longest sequence that fits at batch {setup.batch}", _count(d["max_seq"], none),
              f"the model's context is {limit:,}" if limit else ""),

@@ -453,3 +453,4 @@ def test_the_answer_shows_the_runs_phases_and_grpos():
     rows = {r["key"]: r for r in grpo["grpo"]["rows"]}
     assert {"grpo.generation", "grpo.policy-step", "grpo.max_num_generations"} <= set(rows)
     assert "decides the verdict" in rows["grpo.policy-step"]["note"] and "run" not in grpo
+    assert "reverse" in sft and "reverse" not in grpo  # a GRPO batch holds whole prompt groups: no batch search

@@ -344,3 +344,15 @@ def test_the_verdict_names_generation_when_it_asks_the_most():
     plain = estimate(m, g, s.model_copy(update={"generation": "hf", "vllm_enable_sleep_mode": False,
                                                 "vllm_max_model_length": None}), reverse=False)
     assert plain.grpo["peak_phase"] == "policy-step" and plain.judgement.phase == "train"
+
+
+@pytest.mark.parametrize("command", [["trace"], ["measure", "--device", "cpu"]])
+def test_a_grpo_step_is_never_traced_or_measured_as_an_sft_step(command, capsys):
+    """The tracer and the harness run SFT steps: recipe grpo is refused before anything runs, so no SFT
+    figure is ever stored or shown as GRPO's."""
+    from reportgen.cli import main
+
+    assert main([*command[:1], "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--recipe", "grpo", "--method", "lora",
+                 "--batch", "8", *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "recipe grpo" in err and "Traceback" not in err

@@ -152,6 +152,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1, *, c
                                     f"this machine has {have}")
         raise SetupNotSupported(f"gpus={setup.gpus} ({setup.sharding.value}): measured with one process per GPU "
                                 "under torchrun, which `reportgen measure` starts; this worker runs alone")
+    if setup.recipe.value == "grpo":  # the harness runs an SFT step: a GRPO step would be measured as one
+        raise SetupNotSupported("recipe grpo (TRL's GRPOTrainer, generation in the loop) is estimated only: the "
+                                "harness measures SFT steps")
     if setup.offload == Offload.params and world_size > 1 and setup.sharding.value in ("fsdp", "no-shard"):
         pass  # FSDP2's CPUOffloadPolicy (distributed.py)
     elif setup.offload == Offload.params:

@@ -72,6 +72,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     gpu = catalog.load_gpu(args.gpu)
     check_traceable(setup)
+    from reportgen.trace.runner import check_recipe_traced
+
+    check_recipe_traced(setup)
     if args.warmup < 1:
         raise UserError("--warmup: must be 1 or more (the optimizer states appear in the first step)")
     from reportgen.trace.quiet import quiet_libraries

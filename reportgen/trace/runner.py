@@ -70,6 +70,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
     for case in sweep.cases:
         try:
             check_traceable(case.setup)
+            check_recipe_traced(case.setup)
         except UserError as exc:
             stats.untraceable += 1
             warn(f"{case.id}: not traced ({exc.message})")
@@ -100,3 +101,11 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
         del trace
         gc.collect()
     return stats
+
+
+def check_recipe_traced(setup) -> None:
+    """Refuse a recipe the tracer has no step of (it runs the harness's SFT step, or a Trainer's): recipe grpo
+    would be traced as an SFT step and labelled as GRPO's."""
+    if setup.recipe.value == "grpo":
+        raise UserError("reportgen trace: recipe grpo (TRL's GRPOTrainer, generation in the loop) is not traced yet: "
+                        "the trace runs an SFT step", hint="reportgen estimate --recipe grpo estimates it phase by phase")
