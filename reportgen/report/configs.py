@@ -28,12 +28,13 @@ def _tool(tool: str) -> dict:
 
 
 def config_pages(site: SiteData) -> list[Page]:
-    trl = reverse.trl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
-    axo = reverse.axolotl_keys(EXAMPLE_MODEL, EXAMPLE_SETUP)
+    writers = (("TRL", reverse.trl_keys), ("Axolotl", reverse.axolotl_keys), ("LLaMA-Factory", reverse.llamafactory_keys),
+               ("torchtune", reverse.torchtune_keys))
+    keys = [(name, write(EXAMPLE_MODEL, EXAMPLE_SETUP)) for name, write in writers]
     context = {
         "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory"), _tool("torchtune"),
                   _tool("unsloth")],
-        "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(), "trl": trl.yaml(), "trl_notes": trl.notes,
-                    "axolotl": axo.yaml(), "axolotl_notes": axo.notes},
+        "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(),
+                    "tools": [{"name": name, "yaml": k.yaml(), "notes": k.notes} for name, k in keys]},
     }
     return [Page(path=PATH, template="configs.md.j2", context=context)]
