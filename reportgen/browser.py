@@ -240,6 +240,12 @@ def _grpo_rows(g: dict | None) -> list[dict]:
                          f"{seconds(secs) if secs else '-'} per step" + (f"; {', '.join(marks)}" if marks else "")))
     n = g.get("max_num_generations")
     rows.append(_row("grpo.max_num_generations", "largest num_generations that fits", _count(n, "none fits")))
+    if "max_completion_length" in g:
+        rows.append(_row("grpo.max_completion_length", "longest completion that fits",
+                         _count(g["max_completion_length"], "none fits")))
+    if g.get("turn_down"):
+        rows.append(_row("grpo.turn_down", "to make it fit, one of", ", ".join(
+            f"{x['field'].replace('_', ' ')} {x['value']}" for x in g["turn_down"])))
     return rows
 
 

@@ -356,3 +356,31 @@ def test_a_grpo_step_is_never_traced_or_measured_as_an_sft_step(command, capsys)
                  "--batch", "8", *command[1:]]) == 2
     err = capsys.readouterr().err
     assert "recipe grpo" in err and "Traceback" not in err
+
+
+def test_what_to_turn_down_first_each_alone_fits():
+    """Issue 34: a GRPO step that does not fit names the changes that make it fit, each alone: fewer
+    completions per prompt, shorter completions (a multiple of 64 tokens, the GRPO counterpart of the
+    longest sequence), a smaller vLLM share; a step that fits names none, and its longest completion is its own."""
+    from reportgen.estimate import grpo as G
+
+    m, g = catalog.load_model("llama-3.2-1b"), catalog.load_gpu("rtx-4090")
+    big = TrainingSetup(recipe="grpo", method="lora", batch=16, num_generations=16, max_completion_length=8192,
+                        seq=8704)
+    e = estimate(m, g, big)
+    assert e.verdict == "does not fit" and e.grpo["turn_down"]
+    for change in e.grpo["turn_down"]:
+        s = (G.with_generations(big, change["value"]) if change["field"] == "num_generations" else
+             G.with_completion(big, change["value"]) if change["field"] == "max_completion_length" else
+             big.model_copy(update={change["field"]: change["value"]}))
+        assert estimate(m, g, s, reverse=False).verdict == "fits", change
+    c = e.grpo["max_completion_length"]
+    assert c % G.COMPLETION_STEP == 0 and c < 8192
+    assert estimate(m, g, G.with_completion(big, c + G.COMPLETION_STEP), reverse=False).verdict != "fits"
+    vllm = TrainingSetup(recipe="grpo", method="lora", batch=8, grad_ckpt=True, generation="vllm-colocate",
+                         vllm_gpu_memory_utilization=0.9, vllm_max_model_length=2048)
+    shares = [x for x in estimate(m, g, vllm).grpo["turn_down"] if x["field"] == "vllm_gpu_memory_utilization"]
+    assert shares and shares[0]["value"] < 0.9
+    small = estimate(m, g, TrainingSetup(recipe="grpo", method="lora", batch=8, grad_ckpt=True))
+    assert small.verdict == "fits" and small.grpo["turn_down"] == []
+    assert small.grpo["max_completion_length"] == small.setup.max_completion_length

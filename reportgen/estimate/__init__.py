@@ -136,6 +136,9 @@ def estimate_grpo(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, rever
     info = {**phases.as_dict(), "times": times["times"], "time_phase": times["dominant"],
             "generation_batch": setup.generation_batch, "prompt_length": setup.prompt_length,
             "max_num_generations": G.max_num_generations(model, setup, gpu) if reverse else None}
+    if reverse:
+        info["max_completion_length"] = G.max_completion_length(model, setup, gpu)
+        info["turn_down"] = G.turn_down(model, setup, gpu, info["max_num_generations"])
     notes = list(dict.fromkeys(mem.notes + t.notes))
     if model.vision is not None:
         notes.append(vision_note(model, setup))

@@ -405,6 +405,58 @@ def max_num_generations(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) ->
     return lo
 
 
+#: completion lengths the search tries are multiples of this many tokens
+COMPLETION_STEP = 64
+
+
+def _fits(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> bool:
+    """The verdict of a GRPO setup is "fits" (and TRL and vLLM would start it: ``check``)."""
+    from reportgen.estimate.verdict import judge
+
+    try:
+        check(model, setup, gpu)
+    except SetupError:
+        return False
+    return judge(grpo_memory(model, setup, gpu)[0], gpu.memory_bytes, setup.method.value).fits
+
+
+def with_completion(setup: TrainingSetup, tokens: int) -> TrainingSetup:
+    """``setup`` with completions of up to ``tokens``, the prompts as long as before (``seq`` = prompt + completion)."""
+    return setup.model_copy(update={"max_completion_length": tokens, "seq": setup.prompt_length + tokens})
+
+
+def max_completion_length(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> int | None:
+    """The longest completion (a multiple of ``COMPLETION_STEP`` tokens, at most the setup's own) whose verdict is
+    "fits", with the setup's prompts and generations: the GRPO counterpart of ``search.max_seq``. None: not even
+    ``COMPLETION_STEP`` tokens."""
+    from reportgen.estimate.search import _largest
+
+    top = max(COMPLETION_STEP, setup.max_completion_length // COMPLETION_STEP * COMPLETION_STEP)
+    return _largest(lambda c: _fits(model, with_completion(setup, c), gpu), COMPLETION_STEP, top, COMPLETION_STEP)
+
+
+def turn_down(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, generations: int | None) -> list[dict]:
+    """What to turn down first when the step does not fit (issue 34), each change alone: fewer completions per
+    prompt (``max_num_generations``), shorter completions (``max_completion_length``), and with vLLM colocated a
+    smaller share of the card for its pool (in steps of 0.05, as long as vLLM still starts). Empty when it fits."""
+    if _fits(model, setup, gpu):
+        return []
+    out = []
+    if generations is not None and generations < setup.num_generations:
+        out.append({"field": "num_generations", "value": generations})
+    c = max_completion_length(model, setup, gpu)
+    if c is not None and c < setup.max_completion_length:
+        out.append({"field": "max_completion_length", "value": c})
+    if setup.generation.value == "vllm-colocate":
+        share = round(setup.vllm_gpu_memory_utilization - 0.05, 2)
+        while share >= 0.05:
+            if _fits(model, setup.model_copy(update={"vllm_gpu_memory_utilization": share}), gpu):
+                out.append({"field": "vllm_gpu_memory_utilization", "value": share})
+                break
+            share = round(share - 0.05, 2)
+    return out
+
+
 def with_generations(setup: TrainingSetup, n: int) -> TrainingSetup:
     """``setup`` with ``n`` completions per prompt and as many prompts per generation batch as before
     (at least one): ``generation_batch_size = prompts x n``, a multiple of ``batch``."""

@@ -123,9 +123,14 @@ def _print_grpo(est, console: Console, style: str) -> None:
         table.add_row(phase + mark + slow, "-" if mem is None else gib(mem), seconds(secs) if secs else "-")
     console.print(table)
     n = g.get("max_num_generations")
+    c = g.get("max_completion_length")
     console.print(f"[{style}]verdict decided by the {g['peak_phase']} phase[/]; the step's time is mostly "
                   f"{g['time_phase'] or '-'}; largest num_generations that fits: "
-                  f"[bold]{'none fits' if n is None else n}[/]", highlight=False)
+                  f"[bold]{'none fits' if n is None else n}[/]; longest completion that fits: "
+                  f"[bold]{'none fits' if c is None else f'{c:,}'}[/]", highlight=False)
+    if g.get("turn_down"):
+        options = ", or ".join(f"--{x['field'].replace('_', '-')} {x['value']}" for x in g["turn_down"])
+        console.print(f"to make it fit, turn down one of (each alone fits): {options}", highlight=False)
 
 
 def _time_table(t, gpu, kind: str) -> Table:
