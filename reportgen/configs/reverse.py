@@ -63,6 +63,18 @@ def _deepspeed(s: TrainingSetup) -> dict:
     return {"zero_optimization": zero}
 
 
+def _trainer_sharding(s: TrainingSetup, k: Keys, tool: str) -> None:
+    """transformers' ``TrainingArguments`` keys for several GPUs (``common.trainer_sharding`` read backwards:
+    TRL's and LLaMA-Factory's files hold them alike), and the launch note."""
+    if s.sharding.value in _FSDP_WORDS:
+        k.keys["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
+    elif s.sharding.value.startswith("zero"):
+        k.keys["deepspeed"] = _deepspeed(s)
+    elif s.offload.value != "none":
+        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no {tool} key")
+    _launch(s, k)
+
+
 def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     """The ``trl sft --config`` keys (TRL 1.16.0) that run ``setup`` on ``model``."""
     s = TrainingSetup.model_validate(setup)
@@ -115,13 +127,7 @@ def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     if s.loss.value != "standard" or s.recipe.value != "trl-sft":
         k.notes.append("TRL 1.16's SFTTrainer computes the loss with its own fused LM head (recipe trl-sft): these "
                        f"keys run that recipe, not this setup's (recipe {s.recipe.value}, loss {s.loss.value})")
-    if s.sharding.value in _FSDP_WORDS:
-        d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
-    elif s.sharding.value.startswith("zero"):
-        d["deepspeed"] = _deepspeed(s)
-    elif s.offload.value != "none":
-        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no TRL key")
-    _launch(s, k)
+    _trainer_sharding(s, k, "TRL")
     _unsaid(s, k)
     return k
 
@@ -255,13 +261,7 @@ def llamafactory_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["torch_compile"] = True
     if s.act_offload:
         k.notes.append("activation offloading has no LLaMA-Factory key")
-    if s.sharding.value in _FSDP_WORDS:
-        d["fsdp"] = _FSDP_WORDS[s.sharding.value] + " auto_wrap" + (" offload" if s.offload.value == "params" else "")
-    elif s.sharding.value.startswith("zero"):
-        d["deepspeed"] = _deepspeed(s)
-    elif s.offload.value != "none":
-        k.notes.append(f"offload {s.offload.value} on one GPU (torchao's CPUOffloadOptimizer) has no LLaMA-Factory key")
-    _launch(s, k)
+    _trainer_sharding(s, k, "LLaMA-Factory")
     _unsaid(s, k)
     return k
 
