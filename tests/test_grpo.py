@@ -384,3 +384,20 @@ def test_what_to_turn_down_first_each_alone_fits():
     small = estimate(m, g, TrainingSetup(recipe="grpo", method="lora", batch=8, grad_ckpt=True))
     assert small.verdict == "fits" and small.grpo["turn_down"] == []
     assert small.grpo["max_completion_length"] == small.setup.max_completion_length
+
+
+def test_advise_on_a_grpo_config_answers_for_the_grpo_step_not_an_sft_walk(tmp_path, capsys):
+    """The decision tree walks SFT steps: for a trl grpo config, advise gives the GRPO step's own answer
+    (phases, largest num_generations and completion, what to turn down) instead of recommending an SFT setup."""
+    from reportgen.cli import main
+
+    text = (Path(__file__).parent / "fixtures" / "configs" / "trl_grpo.yaml").read_text()
+    path = tmp_path / "grpo.yaml"
+    path.write_text(text.replace("Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B"))
+    assert main(["advise", "--from", str(path), "--gpu", "rtx-4090", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["recipe"] == "grpo" and d["setup"]["recipe"] == "grpo" and "turn_down" in d["grpo"]
+    assert "steps" not in d and "recommended" not in d  # no SFT walk
+    assert main(["advise", "--from", str(path), "--gpu", "rtx-4090"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recipe grpo: the decision tree walks SFT steps") and "GRPO phases" in out

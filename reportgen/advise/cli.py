@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
         translation = translation_from_args(args)
         yours = setup_from(translation, model=args.model)
+        if yours.recipe.value == "grpo":
+            return advise_grpo(args, translation.model if args.model is None else args.model, yours)
         if args.seq is None:
             args.seq = yours.seq
     lengths = None
@@ -142,6 +144,29 @@ def lengths_advice(lengths, doc: dict, seq: int) -> dict:
     rec = doc.get("recommended")
     setup = TrainingSetup.model_validate(rec["setup"]) if rec else TrainingSetup(seq=seq)
     return {**dataset_report(lengths, setup), "setup": setup.model_dump(mode="json")}
+
+
+def advise_grpo(args: argparse.Namespace, model_name: str, setup) -> int:
+    """A GRPO config (recipe grpo): the decision tree walks SFT steps, so the answer is the GRPO step's own
+    (``estimate/grpo.py``): its phases, the largest num_generations and longest completion that fit, and what to
+    turn down first."""
+    from reportgen import catalog
+    from reportgen.estimate import estimate
+    from reportgen.flags import gpu_from_args
+
+    model, gpu = catalog.load_model(model_name), gpu_from_args(args)
+    est = estimate(model, gpu, setup, train_tokens=int(args.train_tokens))
+    why = ("recipe grpo: the decision tree walks SFT steps; what to turn down first is the GRPO step's own answer "
+           "(reportgen estimate --recipe grpo)")
+    if args.format == "json":
+        print(json.dumps({"recipe": "grpo", "config": str(args.from_file), "note": why, **est.as_dict()}, indent=2,
+                         sort_keys=True))
+        return 0
+    from reportgen.views.terminal import print_estimate
+
+    print(why)
+    print_estimate(est, model, gpu, footer=f"from {args.from_file}")
+    return 0
 
 
 def config_verdict(model, gpu, setup, args) -> dict:
