@@ -340,7 +340,7 @@ def test_the_verdict_names_generation_when_it_asks_the_most():
                       vllm_gpu_memory_utilization=0.95, vllm_enable_sleep_mode=True, vllm_max_model_length=2048)
     e = estimate(m, g, s, reverse=False)
     assert e.grpo["peak_phase"] == "generation" and e.judgement.phase == "generation"
-    assert e.judgement.text().startswith("does not fit at generation: needs ")
+    assert e.judgement.text().startswith("does not fit: needs ") and " GiB at generation, short by " in e.judgement.text()
     plain = estimate(m, g, s.model_copy(update={"generation": "hf", "vllm_enable_sleep_mode": False,
                                                 "vllm_max_model_length": None}), reverse=False)
     assert plain.grpo["peak_phase"] == "policy-step" and plain.judgement.phase == "train"

@@ -63,7 +63,7 @@ def test_an_evaluation_larger_than_the_step_decides_the_verdict(capsys):
     e = run_of(method="qlora", grad_ckpt=True, eval_batch=8, eval_seq=4096)
     assert e.run.deciding == "eval" and e.verdict == "does not fit"
     assert e.judgement.demand == e.run.phases["eval"].gpu_demand > e.run.phases["train"].gpu_demand
-    assert e.judgement.text().startswith("does not fit at evaluation: needs ")
+    assert e.judgement.text().startswith("does not fit: needs ") and " GiB at evaluation, short by " in e.judgement.text()
     small = run_of(method="qlora", grad_ckpt=True, eval_batch=1, eval_seq=512)
     assert small.run.deciding == "train" and small.judgement.demand == small.memory.card_demand
 

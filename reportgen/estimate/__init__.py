@@ -130,7 +130,7 @@ def estimate_grpo(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, rever
     mem, phases = G.grpo_memory(model, setup, gpu)
     policy = estimate_time(model, setup, gpu, train_tokens=train_tokens, offloaded_bytes=mem.offloaded_activations)
     t, times = G.grpo_time(model, setup, gpu, policy)
-    # the phase asking the most names the verdict ("does not fit at generation"); the policy step is the training step
+    # the phase asking the most names the verdict ("... GiB at generation"); the policy step is the training step
     judgement = judge(mem, gpu.memory_bytes, setup.method.value,
                       phase="train" if phases.peak_phase == "policy-step" else phases.peak_phase)
     info = {**phases.as_dict(), "times": times["times"], "time_phase": times["dominant"],

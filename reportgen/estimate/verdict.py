@@ -72,8 +72,8 @@ class Verdict:
         text = verdict_text(self.kind, self.demand, self.capacity, self.range)
         if self.phase == "train":
             return text
-        word, rest = text.split(": ", 1)
-        return f"{word} at {PHASE_WORDS.get(self.phase, self.phase)}: {rest}"
+        # "does not fit: needs 56.9 of 24.0 GiB at evaluation, short by ...": the demand is that phase's
+        return text.replace(" GiB", f" GiB at {PHASE_WORDS.get(self.phase, self.phase)}", 1)
 
 
 #: how a sentence names a run phase other than the training step (run.py)
