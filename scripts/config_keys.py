@@ -387,32 +387,30 @@ def unsloth_keys(wheel: Path) -> dict:
             "trainer_defaults": dict(sorted(_unsloth_trainer_defaults(files["unsloth/models/rl.py"]).items()))}
 
 
+def _write(**entries: dict) -> dict:
+    """keys.json with ``entries`` (tool -> its keys) replaced and every other tool's entry as it was."""
+    data = {**json.loads(OUT.read_text()), **entries}
+    OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
+    return data
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--only-unsloth":
-        data = json.loads(OUT.read_text())
-        data["unsloth"] = unsloth_keys(Path(argv[1]))
-        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
-        print(f"wrote {OUT}: unsloth {data['unsloth']['version']} ({len(data['unsloth']['keys'])} keys, "
-              f"{len(data['unsloth']['models'])} unsloth repos)")
+        e = _write(unsloth=unsloth_keys(Path(argv[1])))["unsloth"]
+        print(f"wrote {OUT}: unsloth {e['version']} ({len(e['keys'])} keys, {len(e['models'])} unsloth repos)")
         return 0
     if len(argv) == 2 and argv[0] == "--only-torchtune":
-        data = json.loads(OUT.read_text())
-        data["torchtune"] = torchtune_keys(Path(argv[1]))
-        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
-        print(f"wrote {OUT}: torchtune {data['torchtune']['version']} ({len(data['torchtune']['keys'])} keys, "
-              f"{len(data['torchtune']['builders'])} model builders)")
+        e = _write(torchtune=torchtune_keys(Path(argv[1])))["torchtune"]
+        print(f"wrote {OUT}: torchtune {e['version']} ({len(e['keys'])} keys, {len(e['builders'])} model builders)")
         return 0
     if len(argv) == 3 and argv[0] == "--only-llamafactory":
-        data = json.loads(OUT.read_text())
-        data["llamafactory"] = llamafactory_keys(Path(argv[1]), Path(argv[2]))
-        OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
-        print(f"wrote {OUT}: LLaMA-Factory {data['llamafactory']['version']} ({len(data['llamafactory']['keys'])} keys)")
+        e = _write(llamafactory=llamafactory_keys(Path(argv[1]), Path(argv[2])))["llamafactory"]
+        print(f"wrote {OUT}: LLaMA-Factory {e['version']} ({len(e['keys'])} keys)")
         return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    data = {**json.loads(OUT.read_text()), "trl": trl_keys(), "axolotl": axolotl_keys(Path(argv[0]))}
-    OUT.write_text(json.dumps(data, indent=0, sort_keys=True, separators=(",", ":")) + "\n")
+    data = _write(trl=trl_keys(), axolotl=axolotl_keys(Path(argv[0])))
     print(f"wrote {OUT}: TRL {data['trl']['version']} ({len(data['trl']['keys'])} keys), "
           f"Axolotl {data['axolotl']['version']} ({len(data['axolotl']['keys'])} keys)")
     return 0
