@@ -34,6 +34,7 @@ from pathlib import Path
 from reportgen import catalog, cli, flags
 from reportgen.flags import DEFAULT_TRAIN_TOKENS
 from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
+from reportgen.estimate.run import PHASE_LABELS, PHASES
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
 from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
@@ -207,16 +208,12 @@ def _count(x: int | None, none: str) -> str:
     return none if x is None else f"{x:,}"
 
 
-#: the run's phases as the page names them (estimate/run.py)
-PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
-
-
 def _run_rows(run: dict | None, deciding: str) -> list[dict]:
     """One row per phase of the run: what it asks of one GPU, and the node's host RAM term by term."""
     if not run:
         return []
     rows = []
-    for name in sorted(run["phases"], key=lambda p: list(PHASE_LABELS).index(p) if p in PHASE_LABELS else 9):
+    for name in [p for p in PHASES if p in run["phases"]]:  # the run's order (the JSON's keys are sorted)
         ph = run["phases"][name]
         terms = ", ".join(f"{k.replace('_', ' ')} {gib(b)}" for k, b in ph["host_terms"].items())
         label = PHASE_LABELS.get(name, name) + (" (decides)" if name == deciding and len(run["phases"]) > 1 else "")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from reportgen import __version__, catalog
 from reportgen.errors import UserError
-from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_setup_flags, gpu_from_args, positive_count,
-                             positive_int, setup_from_args)
+from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_setup_flags, flag_error, gpu_from_args,
+                             positive_count, positive_int, setup_from_args)
 
 GIB = 2**30
 DEFAULT_RESULTS = Path("results")
@@ -185,8 +185,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     try:
         est = estimate(model, gpu, setup, train_tokens=args.train_tokens)
     except SetupError as exc:  # what TRL or vLLM would refuse for this model and card (estimate/grpo.py)
-        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
-        raise UserError(f"{flag}: {exc.message}") from None
+        raise flag_error(exc) from None
     report = None
     if lengths is not None:
         from reportgen.estimate.lengths import dataset_report

@@ -154,8 +154,12 @@ def setup_from_args(args: argparse.Namespace):
     try:
         return TrainingSetup(**explicit)
     except SetupError as exc:
-        flag = "--" + exc.field.replace("_", "-") if exc.field else "setup"
-        raise UserError(f"{flag}: {exc.message}") from None
+        raise flag_error(exc) from None
+
+
+def flag_error(exc) -> UserError:
+    """A ``SetupError`` as the user's flag names it: ``--eval-seq: must be >= 8 (got 4)``."""
+    return UserError(f"{'--' + exc.field.replace('_', '-') if exc.field else 'setup'}: {exc.message}")
 
 
 def positive_int(text: str) -> int:

@@ -383,15 +383,11 @@ def max_num_generations(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) ->
     """The most completions per prompt whose verdict is "fits", the generation batch growing with it
     (``generation_batch_size`` = its multiple of ``num_generations``, one prompt per generation batch
     when it was the default): the GRPO counterpart of ``search.max_batch``. None: not even 2."""
-    from reportgen.estimate.verdict import judge
-
     def fits(n: int) -> bool:
         try:
-            s = with_generations(setup, n)
-            check(model, s, gpu)
-        except SetupError:
+            return _fits(model, with_generations(setup, n), gpu)
+        except SetupError:  # with_generations' copy refused (the generation batch's divisibility)
             return False
-        return judge(grpo_memory(model, s, gpu)[0], gpu.memory_bytes, s.method.value).fits
 
     if not fits(2):
         return None

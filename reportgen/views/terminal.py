@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reportgen.estimate.run import NOT_COUNTED
+from reportgen.estimate.run import NOT_COUNTED, PHASE_LABELS
 from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 
@@ -81,10 +81,6 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
     for note in est.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"[dim]{escape(footer)}[/]", highlight=False)
-
-#: the run's phases as the table names them (estimate/run.py)
-PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
-
 
 def _run_table(run, deciding: str, host_memory: int | None) -> Table:
     """The whole run's phases: what each asks of one GPU and of the node's host RAM."""
