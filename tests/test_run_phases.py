@@ -145,3 +145,12 @@ def test_evaluation_logits_follow_what_each_recipe_runs_without_gradients():
     standard, fused = eval_of(), eval_of(loss="fused")
     assert fused == standard
     assert eval_of(loss="chunked") < standard and eval_of(recipe="trl-sft") < eval_of(loss="chunked")
+
+
+def test_an_evaluation_shorter_than_the_training_mean_is_estimated_not_refused(capsys):
+    """Variable lengths with a mean of 900 tokens and evaluation cut at 512: the evaluation's batches are
+    padded batches of at most 512 tokens (the mean past its cut was refused as a setup error)."""
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq", "2048", "--seq-mean", "900",
+                 "--eval-batch", "2", "--eval-seq", "512", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["run"]["phases"]["eval"]["gpu_allocated"] > 0

@@ -125,6 +125,14 @@ def longest_of(values, counts, cap: int, rows: int, q: float = 0.5) -> int:
     return cap
 
 
+def at_length(setup: TrainingSetup, seq: int, batch: int | None = None) -> TrainingSetup:
+    """``setup`` as a micro-batch of ``seq`` tokens (and ``batch`` samples): still a padded batch where it was
+    one (its SDPA mask, ``memory.sdpa_mask_bytes``), its samples no longer than its longest, its padded
+    length its own."""
+    mean = None if setup.seq_mean is None else min(setup.seq_mean, seq)
+    return setup.model_copy(update={"seq": seq, "seq_mean": mean, "seq_padded": None, "batch": batch or setup.batch})
+
+
 def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROWTH_STEP) -> dict:
     """Reserved memory as the run goes on, with batches padded to their longest sample: PyTorch's caching
     allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
@@ -138,8 +146,6 @@ def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROW
     for label, rows in (("first", setup.batch), (str(steps), setup.batch * setup.accum * steps)):
         length = longest_of(lengths.values, lengths.counts, setup.seq, rows)
         length = max(8, length)
-        # still a padded batch (its SDPA mask, memory.sdpa_mask_bytes), its samples no longer than its longest
-        mean = None if setup.seq_mean is None else min(setup.seq_mean, length)
-        at = setup.model_copy(update={"seq": length, "seq_mean": mean, "seq_padded": None})
-        out[label] = {"longest": length, "peak_reserved": estimate_memory(model, at, gpu).peak_reserved}
+        out[label] = {"longest": length,
+                      "peak_reserved": estimate_memory(model, at_length(setup, length), gpu).peak_reserved}
     return out

@@ -58,6 +58,7 @@ from reportgen.estimate import params as P
 from reportgen.estimate import recipes as RC
 from reportgen.estimate import sharding as SH
 from reportgen.estimate.dtypes import Dtypes
+from reportgen.estimate.lengths import at_length
 from reportgen.estimate.logits import logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
@@ -66,6 +67,8 @@ from reportgen.setup import FSDP_PARAM_SHARDING, Load, Method, Save, Sharding, T
 #: transformers 5.24 ``PreTrainedModel.save_pretrained(max_shard_size="50GB")``: bytes of one file
 MAX_SHARD_BYTES = 50 * 10**9
 PHASES = ("load", "train", "eval", "save")
+#: the phases as the terminal's table and the calculator name them
+PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
 NOT_COUNTED = ("the process's own memory (Python, torch, CUDA libraries), dataloader workers, the optimizer's "
                "checkpoint and the page cache of the checkpoint files")
 
@@ -150,7 +153,7 @@ def eval_phase(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, mem, train: P
     the loss's logits, and the generation's KV cache."""
     seq = setup.eval_seq or setup.seq
     tokens = setup.eval_batch * seq
-    es = setup.model_copy(update={"batch": setup.eval_batch, "seq": seq})
+    es = at_length(setup, seq, setup.eval_batch)
     persistent = sum(mem.terms[k] for k in ("weights", "quant_constants", "lora_adapters", "optimizer",
                                             "fsdp_unsharded", "cublas_workspace"))
     layer = act.layer_activations(model, es, dt).bytes
