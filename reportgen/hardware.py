@@ -39,6 +39,8 @@ class GpuSpec:
     #: GPUs that share the NVLink domain (8 on an HGX board, 2 for bridged pairs); None: PCIe, any number
     peer_link_gpus: int | None = None
     peer_link_source: str = field(default="", compare=False)
+    #: L2 cache in bytes (the architecture whitepaper's KB figure, binary), 0 where not in the catalog
+    l2_cache_bytes: int = 0
     #: memory a user set for the card (``--gpu-memory``, ``card@SIZE``), replacing the catalog's
     memory_override_bytes: int | None = None
     #: the rates ``reportgen profile-gpu`` measured on the user's own card (``gpu_profile.GpuProfile``),
@@ -76,6 +78,19 @@ class GpuSpec:
         return "GeForce" in self.name
 
     @property
+    def generation(self) -> str:
+        """The GPU generation whose rates the time model uses (``estimate/constants.GENERATIONS``), from the
+        compute capability (NVIDIA's CUDA GPUs table: 7.5 Turing, 8.0 Ampere GA100, 8.6 Ampere GA10x,
+        8.9 Ada, 9.0 Hopper, 10.x Blackwell data-center, 12.x Blackwell consumer and workstation)
+        and, for the parts with half-rate fp32-accumulate tensor throughput, the GeForce line."""
+        major, _, minor = self.compute_capability.partition(".")
+        gen = {"7.5": "turing", "8.0": "ampere-ga100", "8.6": "ampere-ga10x", "8.7": "ampere-ga10x",
+               "8.9": "ada", "9.0": "hopper"}.get(f"{major}.{minor or 0}")
+        if gen is None:
+            gen = {"10": "blackwell-dc", "11": "blackwell-dc", "12": "blackwell"}.get(major, "unknown")
+        return f"{gen}-geforce" if self.is_consumer else gen
+
+    @property
     def is_hopper_or_newer(self) -> bool:
         return float(self.compute_capability) >= 9.0
 
@@ -104,6 +119,7 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         peer_link_gbs=entry.get("peer_link_gbs"),
         peer_link_gpus=entry.get("peer_link_gpus"),
         peer_link_source=entry.get("peer_link_source") or "",
+        l2_cache_bytes=int(float(entry.get("l2_cache_mb") or 0) * MIB),
         sources=tuple(entry.get("sources", ())),
         notes=entry.get("notes", "") or "",
     )

@@ -36,8 +36,8 @@ grids:
 
 #: known time constants the FAKE step times are made with (``time.TimeConstants`` order), away from
 #: the shipped ones so that a fit that returned its starting point would fail
-KNOWN = {"MATMUL_EFFICIENCY": {"datacenter": 0.55, "consumer": 0.6}, "ATTENTION_EFFICIENCY": 0.35,
-         "BANDWIDTH_EFFICIENCY": 0.8, "KERNEL_DEVICE_S": 4e-6, "HOST_S_PER_KERNEL": 1.5e-5,
+KNOWN = {"MATMUL_EFFICIENCY": {"hopper": 0.55, "ada-geforce": 0.6}, "ATTENTION_EFFICIENCY": 0.35,
+         "L2_REUSE": 0.3, "KERNEL_DEVICE_S": 4e-6, "HOST_S_PER_KERNEL": 1.5e-5,
          "HOST_S_PER_CALL": 3e-5, "HOST_S_PER_AUTOCAST_KERNEL": 5e-6}
 
 
@@ -90,10 +90,10 @@ def test_fits_context_and_the_time_constants_with_zero_held_out_error(tmp_path, 
     held_out = line(out, "  held-out |error| of the step time")
     assert "median 0.0%" in held_out and "worst 0.0%" in held_out, held_out
     # the constants that shape these steps are recovered (a fit that stayed at the shipped values fails)
-    for name, known in (("MATMUL_EFFICIENCY[datacenter]", 0.55), ("HOST_S_PER_KERNEL", 1.5e-5),
-                        ("BANDWIDTH_EFFICIENCY", 0.8)):
+    for name, known, rel in (("MATMUL_EFFICIENCY[hopper]", 0.55, 0.02), ("HOST_S_PER_KERNEL", 1.5e-5, 0.02),
+                             ("L2_REUSE", 0.3, 0.06)):
         fit = float(re.search(r"fit ([0-9.e+-]+)", line(out, f"  {name}:")).group(1))
-        assert fit == pytest.approx(known, rel=0.02), (name, fit)
+        assert fit == pytest.approx(known, rel=rel), (name, fit)
 
 
 def test_refuses_a_fit_from_fewer_cases_than_parameters_plus_two(tmp_path, monkeypatch):
@@ -130,15 +130,17 @@ def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
                          cwd=SCRIPT.parent.parent, check=True).stdout
     assert "published rows with tokens/s read from data/published_measurements.csv" in out
-    consumer = next(ln for ln in out.splitlines() if ln.startswith("published tokens/s: MATMUL_EFFICIENCY[consumer]"))
-    assert "held-out |error| median" in consumer
-    # the shipped constant is the fit the script prints (constants.py: FITTED)
-    current, fit = re.search(r"current ([0-9.]+), fit ([0-9.]+)", consumer).groups()
-    assert current == fit
-    # data-center rows get a fit and its error printed; the constant comes from our own measurements
-    from reportgen.estimate import constants as K
-
-    assert f"published tokens/s: MATMUL_EFFICIENCY[datacenter]: current {K.MATMUL_EFFICIENCY['datacenter']}" in out
+    # one fit per GPU generation with enough rows, each the shipped constant (constants.py: FITTED)
+    for gen in ("ampere-ga10x-geforce", "ada-geforce", "ampere-ga100"):
+        fitted = next(ln for ln in out.splitlines() if ln.startswith(f"published tokens/s: MATMUL_EFFICIENCY[{gen}]"))
+        assert "held-out |error| median" in fitted
+        current, fit = map(float, re.search(r"current ([0-9.]+), fit ([0-9.]+)", fitted).groups())
+        assert current == pytest.approx(fit, abs=1e-4), gen
+        assert fit <= 1.0  # no efficiency above the datasheet peak
+    # a generation with too few rows is named, not fitted; every generation gets a leave-one-source-out error
+    assert "MATMUL_EFFICIENCY[ada]: not fitted, 2 usable case(s)" in out
+    loso = [ln for ln in out.splitlines() if ln.startswith("published tokens/s, leave-one-source-out")]
+    assert {re.search(r"\), ([a-z0-9-]+):", ln).group(1) for ln in loso} >= {"ampere-ga10x-geforce", "ada-geforce"}
     quiet = subprocess.run([sys.executable, str(SCRIPT), "--no-published", str(tmp_path)], capture_output=True,
                            text=True, cwd=SCRIPT.parent.parent, check=True).stdout
     assert "published rows" not in quiet and "nothing to fit" in quiet

@@ -57,7 +57,7 @@ One optimizer step of ``GRPOTrainer`` (``trl/trainer/grpo_trainer.py``, ``grpo_c
 Time per optimizer step (``grpo_time``): the policy step is ``time.estimate_time``; generation is
 decode-bound: each of the ``max_completion_length`` decode steps reads every weight (a 4-bit
 weight dequantized, ``work.dequant_bytes_per_weight``) and the KV cache once at the card's bandwidth
-(``BANDWIDTH_EFFICIENCY``), with ``KERNEL_DEVICE_S`` per kernel; transformers' generate launches
+(``time.memory_bandwidth``: the weights are streamed, so no L2 reuse), with ``KERNEL_DEVICE_S`` per kernel; transformers' generate launches
 the forward's kernels (``work.layer_work`` at one token per row) and ``SAMPLE_KERNELS`` more from
 Python every step, priced at ``HOST_S_PER_KERNEL``/``HOST_S_PER_CALL`` and overlapped with the
 device (``time.pipeline_seconds``); vLLM replays CUDA graphs, so its decode pays no dispatch and
@@ -84,7 +84,8 @@ from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.estimate.libraries import CURRENT
 from reportgen.estimate.memory import (MemoryEstimate, cuda_context_bytes,
                                        dequant_transient_bytes, effective_attention, estimate_memory)
-from reportgen.estimate.time import TimeConstants, TimeEstimate, device_seconds, host_seconds, peak_dtype, pipeline_seconds
+from reportgen.estimate.time import (TimeConstants, TimeEstimate, device_seconds, hidden_state_bytes, host_seconds,
+                                    memory_bandwidth, peak_dtype, pipeline_seconds)
 from reportgen.estimate.work import Work, dequant_bytes_per_weight, layer_work
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
@@ -305,9 +306,11 @@ def decode_weight_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> f
     return moved
 
 
-def _priced(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants, host: bool, slices: int) -> float:
-    """Seconds of ``w``: the device's, overlapped with the host's dispatch (``host``: launched from Python)."""
-    dev = device_seconds(w, gpu, dtype, c) or 0.0
+def _priced(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants, host: bool, slices: int,
+            working_bytes: float | None = None) -> float:
+    """Seconds of ``w``: the device's (memory-bound kernels on tensors of ``working_bytes``, None for a
+    decode step's streamed weights), overlapped with the host's dispatch (``host``: launched from Python)."""
+    dev = device_seconds(w, gpu, dtype, c, working_bytes) or 0.0
     return pipeline_seconds([(host_seconds(w, c) if host else 0.0, dev)], slices)
 
 
@@ -334,9 +337,8 @@ def generation_seconds(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, dty
         decode = _priced(Work(kernels=kernels, views=one.views, bytes=read, calls=one.calls) * n, gpu, dtype, c,
                          True, n * L)
     else:  # CUDA graphs: no dispatch, a graph-launched kernel's device time
-        bw = gpu.memory_bandwidth_gbs * 1e9 * c.bandwidth_efficiency
-        decode = n * (read / bw + kernels * K.REFERENCE_PROFILE["kernel_device_s"])
-    return rounds * (_priced(prefill, gpu, dtype, c, hf, L) + decode)
+        decode = n * (read / memory_bandwidth(gpu, c) + kernels * K.REFERENCE_PROFILE["kernel_device_s"])
+    return rounds * (_priced(prefill, gpu, dtype, c, hf, L, rows * p * model.hidden_size * dt.compute) + decode)
 
 
 def scoring_seconds(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, dtype: str, c: TimeConstants) -> float:
@@ -348,7 +350,8 @@ def scoring_seconds(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, dtype:
     attn, _ = effective_attention(model, setup)
     chunk = layer_work(model, setup, dt, attn, setup.batch, setup.seq)[0] * model.num_layers
     chunks = setup.generation_batch // setup.batch
-    return passes * chunks * _priced(chunk, gpu, dtype, c, True, model.num_layers)
+    return passes * chunks * _priced(chunk, gpu, dtype, c, True, model.num_layers,
+                                     hidden_state_bytes(model, setup, setup.seq))
 
 
 def grpo_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, policy: TimeEstimate) -> tuple[TimeEstimate, dict]:
@@ -358,8 +361,7 @@ def grpo_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, policy: Time
     dtype, _ = peak_dtype(setup, gpu)
     c = TimeConstants.current(gpu, None, dtype)
     per_step = setup.batch * setup.gpus * setup.accum / setup.generation_batch
-    bw = gpu.memory_bandwidth_gbs * 1e9 * c.bandwidth_efficiency
-    sync = 2 * vllm_weights_bytes(model, setup) / bw if setup.generation == Generation.vllm_colocate else 0.0
+    sync = 2 * vllm_weights_bytes(model, setup) / memory_bandwidth(gpu, c) if setup.generation == Generation.vllm_colocate else 0.0
     times = {"generation": per_step * (generation_seconds(model, setup, gpu, dtype, c) + sync),
              "scoring": per_step * scoring_seconds(model, setup, gpu, dtype, c),
              "policy-step": policy.step_s or 0.0}

@@ -8,10 +8,12 @@ plus a host-overhead model, composed by a discrete-event scheduler; TaxBreak, ar
 decomposes the host side on H100/H200 into framework, library and launch time):
 
 * **device** (``device_seconds``): large GEMMs at ``MATMUL_EFFICIENCY`` of the datasheet peak of the
-  compute dtype, fused attention kernels at ``ATTENTION_EFFICIENCY``, memory-bound kernels
-  (elementwise ops, casts, reductions, small GEMMs, bitsandbytes' dequantization, the optimizer) at
-  ``BANDWIDTH_EFFICIENCY`` of the memory bandwidth, one after another on one stream, plus
-  ``KERNEL_DEVICE_S`` per launch;
+  compute dtype (per GPU generation, ``matmul_efficiency_of``), fused attention kernels at
+  ``ATTENTION_EFFICIENCY``, memory-bound kernels (elementwise ops, casts, reductions, small GEMMs,
+  bitsandbytes' dequantization, the optimizer) at ``DRAM_EFFICIENCY`` of the memory bandwidth less the
+  traffic the card's L2 serves (``memory_bandwidth``: ``L2_REUSE`` of it, scaled by how much of a
+  micro-batch's hidden states the L2 holds), one after another on one stream, plus ``KERNEL_DEVICE_S``
+  per launch;
 * **host** (``host_seconds``): ``HOST_S_PER_KERNEL`` per kernel the step launches (Python to ATen,
   the dispatcher, the launch), ``HOST_S_PER_CALL`` per Python-level call around them (module calls,
   peft's LoRA wrapper, bitsandbytes' Python autograd Function, Python optimizer loops) and
@@ -188,7 +190,8 @@ class TimeConstants:
 
     matmul_efficiency: float
     attention_efficiency: float
-    bandwidth_efficiency: float
+    dram_efficiency: float
+    l2_reuse: float
     kernel_device_s: float
     host_s_per_kernel: float
     host_s_per_call: float
@@ -196,14 +199,51 @@ class TimeConstants:
 
     @classmethod
     def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None) -> "TimeConstants":
-        """The constants for ``gpu``: ``constants.py``'s, or, with a profile of the user's card
-        (``gpu.profile``), those scaled by its figures over the H100 machine's (``profiled``)."""
-        eff = matmul_efficiency or K.MATMUL_EFFICIENCY["consumer" if gpu.is_consumer else "datacenter"]
-        base = cls(eff, K.ATTENTION_EFFICIENCY, K.BANDWIDTH_EFFICIENCY, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
+        """The constants for ``gpu``: ``constants.py``'s (the GEMM efficiency of its generation,
+        ``matmul_efficiency_of``), or, with a profile of the user's card (``gpu.profile``), those scaled
+        by its figures over the H100 machine's (``profiled``)."""
+        eff = matmul_efficiency or matmul_efficiency_of(gpu.generation)[0]
+        base = cls(eff, K.ATTENTION_EFFICIENCY, K.DRAM_EFFICIENCY, K.L2_REUSE, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
                    K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
         if gpu.profile is None:
             return base
         return profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
+
+
+def matmul_efficiency_of(generation: str, fitted: dict | None = None) -> tuple[float, str]:
+    """(GEMM efficiency, the generation it was fitted on) for ``generation``: its own fit in ``fitted``
+    (default ``K.MATMUL_EFFICIENCY``), else the one it borrows (``K.BORROWS_FROM``, followed until a
+    fitted generation; Hopper's, measured on our H100, when the chain runs out or loops)."""
+    fitted = K.MATMUL_EFFICIENCY if fitted is None else fitted
+    seen, gen = set(), generation
+    while gen not in fitted and gen not in seen:
+        seen.add(gen)
+        gen = K.BORROWS_FROM.get(gen, "hopper")
+    gen = gen if gen in fitted else "hopper"
+    return fitted.get(gen, K.MATMUL_EFFICIENCY["hopper"]), gen
+
+
+def l2_hit_fraction(gpu: GpuSpec, c: TimeConstants, working_bytes: float | None) -> float:
+    """Share of memory-bound traffic the L2 cache serves: ``L2_REUSE`` (the traffic that reads what
+    the previous kernel just wrote) times the chance that tensor is still in L2, ``min(1, L2 /
+    working_bytes)`` (an LRU cache of L2 bytes holding a streamed tensor of ``working_bytes``).
+    ``working_bytes`` None (weights streamed once, nothing produced just before): no reuse."""
+    if not working_bytes or not gpu.l2_cache_bytes:
+        return 0.0
+    return c.l2_reuse * min(1.0, gpu.l2_cache_bytes / working_bytes)
+
+
+def memory_bandwidth(gpu: GpuSpec, c: TimeConstants, working_bytes: float | None = None) -> float:
+    """Bytes per second of memory-bound kernels: DRAM at ``dram_efficiency`` of the datasheet (the
+    measured 1 GiB copy's fraction), the L2's share (``l2_hit_fraction``) costing no DRAM time."""
+    return gpu.memory_bandwidth_gbs * 1e9 * c.dram_efficiency / (1.0 - l2_hit_fraction(gpu, c, working_bytes))
+
+
+def hidden_state_bytes(model: ModelSpec, setup: TrainingSetup, length: float) -> float:
+    """The tensor the step's memory-bound kernels pass one another: a micro-batch's hidden states
+    (``batch x length x hidden``) in the compute dtype (``work.py`` prices the norms, residual adds,
+    activations and casts on tensors of this size or the MLP's, a few times larger)."""
+    return setup.batch * length * model.hidden_size * (4 if setup.compute_dtype == "fp32" else 2)
 
 
 def _ratio(mine: float | None, reference: float | None) -> float | None:
@@ -216,8 +256,9 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
     its constant by the card's figure over the reference's, the way the kernels' rates differ between
     the two machines: the GEMM and attention efficiencies by the ratio of the measured fractions of
     the datasheet peak (the H100's fitted 0.66 of peak where its GEMM benchmark reached 0.74: the
-    step's GEMMs reach 89 % of the benchmark's rate, on any card), the bandwidth efficiency likewise
-    (1 GiB copies), the device time per kernel and the host's dispatch (per CUDA op queued, else per
+    step's GEMMs reach 89 % of the benchmark's rate, on any card), the DRAM efficiency by the card's own
+    1 GiB copy's fraction of its datasheet (the L2's share stays the model's, ``l2_hit_fraction``, on the
+    card's own L2 size), the device time per kernel and the host's dispatch (per CUDA op queued, else per
     CPU op) by their ratios. A figure the profile lacks keeps the constant. No efficiency above 1."""
     from reportgen import catalog
 
@@ -227,15 +268,14 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
     rate = prof.matmul_rate(dtype) if dtype else None
     if rate and gpu.peak_flops(dtype) and dtype in ref["matmul_tflops"] and not keep_matmul:
         r = (rate / gpu.peak_flops(dtype)) / (ref["matmul_tflops"][dtype] * 1e12 / ref_gpu.peak_flops(dtype))
-        mm, att = min(1.0, K.MATMUL_EFFICIENCY["datacenter"] * r), min(1.0, K.ATTENTION_EFFICIENCY * r)
-    bw = base.bandwidth_efficiency
-    if prof.copy_1gib_gbs:
-        card_frac = prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs
-        bw = K.BANDWIDTH_EFFICIENCY * card_frac / (ref["copy_1gib_gbs"] / ref_gpu.memory_bandwidth_gbs)
+        mm, att = min(1.0, K.MATMUL_EFFICIENCY["hopper"] * r), min(1.0, K.ATTENTION_EFFICIENCY * r)
+    dram = base.dram_efficiency
+    if prof.copy_1gib_gbs:  # the card's own streaming copy, beyond any L2
+        dram = min(1.0, prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs)
     launch = _ratio(prof.kernel_device_s, ref["kernel_device_s"]) or 1.0
     host = (_ratio(prof.host_s_per_launch, ref["host_s_per_launch"])
             or _ratio(prof.host_s_per_op, ref["host_s_per_op"]) or 1.0)
-    return TimeConstants(mm, att, bw, base.kernel_device_s * launch, base.host_s_per_kernel * host,
+    return TimeConstants(mm, att, dram, base.l2_reuse, base.kernel_device_s * launch, base.host_s_per_kernel * host,
                          base.host_s_per_call * host, base.host_s_per_autocast_kernel * host)
 
 
@@ -255,13 +295,15 @@ def cpu_adam_params_per_s(gpu: GpuSpec) -> float:
     return K.CPU_ADAM_PARAMS_PER_S
 
 
-def device_seconds(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants) -> float | None:
+def device_seconds(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants,
+                   working_bytes: float | None = None) -> float | None:
     """GPU-busy seconds of ``w``: each kind of kernel at its own rate, one after another (module
-    docstring); None where the card has no datasheet peak for ``dtype``."""
+    docstring), the memory-bound ones at ``memory_bandwidth`` for tensors of ``working_bytes``; None
+    where the card has no datasheet peak for ``dtype``."""
     peak = gpu.peak_flops(dtype)
     if not peak:
         return None
-    bw = gpu.memory_bandwidth_gbs * 1e9 * c.bandwidth_efficiency
+    bw = memory_bandwidth(gpu, c, working_bytes)
     return (w.matmul_flops / (peak * c.matmul_efficiency) + w.attention_flops / (peak * c.attention_efficiency)
             + w.bytes / bw + w.kernels * c.kernel_device_s)
 
@@ -272,13 +314,16 @@ def host_seconds(w: Work, c: TimeConstants, autocast_kernels: float = 0.0) -> fl
     return w.kernels * c.host_s_per_kernel + w.calls * c.host_s_per_call + autocast_kernels * c.host_s_per_autocast_kernel
 
 
-def step_phases(work: StepWork, gpu: GpuSpec, dtype: str, c: TimeConstants) -> list[tuple[float, float]] | None:
+def step_phases(work: StepWork, gpu: GpuSpec, dtype: str, c: TimeConstants,
+                working_bytes: float | None = None) -> list[tuple[float, float]] | None:
     """``[(host s, device s), ...]`` of the step's phases in program order: each micro-batch's forward
-    and backward, then the optimizer step. None without a datasheet peak."""
+    and backward (their memory-bound kernels on tensors of ``working_bytes``, ``hidden_state_bytes``),
+    then the optimizer step (parameters and states streamed once: no reuse). None without a datasheet
+    peak."""
     out = []
     under = {"forward": work.forward.kernels, "backward": work.recompute_kernels} if work.autocast else {}
     for name in ("forward", "backward", "optimizer"):
-        g = device_seconds(getattr(work, name), gpu, dtype, c)
+        g = device_seconds(getattr(work, name), gpu, dtype, c, working_bytes if name != "optimizer" else None)
         if g is None:
             return None
         out.append((host_seconds(getattr(work, name), c, under.get(name, 0.0)), g))
@@ -358,7 +403,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     scale = length / setup.seq
     peak = gpu.peak_flops(dtype)
     consts = TimeConstants.current(gpu, matmul_efficiency, dtype)
-    eff, bw = consts.matmul_efficiency, gpu.memory_bandwidth_gbs * 1e9 * consts.bandwidth_efficiency
+    hidden = hidden_state_bytes(model, setup, length)
+    eff, bw = consts.matmul_efficiency, memory_bandwidth(gpu, consts, hidden)
     work = work or step_work(model, setup, attn, seq=seq)
     if setup.gpus > 1:  # each rank runs its share of the micro-batch's work (sharding.py divides the memory)
         notes.append(f"{setup.gpus} GPUs ({setup.sharding.value}): each rank's own micro-batch; collectives in comm.py")
@@ -371,7 +417,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
     notes += _profile_note(gpu)
-    phases = step_phases(work, gpu, dtype, consts)
+    phases = step_phases(work, gpu, dtype, consts, hidden)
     if phases is None:
         return _no_peak(model, setup, gpu, notes, dtype, executed, model_flops, train_tokens, work)
     transfer = _exposed_transfer_s(model, setup, gpu, notes, phases, offloaded_bytes * scale)
@@ -382,7 +428,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     busy = math.fsum(g for _, g in phases)
     host_s = math.fsum(c for c, _ in phases)
     compute_s = total.matmul_flops / (peak * eff) + total.attention_flops / (peak * consts.attention_efficiency)
-    memory_s = total.bytes / bw
+    # the optimizer streams parameters and states once (no L2 reuse), as ``step_phases`` prices it
+    memory_s = (total.bytes - work.optimizer.bytes) / bw + work.optimizer.bytes / memory_bandwidth(gpu, consts)
     dequant = setup.accum * dequant_bytes_per_micro_batch(model, setup) / bw
     parts = {"compute": compute_s, "memory": memory_s, "launch": total.kernels * consts.kernel_device_s,
              "dequant": dequant, "host": host_s, "host_exposed": overlapped - busy, "transfer": transfer,
@@ -408,25 +455,29 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
                         train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
 
 
-#: the cards whose step times the time constants were fitted to: the H100 machine's own measurements, and
-#: the published FSDP runs on RTX 3090 and 4090 pairs that the GeForce GEMM efficiency rests on
-FITTED_ON = frozenset({"h100-sxm", "rtx-3090", "rtx-4090"})
+def generation_name(generation: str) -> str:
+    """``ada-geforce`` -> "Ada GeForce" (``K.GENERATION_NAMES``)."""
+    base, geforce = generation.removesuffix("-geforce"), generation.endswith("-geforce")
+    return K.GENERATION_NAMES.get(base, base) + (" GeForce" if geforce else "")
 
 
 def _evidence_note(gpu: GpuSpec) -> list[str]:
     """Where the time model's rates for ``gpu`` come from when no profile is given: said, not borrowed
-    silently (issue 30). The constants were fitted on one H100 machine; the GeForce GEMM efficiency on
-    published runs of RTX 3090 and 4090 pairs (Ampere GA102, Ada AD102)."""
-    base = gpu.key.partition("@")[0]
-    if base in FITTED_ON:
+    silently (issue 30). The GEMM efficiency is its generation's fit (``K.MATMUL_EVIDENCE`` names the
+    runs) or a named generation's (``matmul_efficiency_of``); every other rate was fitted on one H100
+    machine, the memory-bound kernels' L2 share applied to this card's own L2 size."""
+    if gpu.key.partition("@")[0] == K.REFERENCE_PROFILE["card"]:
         return []
-    arch = (gpu.architecture or "this").capitalize()
-    if gpu.is_consumer:
-        return [f"no step time of a {arch} GeForce card has been measured or published here: its GEMM rate is the "
-                f"RTX 3090/4090 fit's share of its datasheet peak, its other rates the H100's (reportgen profile-gpu "
-                f"on the card measures them)"]
-    return [f"the time constants were fitted on an H100 (Hopper): this {arch} card's rates are its datasheet's at the "
-            f"H100's efficiencies (reportgen profile-gpu on the card measures them)"]
+    eff, source = matmul_efficiency_of(gpu.generation)
+    mine = generation_name(gpu.generation)
+    if source == gpu.generation:
+        gemm = f"its GEMM rate ({eff:.0%} of peak) is {mine}'s fit to {K.MATMUL_EVIDENCE[source]}"
+    else:
+        gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
+                f"a {mine} card has been measured or published here")
+    l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
+    return [f"{gpu.name}: {gemm}; attention, launch and dispatch rates are the H100's, memory-bound kernels at "
+            f"the H100's DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)"]
 
 
 def _profile_note(gpu: GpuSpec) -> list[str]:
