@@ -248,12 +248,12 @@ def traced_samples(results_dir: Path, sweep: str = FIT_SWEEP) -> tuple[list[dict
 #: measuring host (5-step medians with up to 50 % spread) do not pull the constants for all others
 LOSS = "soft_l1"
 #: upper bounds other than 1: the L2's share of memory-bound traffic below 1 (its bandwidth is finite);
-#: no efficiency above 1 of the datasheet figure it multiplies (DRAM_EFFICIENCY is measured, not fitted)
+#: no efficiency above 1 of the datasheet figure it multiplies
 UPPER = {"l2_reuse": 0.9}
-TIME_CONSTANTS = ("matmul_efficiency", "attention_efficiency", "l2_reuse", "kernel_device_s",
+TIME_CONSTANTS = ("matmul_efficiency", "attention_efficiency", "dram_efficiency", "l2_reuse", "kernel_device_s",
                   "host_s_per_kernel", "host_s_per_call", "host_s_per_autocast_kernel")
 TIME_NAMES = {"matmul_efficiency": "MATMUL_EFFICIENCY[hopper]", "attention_efficiency": "ATTENTION_EFFICIENCY",
-              "l2_reuse": "L2_REUSE", "kernel_device_s": "KERNEL_DEVICE_S",
+              "dram_efficiency": "DRAM_EFFICIENCY", "l2_reuse": "L2_REUSE", "kernel_device_s": "KERNEL_DEVICE_S",
               "host_s_per_kernel": "HOST_S_PER_KERNEL", "host_s_per_call": "HOST_S_PER_CALL",
               "host_s_per_autocast_kernel": "HOST_S_PER_AUTOCAST_KERNEL"}
 
@@ -286,8 +286,8 @@ def predict_step(x: dict, c) -> float:
 
 #: extra starting points of the time fit: the pipeline's max() makes the loss piecewise smooth, with
 #: local minima where cases switch between host-bound and device-bound; the best of the starts wins
-STARTS = ((0.6, 0.4, 0.1, 5e-6, 1e-5, 4e-5, 1e-5), (0.5, 0.5, 0.3, 2e-6, 2e-5, 2e-5, 2e-6),
-          (0.7, 0.3, 0.0, 1e-5, 5e-6, 6e-5, 2e-5))
+STARTS = ((0.6, 0.4, 0.9, 0.1, 5e-6, 1e-5, 4e-5, 1e-5), (0.5, 0.5, 1.0, 0.3, 2e-6, 2e-5, 2e-5, 2e-6),
+          (0.7, 0.3, 0.7, 0.0, 1e-5, 5e-6, 6e-5, 2e-5))
 
 
 def solve_time(samples: list[dict], start, free: tuple[str, ...] = TIME_CONSTANTS, multistart: bool = True):
@@ -468,6 +468,12 @@ def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
         describe(name, K.MATMUL_EFFICIENCY.get(gen, float("nan")), fit, errs)
         print("  efficiency per row: " + ", ".join(f"{rows[j]['id']} {effs[j]:.3f}" for j in idx))
         fits[gen] = fit
+    geforce = [j for j in effs if rows[j]["gpu"].is_consumer]
+    name = "published tokens/s: MATMUL_EFFICIENCY[GeForce pooled]"
+    if enough(name, len(geforce)):  # what constants.py ships for the GeForce generations (see its comment)
+        fit, errs = loo([effs[j] for j in geforce], lambda f, k: _published_error(rows[geforce[k]], f))
+        describe(name, K.MATMUL_EFFICIENCY["ada-geforce"], fit, errs)
+        fits["geforce"] = fit
     loso_published(rows, effs)
     return fits
 

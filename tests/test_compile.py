@@ -69,7 +69,7 @@ def test_compile_time_is_the_fused_traffic_over_bandwidth():
     assert compiled.parts["compile"] == pytest.approx(-4 * 179_200 * 32 * 8192 / bw, rel=1e-3)
     assert eager.parts["compile"] == 0
     assert compiled.step_s == pytest.approx(eager.step_s + compiled.parts["compile"], rel=1e-9)
-    assert compiled.tokens_per_s / eager.tokens_per_s == pytest.approx(1.074, abs=0.002)
+    assert compiled.tokens_per_s / eager.tokens_per_s == pytest.approx(1.069, abs=0.002)
 
 
 def test_compile_is_a_sweep_key(tmp_path):

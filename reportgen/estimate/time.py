@@ -234,8 +234,8 @@ def l2_hit_fraction(gpu: GpuSpec, c: TimeConstants, working_bytes: float | None)
 
 
 def memory_bandwidth(gpu: GpuSpec, c: TimeConstants, working_bytes: float | None = None) -> float:
-    """Bytes per second of memory-bound kernels: DRAM at ``dram_efficiency`` of the datasheet (the
-    measured 1 GiB copy's fraction), the L2's share (``l2_hit_fraction``) costing no DRAM time."""
+    """Bytes per second of memory-bound kernels: DRAM at ``dram_efficiency`` of the datasheet, the L2's
+    share (``l2_hit_fraction``) costing no DRAM time."""
     return gpu.memory_bandwidth_gbs * 1e9 * c.dram_efficiency / (1.0 - l2_hit_fraction(gpu, c, working_bytes))
 
 
@@ -256,9 +256,9 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
     its constant by the card's figure over the reference's, the way the kernels' rates differ between
     the two machines: the GEMM and attention efficiencies by the ratio of the measured fractions of
     the datasheet peak (the H100's fitted 0.66 of peak where its GEMM benchmark reached 0.74: the
-    step's GEMMs reach 89 % of the benchmark's rate, on any card), the DRAM efficiency by the card's own
-    1 GiB copy's fraction of its datasheet (the L2's share stays the model's, ``l2_hit_fraction``, on the
-    card's own L2 size), the device time per kernel and the host's dispatch (per CUDA op queued, else per
+    step's GEMMs reach 89 % of the benchmark's rate, on any card), the DRAM efficiency likewise by the
+    1 GiB copies' fractions of their datasheets (the L2's share stays the model's, ``l2_hit_fraction``,
+    on the card's own L2 size), the device time per kernel and the host's dispatch (per CUDA op queued, else per
     CPU op) by their ratios. A figure the profile lacks keeps the constant. No efficiency above 1."""
     from reportgen import catalog
 
@@ -270,8 +270,9 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
         r = (rate / gpu.peak_flops(dtype)) / (ref["matmul_tflops"][dtype] * 1e12 / ref_gpu.peak_flops(dtype))
         mm, att = min(1.0, K.MATMUL_EFFICIENCY["hopper"] * r), min(1.0, K.ATTENTION_EFFICIENCY * r)
     dram = base.dram_efficiency
-    if prof.copy_1gib_gbs:  # the card's own streaming copy, beyond any L2
-        dram = min(1.0, prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs)
+    if prof.copy_1gib_gbs:  # the card's own streaming copy (beyond any L2) over the H100 machine's
+        card_frac = prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs
+        dram = min(1.0, K.DRAM_EFFICIENCY * card_frac / (ref["copy_1gib_gbs"] / ref_gpu.memory_bandwidth_gbs))
     launch = _ratio(prof.kernel_device_s, ref["kernel_device_s"]) or 1.0
     host = (_ratio(prof.host_s_per_launch, ref["host_s_per_launch"])
             or _ratio(prof.host_s_per_op, ref["host_s_per_op"]) or 1.0)
