@@ -128,3 +128,19 @@ def test_what_the_eager_and_the_compiled_chunk_save():
     big = [dt for shape, dt in compiled if shape == (64, 1024)]
     assert big == [torch.bfloat16]
     assert sum(1 for shape, dt in compiled if shape in ((64, 1), (64,)) and dt == torch.float32) == COMPILED_ROW_STATS
+
+
+def test_a_litgpt_bf16_mixed_fsdp_row_is_mapped_with_the_fp32_gather():
+    """compare-published maps a litgpt row run with --precision bf16-mixed on several GPUs by the recipe Lightning's
+    code documents (FSDPPrecision: param_dtype float32 under autocast), and one of pure bf16 as before."""
+    from reportgen.published.mapping import map_row
+
+    row = {"id": "X1", "source": "github.com/Lightning-AI/litgpt/blob/main/config_hub/finetune/README.md row "
+           "tiny-llama/full.yaml", "model": "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+           "technique": "full fine-tune, bf16-mixed", "lora_rank": "", "lora_targets": "", "batch": "4",
+           "gpus": "4", "gpu_type": "A100-SXM4 80GB", "peak_mem_gb": "20.0", "notes": ""}
+    m = map_row(row)
+    assert (m.setup.precision.value, m.setup.fsdp_param_dtype.value, m.setup.sharding.value) == (
+        "bf16-mixed", "fp32", "fsdp")
+    m = map_row({**row, "technique": "full fine-tune, pure bf16 (bf16-true)"})
+    assert (m.setup.precision.value, m.setup.fsdp_param_dtype.value) == ("bf16", "compute")
