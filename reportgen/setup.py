@@ -65,6 +65,13 @@ class Loss(str, Enum):
     standard = "standard"
     fused = "fused"
     chunked = "chunked"
+    chunked_compiled = "chunked-compiled"
+    no_upcast = "no-upcast"
+
+
+class FsdpParamDtype(str, Enum):
+    compute = "compute"
+    fp32 = "fp32"
 
 
 class KeepOutputs(str, Enum):
@@ -262,6 +269,7 @@ class TrainingSetup:
     vllm_max_model_length: int | None = None
     vllm_importance_sampling_correction: bool = True
     beta: float = 0.0
+    fsdp_param_dtype: FsdpParamDtype = FsdpParamDtype.compute
 
     #: fields ``model_dump`` leaves out while they hold this value: added after result files were
     #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
@@ -270,7 +278,7 @@ class TrainingSetup:
         "save": None, "load": None, "num_generations": 8, "max_completion_length": 512, "max_prompt_length": None,
         "generation_batch_size": None, "generation": Generation.hf, "vllm_gpu_memory_utilization": 0.3,
         "vllm_enable_sleep_mode": False, "vllm_max_model_length": None, "vllm_importance_sampling_correction": True,
-        "beta": 0.0}
+        "beta": 0.0, "fsdp_param_dtype": FsdpParamDtype.compute}
     #: the fields of recipe grpo (TRL GRPOConfig's names; their defaults are TRL 1.16's)
     GRPO_FIELDS: ClassVar[tuple[str, ...]] = (
         "num_generations", "max_completion_length", "max_prompt_length", "generation_batch_size", "generation",
@@ -302,7 +310,11 @@ class TrainingSetup:
         "attn": FieldSpec(Attention, description="SDPA (flash / memory-efficient kernels) or eager attention"),
         "loss": FieldSpec(Loss, description="standard: transformers' fp32 cross-entropy over full logits; "
                           "fused: chunked linear+cross-entropy kernel (Liger-Kernel); chunked: 16-bit logits, "
-                          "upcast to fp32 one chunk at a time (torchtune CEWithChunkedOutputLoss)"),
+                          "upcast to fp32 one chunk at a time (torchtune CEWithChunkedOutputLoss); chunked-compiled: "
+                          "the same with each chunk's cross-entropy under torch.compile (torchtune compile: true), "
+                          "which keeps the 16-bit logits and two fp32 numbers per token instead of the fp32 "
+                          "log-softmax; no-upcast: cross-entropy on the 16-bit logits, no fp32 copy "
+                          "(reportgen/estimate/logits.py)"),
         "batch": FieldSpec(int, ge=1, le=4096, description="micro-batch size per GPU"),
         "seq": FieldSpec(int, ge=8, le=1_048_576, description="sequence length in tokens: the longest sample "
                          "(after truncation), or the packed length"),
@@ -389,6 +401,12 @@ class TrainingSetup:
         "beta": FieldSpec(float, ge=0.0, le=1e6, description="recipe grpo: KL coefficient (TRL default 0.0: no "
                           "reference model); > 0 scores every completion with a reference model (a second copy of "
                           "the weights for full fine-tuning, the adapter-disabled policy for LoRA/QLoRA)"),
+        "fsdp_param_dtype": FieldSpec(FsdpParamDtype, description="FSDP under fp16-/bf16-mixed: the dtype its "
+                                      "all-gather makes the parameters in: compute (MixedPrecision(param_dtype=the "
+                                      "compute dtype): accelerate, torchtitan; the default) or fp32 (Lightning's "
+                                      "FSDPPrecision: param_dtype float32 under torch.autocast, which caches a 16-bit "
+                                      "copy of every gathered weight until the forward ends: one 16-bit copy of the "
+                                      "weights beside the fp32 gathered layers; reportgen/estimate/sharding.py)"),
         "eval_batch": FieldSpec(int, ge=1, le=4096, optional=True, description="the whole run: evaluation "
                                 "micro-batch per GPU (per_device_eval_batch_size; default: no evaluation phase; "
                                 "reportgen/estimate/run.py)"),
@@ -437,6 +455,7 @@ class TrainingSetup:
         if self.kbit_prep not in (None, KbitPrep.none) and not peft_mixed:
             raise SetupError("kbit_prep", f"{self.kbit_prep.value!r} is the mixed-precision recipe (TRL/Trainer "
                              "bf16=True); with precision bf16 or fp32 use 'none'")
+        self._check_loss_and_gather()
         if self.recipe != Recipe.loop:
             self._check_trainer()
         if self.recipe == Recipe.trl_sft:
@@ -455,6 +474,25 @@ class TrainingSetup:
                                         else KbitPrep.none)) if self.method == Method.qlora else KbitPrep.none
         d["compute_dtype"] = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16",
                               "bf16": "bf16"}[self.precision.value]
+
+    def _check_loss_and_gather(self) -> None:
+        """The loss variants and FSDP's gather dtype where they mean something (``estimate/logits.py``,
+        ``estimate/sharding.py``)."""
+        if self.loss == Loss.no_upcast and self.precision == Precision.fp32:
+            raise SetupError("loss", "'no-upcast' computes the cross-entropy on 16-bit logits; under precision fp32 "
+                             "the logits are fp32 already: use loss standard")
+        if self.fsdp_param_dtype == FsdpParamDtype.fp32:
+            if self.sharding not in FSDP_PARAM_SHARDING:
+                raise SetupError("fsdp_param_dtype", "is the dtype FSDP gathers the parameters in: needs sharding "
+                                 f"fsdp, shard-grad-op or hybrid-shard (got {self.sharding.value!r})")
+            if self.method != Method.full:
+                raise SetupError("fsdp_param_dtype", "'fp32' is modelled for full fine-tuning (Lightning's "
+                                 "bf16-mixed keeps every weight fp32, so LoRA's frozen weights would be gathered "
+                                 "in fp32 too): use method full, or compute")
+            if self.precision not in (Precision.fp16_mixed, Precision.bf16_mixed):
+                raise SetupError("fsdp_param_dtype", "'fp32' is FSDP's gather under autocast (fp16-/bf16-mixed); "
+                                 f"under precision {self.precision.value} FSDP gathers the weights' own dtype: use "
+                                 "compute")
 
     def _check_run(self) -> None:
         """The run's phases (``estimate/run.py``): what each of its choices needs."""
@@ -689,6 +727,8 @@ class TrainingSetup:
             parts.append(f"kbit-prep-{self.kbit_prep.value}")
         if self.compile:
             parts.append("compile")
+        if self.fsdp_param_dtype == FsdpParamDtype.fp32:
+            parts.append("fsdp-fp32-gather")
         if self.recipe != Recipe.loop:
             parts.append(self.recipe.value)
         if self.recipe == Recipe.grpo:

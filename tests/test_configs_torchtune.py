@@ -49,15 +49,16 @@ def _write(tmp_path, text: str, name: str = "tt.yaml") -> Path:
 
 def test_the_lora_single_device_config_field_by_field():
     """torchtune's llama3_1/8B_lora_single_device.yaml with compile, offloading and max_seq_len 2048: pure bf16 (no
-    autocast), adapters on q, v, o and the MLP, the chunked loss, torchtune's own loop."""
+    autocast), adapters on q, v, o and the MLP, the chunked loss compiled with the model (``compile: true``:
+    ``training.compile_loss``), torchtune's own loop."""
     t = translate_file(LORA)
     s = setup_from(t)
     assert (t.tool, t.model) == ("torchtune", "llama-3.1-8b")
     assert s.model_dump(mode="json") == {**DEFAULTS, **{
         "method": "lora", "precision": "bf16", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
         "lora_targets": "q,v,o,gate,up,down", "dora": False, "batch": 2, "accum": 8, "seq": 2048,
-        "padding": "longest", "grad_ckpt": True, "act_offload": True, "compile": True, "loss": "chunked",
-        "optimizer": "adamw", "attn": "sdpa"}}
+        "padding": "longest", "grad_ckpt": True, "act_offload": True, "compile": True,
+        "loss": "chunked-compiled", "optimizer": "adamw", "attn": "sdpa"}}
     assert not t.unknown and not t.approximated
     assert t.not_modelled == [("optimizer.fused", table.row("torchtune", "optimizer.fused").note)]
     assert {"optimizer.lr", "checkpointer.output_dir", "profiler.enabled", "seed"} <= set(t.ignored)
@@ -147,7 +148,7 @@ def test_cli_end_to_end_and_exit_2(tmp_path, capsys):
     assert main(["estimate", "--from", str(LORA), "--gpu", "rtx-4090", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     d = json.loads(out)
-    assert d["setup"]["loss"] == "chunked" and d["setup"]["act_offload"] is True
+    assert d["setup"]["loss"] == "chunked-compiled" and d["setup"]["act_offload"] is True
     assert "torchtune 0.6.1 keys" in err
     path = _write(tmp_path, LORA.read_text().replace("batch_size: 2", "batch_size: 0"))
     assert main(["estimate", "--from", str(path), "--gpu", "rtx-4090"]) == 2

@@ -32,7 +32,9 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   them stops the recipe, and is refused here;
 * ``enable_activation_checkpointing`` (default false) checkpoints every ``TransformerSelfAttentionLayer``;
   ``enable_activation_offloading`` (default false) offloads the saved activations and needs checkpointing
-  (each recipe raises ``RuntimeError`` without it); ``compile`` compiles each layer and the loss;
+  (each recipe raises ``RuntimeError`` without it); ``compile`` compiles each layer and the loss
+  (``training.compile_loss``: ``CEWithChunkedOutputLoss.apply_compile_strategy`` compiles each chunk's
+  cross-entropy, which then keeps no fp32 log-softmax: loss chunked-compiled, ``estimate/logits.py``);
 * the loss: ``modules/loss/ce_chunked_output_loss.py`` ``CEWithChunkedOutputLoss`` (the model writes its
   logits in ``num_output_chunks`` chunks, upcast one at a time: loss chunked); ``torch.nn.CrossEntropyLoss`` over
   ``TransformerDecoder.unembed``'s ``.float()`` logits: loss standard; the training loop frees the logits before
@@ -283,7 +285,11 @@ def _loss(r: Reader, t: Translation) -> None:
                 else f"{value!r} is not modelled")
         raise r.error(key if key in r.doc else "loss", what, hint="torchtune.modules.loss.CEWithChunkedOutputLoss or "
                       "torch.nn.CrossEntropyLoss")
-    t.set("loss", LOSSES[value], key)
+    loss = LOSSES[value]
+    if loss == "chunked" and r.boolean("compile", False):
+        t.set("loss", "chunked-compiled", key)  # compile: true compiles the loss too (training.compile_loss)
+        return
+    t.set("loss", loss, key)
 
 
 def _optimizer(r: Reader, t: Translation) -> None:

@@ -22,6 +22,23 @@ chunk size Liger picks: ``next_pow2(ceil(T / ceil(V / h)))`` tokens.
 upcasts and cross-entropies one chunk at a time. Every chunk's fp32 log-softmax output is still
 saved (``4V`` per token), but the fp32 copy of the logits and the backward's fp32 gradients exist
 for one chunk only: forward ``cV + 4V + 4V/8``, backward ``4V + 8V/8 + cV/8`` per token.
+
+``chunked-compiled`` is the same loss under torchtune's ``compile: True``: the recipes call
+``training.compile_loss``, which compiles ``CEWithChunkedOutputLoss.compute_cross_entropy`` alone
+(``apply_compile_strategy``: ``F.cross_entropy(logits.float(), labels, reduction="sum")`` of one chunk).
+Inductor's partitioner saves, per chunk, its 16-bit logits input (the head's output, kept for the
+backward to recompute the softmax), the int64 labels and two fp32 numbers per token (the row maximum
+and the log-sum-exp), and no fp32 ``tokens x vocab`` tensor; the backward writes one chunk's
+gradient in the logits' dtype. Measured with ``saved_tensors_hooks`` on torch 2.13's CPU Inductor
+(``tests/test_logits_compiled.py``): eager saves 8 bytes per logit (the fp32 log-softmax output, saved
+by ``log_softmax`` and ``nll_loss``: one tensor), the compiled chunk 2 (its bf16 input). Per token:
+saved ``cV + 8 + 8``, forward ``cV + 16`` (the saved logits are the head's output), backward
+``cV + 16 + cV/8`` (the chunks' gradients replace their inputs one chunk at a time).
+
+``no-upcast`` is ``F.cross_entropy`` on the 16-bit logits themselves (no ``.float()``): ``log_softmax``
+saves its 16-bit output (``cV``), the forward holds the head's output beside it (``2cV``) and the
+backward the output, ``nll_loss``'s gradient and ``log_softmax``'s gradient, all 16-bit (``3cV``);
+measured the same way: eager saves 4 bytes per bf16 logit (one 2-byte tensor, saved twice).
 """
 
 from __future__ import annotations
@@ -44,9 +61,30 @@ class LogitsMemory:
 CHUNKS = 8
 
 
+#: fp32 numbers per token a compiled cross-entropy saves beside its input: the row maximum and the
+#: log-sum-exp (``tests/test_logits_compiled.py``)
+COMPILED_ROW_STATS = 2
+
+
+def loss_logits_memory(model: ModelSpec, dt: Dtypes, tokens: int, loss: str) -> LogitsMemory:
+    """``logits_memory`` for a setup's ``loss`` value."""
+    return logits_memory(model, dt, tokens, fused=loss == "fused", chunked=loss in ("chunked", "chunked-compiled"),
+                         compiled=loss == "chunked-compiled", upcast=loss != "no-upcast")
+
+
 def logits_memory(model: ModelSpec, dt: Dtypes, tokens: int, fused: bool = False,
-                  chunked: bool = False) -> LogitsMemory:
+                  chunked: bool = False, compiled: bool = False, upcast: bool = True) -> LogitsMemory:
     v, c = model.vocab_size, dt.compute
+    if chunked and compiled:
+        soft = c * v if model.final_logit_softcapping else 0
+        saved = tokens * (c * v + 8 + 4 * COMPILED_ROW_STATS + soft)
+        return LogitsMemory(saved=saved, forward_live=saved,
+                            backward_live=saved + math.ceil(tokens / CHUNKS) * c * v)
+    if not upcast and c != 4:
+        soft = c * v if model.final_logit_softcapping else 0
+        saved = tokens * (c * v + 8 + soft) + c  # + nll_loss's total_weight in the logits' dtype
+        return LogitsMemory(saved=saved, forward_live=saved + tokens * c * v,
+                            backward_live=tokens * (3 * c * v + soft + 8))
     if chunked:
         soft = c * v if model.final_logit_softcapping else 0
         saved = tokens * (4 * v + 8 + soft) + 4

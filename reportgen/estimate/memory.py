@@ -49,7 +49,7 @@ from reportgen.estimate import sharding as SH
 from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, logits_memory
+from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, loss_logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import Attention, KbitPrep, Method, Offload, Optimizer, Sharding, TrainingSetup
@@ -430,8 +430,9 @@ def device_placement(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, gpu: Gp
     # FSDP gathers a layer in the compute dtype (MixedPrecisionPolicy(param_dtype=...)), so mixed
     # precision needs no autocast copies of its own
     layer_params = sum(lin.params for lin in model.layer_linears())
-    layer_weight_bytes = layer_params // 2 if setup.method == Method.qlora else layer_params * dt.compute
-    root_bytes = root_param_bytes(model, dt)
+    gather = SH.gather_dtype_bytes(setup, dt.compute)  # fp32 under Lightning's FSDP bf16-mixed
+    layer_weight_bytes = layer_params // 2 if setup.method == Method.qlora else layer_params * gather
+    root_bytes = root_param_bytes(model, dt) * gather // dt.compute
     # bitsandbytes' quantization state is a Python attribute of each 4-bit weight, not a parameter:
     # FSDP neither flattens nor shards nor offloads it (fsdp_qlora keeps it on every GPU)
     w_dev, g_dev, s_dev = weights + quant + adapters, grads // place.grads, states // place.states
@@ -500,8 +501,8 @@ def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: A
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
-    lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else logits_memory(
-        model, dt, tokens, fused=setup.loss.value == "fused", chunked=setup.loss.value == "chunked")
+    lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else loss_logits_memory(
+        model, dt, tokens, setup.loss.value)
     kept = 0 if setup.keep_outputs.value == "none" else kept_output_bytes(
         model, dt, tokens, libs.returned_logits_fp32, setup.loss.value == "fused")
     # the previous step's 4-bit inputs held on ctx (a kept graph; with checkpointing no graph holds them)
@@ -533,8 +534,9 @@ class Timeline:
 def timeline(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, libs: Libraries,
              place: SH.Placement, gathered: bool, pb: ParameterBytes, dev: DevicePlacement,
              a: StepActivations) -> Timeline:
-    """The step's moments, each the sum of what is live then (``gathered``: FSDP gathers the layers,
-    in the compute dtype, so they need no autocast copies)."""
+    """The step's moments, each the sum of what is live then (``gathered``: FSDP gathers the layers
+    in the compute dtype, so they need no autocast copies; false when it gathers them in fp32 under
+    autocast, ``sharding.gather_dtype_bytes``)."""
     g_head, g_layer = pb.g_head, pb.g_layer
     w_dev, g_dev, s_dev, gathered_bytes = dev.w_dev, dev.g_dev, dev.s_dev, dev.gathered_bytes
     workspace, ddp_buckets = dev.workspace, dev.ddp_buckets
@@ -655,7 +657,8 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     host_terms = HOST.step_host_terms(model, setup, dt, pb.states, place, dev.host, a.offloaded)
     host = sum(host_terms.values())
     gathered = SH.gathers_layers(setup)
-    tl = timeline(model, setup, dt, attn, libs, place, gathered, pb, dev, a)
+    tl = timeline(model, setup, dt, attn, libs, place, gathered and SH.gather_dtype_bytes(setup, dt.compute)
+                  == dt.compute, pb, dev, a)
     phases = tl.phases
     phase = max(phases, key=phases.__getitem__)  # the first of the largest, in the timeline's order
     peak = phases[phase]

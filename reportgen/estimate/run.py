@@ -160,7 +160,9 @@ def eval_phase(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, mem, train: P
     if RC.fused_head(es):  # TRL's prediction_step computes the loss with its fused LM head: no full logits
         logits = RC.trl_head_memory(model, es, dt, tokens).forward_live
     else:  # Liger's forward materializes the logits outside training: its fused loss is a training-only path
-        logits = logits_memory(model, dt, tokens, chunked=setup.loss.value == "chunked").forward_live
+        # (the compiled chunked loss is counted as the eager one: what its inference graph keeps is not traced)
+        logits = logits_memory(model, dt, tokens, chunked=setup.loss.value in ("chunked", "chunked-compiled"),
+                               upcast=setup.loss.value != "no-upcast").forward_live
     new = setup.eval_generate or 0
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * dt.compute * setup.eval_batch * (seq + new)
     step_logits = setup.eval_batch * model.vocab_size * 4 if new else 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.setup import Offload, Sharding, TrainingSetup
+from reportgen.setup import FsdpParamDtype, Offload, Sharding, TrainingSetup
 
 #: GPUs in one node for HYBRID_SHARD: an HGX/DGX board has 8 GPUs on one NVSwitch (NVIDIA DGX H100
 #: user guide: "8x NVIDIA H100 GPUs"; DGX A100 likewise); FSDP's ``HYBRID_SHARD`` shards within
@@ -73,6 +73,20 @@ def gathers_layers(setup: TrainingSetup) -> bool:
     """The layers are all-gathered for each pass: a parameter-sharding strategy, or FSDP's CPU
     offload of parameters (even NO_SHARD copies each layer in from the host)."""
     return placement(setup).sharded_params or setup.offload == Offload.params
+
+
+def gather_dtype_bytes(setup: TrainingSetup, compute_bytes: int) -> int:
+    """Bytes per parameter FSDP's all-gather makes (``fsdp_param_dtype``). ``compute``: FSDP's
+    ``MixedPrecision(param_dtype=...)`` / FSDP2's ``MixedPrecisionPolicy`` gathers in the compute
+    dtype, so no autocast copy is made (the usual recipe: accelerate, torchtitan, fsdp_qlora). ``fp32``:
+    Lightning's ``FSDPPrecision.mixed_precision_config`` (``lightning/fabric/plugins/precision/fsdp.py``)
+    sets ``param_dtype = torch.float32`` for ``bf16-mixed`` and ``16-mixed`` and runs the forward under
+    ``torch.autocast`` (``forward_context``): the layers are gathered in fp32 (4 bytes), and autocast
+    casts each gathered weight, a leaf that requires grad, and caches the 16-bit copy until the
+    autocast region ends (``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``, the cache cleared when the
+    outermost autocast exits): at the forward's end one 16-bit copy of every weight is live beside the
+    sharded fp32 weights, as without FSDP (``timeline``'s autocast copies)."""
+    return 4 if setup.fsdp_param_dtype == FsdpParamDtype.fp32 else compute_bytes
 
 
 def full_shard_gathered_bytes(layer_bytes: int, root_bytes: int, n: int) -> int:

@@ -424,7 +424,8 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     ``lm_head`` GEMM; ``logits.float()``, ``log_softmax``, ``nll_loss`` forward; their backward
     (``nll_loss_backward`` writes ``4V`` per token, ``_log_softmax_backward_data`` reads ``8V`` and
     writes ``4V``, the cast back ``4V + cV``) and the head's input (and weight) gradient GEMMs.
-    Torchtune's chunked loss moves the same bytes in 8 chunks; Liger's fused linear cross-entropy
+    Torchtune's chunked loss moves the same bytes in 8 chunks (compiled or not: the compiled chunk's
+    fewer bytes are not counted apart; nor are the no-upcast loss's 16-bit ones); Liger's fused linear cross-entropy
     never writes the logits to HBM (its kernels read the chunk's logits once each way). Adapters on the
     head and a 4-bit head (``quant_head``) are not counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
@@ -448,7 +449,7 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
         fwd += _k(6, t * v * c * 2)
         bwd += _k(2, t * h * c * 2)
         return fwd, bwd
-    chunks = 8 if setup.loss.value == "chunked" else 1
+    chunks = 8 if setup.loss.value in ("chunked", "chunked-compiled") else 1
     soft = 3 if model.final_logit_softcapping else 0  # div, tanh, mul
     fwd += _k(chunks * (3 + soft), t * v * ((c + 4) + 8 + soft * 2 * c) + t * 16)
     bwd += _k(chunks * (4 + soft), t * v * (4 + 12 + (4 + c) + soft * 3 * c))

@@ -163,6 +163,12 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1, *, c
     if setup.compile:
         raise SetupNotSupported("compile=true (torch.compile) is modelled by the estimator but not run by the "
                                 "harness yet")
+    if setup.loss.value in ("chunked-compiled", "no-upcast"):
+        raise SetupNotSupported(f"loss={setup.loss.value!r} is modelled by the estimator (estimate/logits.py) but "
+                                "the harness runs only the standard, fused and chunked losses")
+    if setup.fsdp_param_dtype.value != "compute":
+        raise SetupNotSupported("fsdp_param_dtype=fp32 (Lightning's FSDP gather under autocast) is modelled by the "
+                                "estimator but not run by the harness, whose FSDP gathers in the compute dtype")
     if setup.loss.value == "fused" and device != "cuda":
         raise SetupNotSupported("loss='fused' uses Liger-Kernel's Triton kernels, which need a CUDA device")
     if setup.recipe.value != "loop" and setup.gpus > 1:

@@ -308,7 +308,16 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
         notes.append("PagedAdamW (32-bit) under Fabric's BitsandbytesPrecision")
         notes.append("litgpt also quantizes lm_head (quant_head); litgpt issue #1112 reports its QLoRA "
                      "using more memory than LoRA at the time")
-    setup = TrainingSetup(method=method, precision="bf16", lora_rank=rank or 8, lora_alpha=alpha, lora_targets=targets,
+    # a table run with --precision bf16-mixed: Fabric's FSDPPrecision gathers fp32 under autocast (sharding.py)
+    mixed = "bf16-mixed" in technique
+    if mixed and method != "full" and gpus > 1:
+        return Unmapped(rid, src, "LoRA under Lightning's FSDP bf16-mixed gathers the frozen weights in fp32 too: "
+                                  "not modelled (fsdp_param_dtype fp32 is modelled for full fine-tuning)")
+    if mixed and gpus > 1:
+        notes.append("bf16-mixed under FSDP: Lightning's FSDPPrecision gathers fp32 weights under autocast, whose "
+                     "cache holds a bf16 copy of them (fsdp_param_dtype=fp32)")
+    setup = TrainingSetup(method=method, precision="bf16-mixed" if mixed else "bf16", lora_rank=rank or 8,
+                          fsdp_param_dtype="fp32" if mixed and gpus > 1 else "compute", lora_alpha=alpha, lora_targets=targets,
                           lora_dropout=dropout if method != "full" else 0.0, quant="nf4", attn="sdpa", loss="standard",
                           optimizer="paged-adamw" if method == "qlora" else "adamw", accum=accum,
                           quant_head=method == "qlora",
@@ -321,8 +330,10 @@ def _cce(row: dict) -> Mapped | Unmapped:
     rid, src = row["id"], row["source"]
     technique = row["technique"]
     if "baseline" not in technique:
-        return Unmapped(rid, src, "torch.compile fusion / Cut Cross-Entropy kernels are not modelled "
-                                  "(reportgen's fused loss models Liger's chunking)")
+        return Unmapped(rid, src, "Cut Cross-Entropy's kernels, and its torch_compile variant, which compiles the "
+                                  "classifier matmul and soft-capping with the loss (cut_cross_entropy/torch_compile.py), "
+                                  "are not modelled (loss chunked-compiled is torchtune's compiled cross-entropy of "
+                                  "given logits; loss fused models Liger's chunking)")
     value = _number(row["peak_mem_gb"])
     if value is None:
         return Unmapped(rid, src, "no memory figure")

@@ -104,8 +104,15 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
 
 
 def check_recipe_traced(setup) -> None:
-    """Refuse a recipe the tracer has no step of (it runs the harness's SFT step, or a Trainer's): recipe grpo
+    """Refuse a recipe the tracer has no step of (it runs the harness's SFT step, or a Trainer's), and the losses it
+    does not run (chunked-compiled, no-upcast: they would be traced as the standard loss): recipe grpo
     would be traced as an SFT step and labelled as GRPO's."""
+    if setup.loss.value in ("chunked-compiled", "no-upcast") or setup.fsdp_param_dtype.value != "compute":
+        what = (f"loss={setup.loss.value}" if setup.loss.value in ("chunked-compiled", "no-upcast")
+                else "fsdp_param_dtype=fp32")
+        raise UserError(f"reportgen trace: {what} is estimated only: the trace runs the harness's step, which has "
+                        "no such loss or FSDP gather", hint="reportgen estimate models it (estimate/logits.py, "
+                        "estimate/sharding.py)")
     if setup.recipe.value == "grpo":
         raise UserError("reportgen trace: recipe grpo (TRL's GRPOTrainer, generation in the loop) is not traced yet: "
                         "the trace runs an SFT step", hint="reportgen estimate --recipe grpo estimates it phase by phase")
