@@ -179,7 +179,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         from reportgen.datalengths import read_lengths
 
         lengths = read_lengths(args.lengths)
-        setup = _apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
+        setup = apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     host_memory = catalog.parse_host_memory(args.host_memory) if getattr(args, "host_memory", None) else None
     try:
@@ -222,7 +222,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _apply_lengths(setup, lengths, seq_given: bool):
+def apply_lengths(setup, lengths, seq_given: bool):
     """The setup with a dataset's lengths (``datalengths.Lengths``): ``seq`` the cut (``--seq`` or the
     config's when given, else the dataset's longest sample), ``seq_mean`` the mean after the cut, and
     with padding to the longest sample ``seq_padded``, the expected longest of a micro-batch

@@ -29,7 +29,9 @@ mean, and it tends to ``seq`` as ``b`` grows.
 from __future__ import annotations
 
 import math
+import random
 from functools import lru_cache
+from itertools import accumulate
 
 from reportgen.setup import Padding, TrainingSetup
 
@@ -133,19 +135,42 @@ def at_length(setup: TrainingSetup, seq: int, batch: int | None = None) -> Train
     return setup.model_copy(update={"seq": seq, "seq_mean": mean, "seq_padded": None, "batch": batch or setup.batch})
 
 
+#: the shortest micro-batch priced or traced: a floor on a one- or two-token batch, no measured figure
+SHORTEST = 8
+
+
+def padded_to_longest(longest: int, cap: int) -> int:
+    """A micro-batch's length when padded to its longest sample (``padding="longest"``, the collators of the
+    module docstring): that sample cut at ``cap``, no shorter than ``SHORTEST``."""
+    return max(SHORTEST, min(longest, cap))
+
+
+def draw_step_lengths(lengths, setup: TrainingSetup, steps: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """The padded length of each micro-batch of ``steps`` optimizer steps: ``batch`` samples per micro-batch,
+    ``accum`` micro-batches per step, drawn at random with replacement from the histogram (``random.Random(seed)``,
+    so a seed gives one run) and padded to their longest (``padded_to_longest``). Independent draws are the
+    model ``longest_of`` prices, and a shuffled epoch's when the data holds many more samples than a batch."""
+    rng, cum = random.Random(seed), list(accumulate(lengths.counts))
+    out = []
+    for _ in range(steps):
+        out.append(tuple(padded_to_longest(max(rng.choices(lengths.values, cum_weights=cum, k=setup.batch)),
+                                           setup.seq) for _ in range(setup.accum)))
+    return out
+
+
 def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROWTH_STEP) -> dict:
     """Reserved memory as the run goes on, with batches padded to their longest sample: PyTorch's caching
     allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
     does not come back without ``empty_cache``), so the reserve follows the longest micro-batch seen so far.
     The median longest sample of the first micro-batch and of the ``batch x accum x steps`` samples by
-    ``steps``, each priced as a step of that length (``memory.estimate_memory``). Not simulated: the
-    fragmentation that blocks of many sizes add on top (the traced allocator could replay it; not done)."""
+    ``steps``, each priced as a step of that length (``memory.estimate_memory``). The fragmentation that
+    blocks of many sizes add on top is not in this formula: ``reportgen trace --lengths`` replays the steps
+    through the traced allocator (``trace/multistep.py``) and prints the two side by side."""
     from reportgen.estimate.memory import estimate_memory
 
     out = {}
     for label, rows in (("first", setup.batch), (str(steps), setup.batch * setup.accum * steps)):
-        length = longest_of(lengths.values, lengths.counts, setup.seq, rows)
-        length = max(8, length)
+        length = padded_to_longest(longest_of(lengths.values, lengths.counts, setup.seq, rows), setup.seq)
         out[label] = {"longest": length,
                       "peak_reserved": estimate_memory(model, at_length(setup, length), gpu).peak_reserved}
     return out
