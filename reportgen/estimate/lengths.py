@@ -33,7 +33,8 @@ import random
 from functools import lru_cache
 from itertools import accumulate
 
-from reportgen.setup import Padding, TrainingSetup
+from reportgen.errors import UserError
+from reportgen.setup import Padding, SetupError, TrainingSetup
 
 
 @lru_cache(maxsize=4096)
@@ -87,6 +88,22 @@ def empirical_longest(values, counts, cap: int, batch: int) -> float:
         f_before, below = below / total, below + hist[x]
         out += x * ((below / total) ** batch - f_before ** batch)
     return out
+
+
+def apply_lengths(setup, lengths, seq_given: bool):
+    """The setup with a dataset's lengths (``datalengths.Lengths``): ``seq`` the cut (``--seq`` or the
+    config's when given, else the dataset's longest sample), ``seq_mean`` the mean after the cut, and
+    with padding to the longest sample ``seq_padded``, the expected longest of a micro-batch
+    (``empirical_longest``); a setup the lengths make invalid is the user's error, naming the file."""
+    cap = setup.seq if seq_given else lengths.longest
+    update = {"seq": cap, "seq_mean": max(1, round(lengths.mean(cap))), "seq_padded": None}
+    if setup.padding == Padding.longest:
+        update["seq_padded"] = round(empirical_longest(lengths.values, lengths.counts, cap, setup.batch))
+    try:
+        return setup.model_copy(update=update)
+    except SetupError as exc:
+        raise UserError(f"--lengths {lengths.source}: {exc.message}",
+                        hint="--seq sets the length samples are cut at") from None
 
 
 def dataset_report(lengths, setup: TrainingSetup) -> dict:

@@ -84,7 +84,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     lengths = _read_lengths(args)
     if lengths is not None:
-        from reportgen.cli import apply_lengths
+        from reportgen.estimate.lengths import apply_lengths
 
         setup = apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     gpu = catalog.load_gpu(args.gpu)
