@@ -177,9 +177,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     lengths = None
     if getattr(args, "lengths", None) is not None:
         from reportgen.datalengths import read_lengths
+        from reportgen.estimate.lengths import apply_lengths
 
         lengths = read_lengths(args.lengths)
-        setup = _apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
+        setup = apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
     host_memory = catalog.parse_host_memory(args.host_memory) if getattr(args, "host_memory", None) else None
     try:
@@ -220,25 +221,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
         print_lengths(report, setup)
     return 0
-
-
-def _apply_lengths(setup, lengths, seq_given: bool):
-    """The setup with a dataset's lengths (``datalengths.Lengths``): ``seq`` the cut (``--seq`` or the
-    config's when given, else the dataset's longest sample), ``seq_mean`` the mean after the cut, and
-    with padding to the longest sample ``seq_padded``, the expected longest of a micro-batch
-    (``estimate/lengths.empirical_longest``)."""
-    from reportgen.estimate.lengths import empirical_longest
-    from reportgen.setup import Padding, SetupError
-
-    cap = setup.seq if seq_given else lengths.longest
-    update = {"seq": cap, "seq_mean": max(1, round(lengths.mean(cap))), "seq_padded": None}
-    if setup.padding == Padding.longest:
-        update["seq_padded"] = round(empirical_longest(lengths.values, lengths.counts, cap, setup.batch))
-    try:
-        return setup.model_copy(update=update)
-    except SetupError as exc:
-        raise UserError(f"--lengths {lengths.source}: {exc.message}",
-                        hint="--seq sets the length samples are cut at") from None
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

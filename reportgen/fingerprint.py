@@ -33,6 +33,9 @@ TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py", "t
 #: the sources only a recipe's trace runs (``setup.recipe``, ``trace/sft.py``): hashed into the traces of
 #: that recipe and left out of the plain loop's, so editing them leaves every stored loop trace current
 RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py")}
+#: the multi-step replay of ``reportgen trace --lengths`` (steps of different lengths through one allocator): it
+#: computes no stored figure and is left out of every stored trace's hash (``steps_trace_hash`` is its own)
+STEPS_TRACE_SOURCES = ("trace/multistep.py",)
 _RECIPE_ONLY = tuple(sorted({p for paths in RECIPE_TRACE_SOURCES.values() for p in paths if p.startswith("trace/")}))
 
 
@@ -69,10 +72,22 @@ def advice_hash() -> str:
     return source_hash(ADVICE_SOURCES)
 
 
+def loop_trace_hash(root: Path = PACKAGE) -> str:
+    """The plain loop's tracer: its sources but those that compute no stored figure, the recipe-only ones
+    and the multi-step replay's."""
+    return source_hash(TRACE_SOURCES, root=root, exclude=TRACE_NOT_SOURCES + _RECIPE_ONLY + STEPS_TRACE_SOURCES)
+
+
 @lru_cache(maxsize=4)
 def trace_hash(recipe: str = "loop") -> str:
     """The tracer's code; for a recipe other than the loop, also the code only its trace runs."""
-    loop = source_hash(TRACE_SOURCES, exclude=TRACE_NOT_SOURCES + _RECIPE_ONLY)
+    loop = loop_trace_hash()
     if recipe not in RECIPE_TRACE_SOURCES:
         return loop
     return hashlib.sha256(f"{loop}:{recipe}:{source_hash(RECIPE_TRACE_SOURCES[recipe])}".encode()).hexdigest()[:16]
+
+
+def steps_trace_hash(root: Path = PACKAGE) -> str:
+    """The loop's tracer and the multi-step replay on top of it (``trace --lengths``)."""
+    steps = source_hash(STEPS_TRACE_SOURCES, root=root)
+    return hashlib.sha256(f"{loop_trace_hash(root)}:steps:{steps}".encode()).hexdigest()[:16]

@@ -29,9 +29,12 @@ mean, and it tends to ``seq`` as ``b`` grows.
 from __future__ import annotations
 
 import math
+import random
 from functools import lru_cache
+from itertools import accumulate
 
-from reportgen.setup import Padding, TrainingSetup
+from reportgen.errors import UserError
+from reportgen.setup import Padding, SetupError, TrainingSetup
 
 
 @lru_cache(maxsize=4096)
@@ -87,6 +90,22 @@ def empirical_longest(values, counts, cap: int, batch: int) -> float:
     return out
 
 
+def apply_lengths(setup, lengths, seq_given: bool):
+    """The setup with a dataset's lengths (``datalengths.Lengths``): ``seq`` the cut (``--seq`` or the
+    config's when given, else the dataset's longest sample), ``seq_mean`` the mean after the cut, and
+    with padding to the longest sample ``seq_padded``, the expected longest of a micro-batch
+    (``empirical_longest``); a setup the lengths make invalid is the user's error, naming the file."""
+    cap = setup.seq if seq_given else lengths.longest
+    update = {"seq": cap, "seq_mean": max(1, round(lengths.mean(cap))), "seq_padded": None}
+    if setup.padding == Padding.longest:
+        update["seq_padded"] = round(empirical_longest(lengths.values, lengths.counts, cap, setup.batch))
+    try:
+        return setup.model_copy(update=update)
+    except SetupError as exc:
+        raise UserError(f"--lengths {lengths.source}: {exc.message}",
+                        hint="--seq sets the length samples are cut at") from None
+
+
 def dataset_report(lengths, setup: TrainingSetup) -> dict:
     """What a dataset's lengths (``datalengths.Lengths``) mean for the setup: truncation, padding waste
     under its padding and under packing, and the length that would cut only 0.5 % of the samples."""
@@ -133,19 +152,42 @@ def at_length(setup: TrainingSetup, seq: int, batch: int | None = None) -> Train
     return setup.model_copy(update={"seq": seq, "seq_mean": mean, "seq_padded": None, "batch": batch or setup.batch})
 
 
+#: the shortest micro-batch priced or traced: a floor on a one- or two-token batch, no measured figure
+SHORTEST = 8
+
+
+def padded_to_longest(longest: int, cap: int) -> int:
+    """A micro-batch's length when padded to its longest sample (``padding="longest"``, the collators of the
+    module docstring): that sample cut at ``cap``, no shorter than ``SHORTEST``."""
+    return max(SHORTEST, min(longest, cap))
+
+
+def draw_step_lengths(lengths, setup: TrainingSetup, steps: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """The padded length of each micro-batch of ``steps`` optimizer steps: ``batch`` samples per micro-batch,
+    ``accum`` micro-batches per step, drawn at random with replacement from the histogram (``random.Random(seed)``,
+    so a seed gives one run) and padded to their longest (``padded_to_longest``). Independent draws are the
+    model ``longest_of`` prices, and a shuffled epoch's when the data holds many more samples than a batch."""
+    rng, cum = random.Random(seed), list(accumulate(lengths.counts))
+    out = []
+    for _ in range(steps):
+        out.append(tuple(padded_to_longest(max(rng.choices(lengths.values, cum_weights=cum, k=setup.batch)),
+                                           setup.seq) for _ in range(setup.accum)))
+    return out
+
+
 def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROWTH_STEP) -> dict:
     """Reserved memory as the run goes on, with batches padded to their longest sample: PyTorch's caching
     allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
     does not come back without ``empty_cache``), so the reserve follows the longest micro-batch seen so far.
     The median longest sample of the first micro-batch and of the ``batch x accum x steps`` samples by
-    ``steps``, each priced as a step of that length (``memory.estimate_memory``). Not simulated: the
-    fragmentation that blocks of many sizes add on top (the traced allocator could replay it; not done)."""
+    ``steps``, each priced as a step of that length (``memory.estimate_memory``). The fragmentation that
+    blocks of many sizes add on top is not in this formula: ``reportgen trace --lengths`` replays the steps
+    through the traced allocator (``trace/multistep.py``) and prints the two side by side."""
     from reportgen.estimate.memory import estimate_memory
 
     out = {}
     for label, rows in (("first", setup.batch), (str(steps), setup.batch * setup.accum * steps)):
-        length = longest_of(lengths.values, lengths.counts, setup.seq, rows)
-        length = max(8, length)
+        length = padded_to_longest(longest_of(lengths.values, lengths.counts, setup.seq, rows), setup.seq)
         out[label] = {"longest": length,
                       "peak_reserved": estimate_memory(model, at_length(setup, length), gpu).peak_reserved}
     return out

@@ -15,11 +15,16 @@ import json
 from pathlib import Path
 
 from reportgen.errors import MEASURE_EXTRA
+from reportgen.estimate.lengths import GROWTH_STEP
+
+
+#: the most steps ``--lengths`` replays (each is a traced step through the allocator: ~20 ms for a 1B model)
+MAX_STEPS = 10_000
 
 
 def register(sub) -> None:
     """Add ``trace`` to the ``reportgen`` parser."""
-    from reportgen.flags import add_setup_flags
+    from reportgen.flags import add_setup_flags, positive_count
 
     p = sub.add_parser("trace", help="run the real training step on storage-less tensors and replay its "
                                      "allocations through a model of the CUDA caching allocator (no GPU)",
@@ -30,6 +35,13 @@ def register(sub) -> None:
     add_setup_flags(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps traced before the recorded one (the step the harness would time)")
+    p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
+                   help="the dataset's sample lengths in tokens (as reportgen estimate --lengths): trace the step at "
+                        "each padded length the batches take and replay --steps steps of lengths drawn from the file "
+                        "through one allocator, beside the analytic answer of estimate --lengths")
+    p.add_argument("--steps", type=positive_count, default=None, metavar="N",
+                   help=f"with --lengths: steps replayed (default {GROWTH_STEP}, at most {MAX_STEPS:,})")
+    p.add_argument("--seed", type=int, default=0, help="with --lengths: the seed the batches are drawn with")
     p.set_defaults(func=cmd_trace)
 
 
@@ -70,6 +82,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from reportgen.trace.step import check_traceable
 
     setup = setup_from_args(args)
+    lengths = _read_lengths(args)
+    if lengths is not None:
+        from reportgen.estimate.lengths import apply_lengths
+
+        setup = apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     gpu = catalog.load_gpu(args.gpu)
     check_traceable(setup)
     from reportgen.trace.runner import check_recipe_traced
@@ -93,6 +110,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             import bitsandbytes  # noqa: F401
         except ImportError as exc:
             raise UserError(f"--method qlora: tracing needs bitsandbytes ({exc})", hint=MEASURE_EXTRA) from None
+    if lengths is not None:
+        return _trace_lengths(args, spec, gpu, setup, lengths)
     from reportgen.trace.result import trace_case
     from reportgen.trace.sft import recipe_dict, recipe_trace
 
@@ -104,4 +123,44 @@ def cmd_trace(args: argparse.Namespace) -> int:
         from reportgen.views.trace import print_trace
 
         print_trace(result, gpu)
+    return 0
+
+
+def _read_lengths(args: argparse.Namespace):
+    """``--lengths``' file read (``datalengths.read_lengths``: a bad file is an error naming its line), with
+    ``--steps`` checked; None without ``--lengths``."""
+    from reportgen.errors import UserError
+
+    if args.lengths is None:
+        if args.steps is not None:
+            raise UserError("--steps: replays steps of the lengths in --lengths FILE", hint="add --lengths FILE")
+        return None
+    if args.steps is not None and args.steps > MAX_STEPS:
+        raise UserError(f"--steps: {args.steps:,} steps is more than the {MAX_STEPS:,} the replay runs",
+                        hint=f"--steps {GROWTH_STEP}: the reserve grows with the longest batch seen, which a few "
+                             "hundred steps reach")
+    from reportgen.datalengths import read_lengths
+
+    return read_lengths(args.lengths)
+
+
+def _trace_lengths(args: argparse.Namespace, spec, gpu, setup, lengths) -> int:
+    """``--lengths``: the multi-step replay (``trace/multistep.py``) as JSON or a few lines."""
+    from reportgen.errors import UserError
+
+    if setup.recipe.value != "loop":
+        raise UserError(f"reportgen trace --lengths: recipe {setup.recipe.value}: the replay splices the harness's "
+                        "loop steps", hint="--recipe loop")
+    from reportgen.fingerprint import steps_trace_hash
+    from reportgen.trace.multistep import lengths_replay
+
+    d = lengths_replay(spec, gpu, setup, lengths, args.steps or GROWTH_STEP, seed=args.seed, warmup=args.warmup)
+    d = {"kind": "traced", "model": spec.name, "gpu": gpu.key, "setup": setup.model_dump(mode="json"),
+         "file": str(args.lengths), **d, "trace_hash": steps_trace_hash()}
+    if args.format == "json":
+        print(json.dumps(d, indent=2, sort_keys=True))
+        return 0
+    from reportgen.views.trace import print_lengths_replay
+
+    print_lengths_replay(d, gpu)
     return 0

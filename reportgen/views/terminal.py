@@ -179,7 +179,8 @@ def print_lengths(r: dict, setup, console: Console | None = None) -> None:
         console.print(f"reserved memory follows the longest micro-batch seen so far (the caching allocator keeps its "
                       f"blocks): {gib(a['peak_reserved'])} GiB at the first step (its longest sample "
                       f"{a['longest']:,} tokens), {gib(b['peak_reserved'])} GiB by step {later} ({b['longest']:,} "
-                      "tokens, median cases)", highlight=False)
+                      "tokens, median cases); steps of many lengths near the longest add cached blocks on top, which "
+                      "reportgen trace --lengths replays", highlight=False)
     if r["p99_5"] < r["cap"]:
         console.print(f"cutting at {r['p99_5']:,} tokens (--seq {r['p99_5']}) would cut "
                       f"{100 * r['p99_5_cut_share']:.1f}% of the samples; memory follows the cut", highlight=False)

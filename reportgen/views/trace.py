@@ -64,3 +64,45 @@ def print_trace(tr, gpu, console: Console | None = None) -> None:
         console.print(f"  [cyan]{e['name']}[/]: {e['what']}", highlight=False)
     for note in d["notes"]:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def print_lengths_replay(d: dict, gpu, console: Console | None = None) -> None:
+    """``reportgen trace --lengths`` (``trace/multistep.lengths_replay``): the reserve the replayed steps grew,
+    beside the analytic answer of ``estimate --lengths`` (``estimate/lengths.reserved_growth``)."""
+    console = console or Console()
+    steps, traced = d["steps"], d["traced_lengths"]
+    console.print(f"[bold]{d['model']}[/] on [bold]{gpu.name}[/] ({gpu.memory_bytes / GIB:.1f} GiB): {steps} steps of "
+                  f"batch {d['batch']} padded to their longest sample, drawn from {d['file']} (seed {d['seed']}), "
+                  f"replayed through one caching allocator  [magenta]traced[/]", highlight=False)
+    shown = ", ".join(f"{n:,}" for n in traced[:8]) + (f", ... ({len(traced)} in all)" if len(traced) > 8 else "")
+    console.print(f"step traced at {len(traced)} length(s): {shown} tokens"
+                  + (f" (padded up to a multiple of {d['pad_multiple']} to trace at most {len(traced)})"
+                     if d["pad_multiple"] > 1 else ""), highlight=False)
+    analytic = d["analytic"]
+    table = Table(title="reserved (simulated max_memory_reserved, GiB = 2^30 bytes)", title_justify="left")
+    for column in ("", "longest", "traced replay", "analytic"):
+        table.add_column(column, justify="left" if not column else "right")
+    def priced(row: dict, longest: int) -> str:  # the analytic step's own length when the draw's differs
+        at = row.get("longest")
+        return gib(row.get("peak_reserved")) + (f" (at {at:,})" if at is not None and at != longest else "")
+
+    first, longest = d["first_step"]["longest"], max(d["step_lengths"])
+    table.add_row("first step", f"{first:,}", gib(d["first_step"]["peak_reserved"]),
+                  priced(analytic.get("first", {}), first))
+    table.add_row(f"after {steps} steps", f"{longest:,}", gib(d["peak_reserved"]),
+                  priced(analytic.get(str(steps), {}), longest))
+    table.add_row("the longest step alone", f"{max(traced):,}", gib(d["alone_at_longest"]), "")
+    console.print(table)
+    if d["difference"] is not None:
+        console.print(f"traced replay vs analytic after {steps} steps: {100 * d['difference']:+.1f}%; steps of mixed "
+                      f"lengths add {gib(d['peak_reserved'] - d['alone_at_longest'])} GiB of cached blocks to the "
+                      "longest step's own reserve", highlight=False)
+    else:
+        console.print(f"no analytic answer: {analytic.get('error', '')}", highlight=False)
+    if not d["fits"]:
+        console.print(f"[red]over the card[/]: {gib(d['device_total'])} GiB with the CUDA context; on "
+                      f"{gpu.memory_bytes / GIB:.1f} GiB the allocator would release its cached segments and retry "
+                      "(not replayed)", highlight=False)
+    w = d["worst_batch"]
+    console.print(f"peak allocated of the worst batch: {gib(w['peak_allocated'])} GiB (step {w['step']}, "
+                  f"{w['longest']:,} tokens)", highlight=False)

@@ -1,0 +1,153 @@
+"""Issue 32, item 3: ``reportgen trace --lengths FILE`` traces the step once per padded length the drawn
+batches take and replays a run of them through one caching allocator (``trace/multistep.py``), beside the
+analytic answer of ``estimate --lengths`` (``estimate/lengths.reserved_growth``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from reportgen.cli import main
+from reportgen.datalengths import Lengths
+from reportgen.estimate.lengths import GROWTH_STEP, SHORTEST, draw_step_lengths
+from reportgen.setup import TrainingSetup
+
+GIB = 2**30
+
+
+# ----- the draw and the buckets (no torch) --------------------------------------------------------
+def test_the_draw_pads_each_batch_to_its_longest_sample_cut_at_seq():
+    """Lengths 100 and 200, one sample each, batches of two: a batch is 100 long only when both draws are
+    100 (1/4 of the batches); a cut at 150 makes the 200 a 150; a one-token sample is priced at SHORTEST."""
+    lengths = Lengths((100, 200), (1, 1))
+    steps = draw_step_lengths(lengths, TrainingSetup(seq=1000, batch=2), 4000, seed=3)
+    assert {s for (s,) in steps} == {100, 200}
+    assert sum(s == 100 for (s,) in steps) / 4000 == pytest.approx(1 / 4, abs=0.03)
+    assert steps == draw_step_lengths(lengths, TrainingSetup(seq=1000, batch=2), 4000, seed=3)  # one run per seed
+    assert steps != draw_step_lengths(lengths, TrainingSetup(seq=1000, batch=2), 4000, seed=4)
+    assert {s for (s,) in draw_step_lengths(lengths, TrainingSetup(seq=150, batch=2), 50)} <= {100, 150}
+    assert draw_step_lengths(Lengths((1,), (5,)), TrainingSetup(seq=64, batch=1, accum=3), 2) == [(SHORTEST,) * 3] * 2
+
+
+def test_lengths_beyond_the_traced_limit_are_padded_up_to_a_multiple():
+    pytest.importorskip("torch")
+    from reportgen.trace.multistep import bucket_lengths
+
+    assert bucket_lengths([100, 130, 300], 1000) == ([100, 130, 300], 1)  # few lengths: as drawn
+    # at most 2 lengths: multiples of 256 (128 still gives 128, 256, 384); the cut stays a length of its own
+    assert bucket_lengths([100, 130, 300], 1000, most=2) == ([256, 256, 512], 256)
+    assert bucket_lengths([100, 130, 300], 300, most=2) == ([256, 256, 300], 256)
+
+
+# ----- the replay (torch) -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def traces():
+    """llama-3.2-1b LoRA, batch 2, the loop keeping each step's outputs to the next (a carry between steps)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from reportgen import catalog
+    from reportgen.trace.multistep import trace_lengths
+
+    setup = TrainingSetup(method="lora", batch=2, seq=512, keep_outputs="next-step")
+    return trace_lengths(catalog.load_model("llama-3.2-1b"), setup, catalog.load_gpu("rtx-4090"), {128, 496, 512})
+
+
+def test_steps_of_one_length_replay_exactly_the_single_trace(traces):
+    """Splicing steps is exact: a run at one length reaches, from its second step on, the figures of the
+    trace's own measured step (``trace/replay.replay``), kept outputs handed from step to step included."""
+    from reportgen.trace.multistep import replay_steps
+    from reportgen.trace.replay import replay
+
+    assert traces[512].carry_in and len(traces[512].carry_in) == len(traces[512].carry_out)
+    for length in (128, 512):
+        alone = replay(traces[length].run)
+        r = replay_steps(traces, [length] * 4)
+        assert r.reserved[1:] == [alone.peak_reserved] * 3
+        assert r.allocated[1] == alone.peak_allocated
+
+
+def test_a_slightly_longer_step_needs_new_segments_past_the_longest_alone(traces):
+    """CUDACachingAllocator.cpp, Note [Expandable Segments]: a step slightly longer than the cached ones
+    cannot reuse their blocks and nothing merges across segments, so 496 then 512 tokens reserves more
+    than 512 alone (what the analytic answer prices), while 128 then 512 nearly does not."""
+    from reportgen.trace.multistep import replay_steps
+
+    alone = replay_steps(traces, [512, 512]).reserved[-1]
+    close = replay_steps(traces, [496, 512]).peak_reserved
+    far = replay_steps(traces, [128, 512]).peak_reserved
+    assert far - alone < 0.05 * alone < close - alone
+
+
+def test_a_skewed_dataset_grows_the_reserve_and_agrees_with_the_analytic_answer(tmp_path, capsys):
+    """The done-when of issue 32: 98 % of samples at 64 tokens, 2 % at 512; the first batch of two is short,
+    the run meets a long one within 500 steps, and the replayed reserve after 500 steps is within 5 % of
+    ``estimate --lengths``'s (the longest step's reserve: one long length, so no slivers of near lengths)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    path = tmp_path / "lengths.txt"
+    path.write_text("64 980\n512 20\n")
+    flags = ["--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "lora", "--batch", "2", "--lengths", str(path)]
+    assert main(["trace", *flags, "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "traced" and d["steps"] == GROWTH_STEP and d["traced_lengths"] == [64, 512]
+    assert len(d["reserved_per_step"]) == GROWTH_STEP and d["peak_reserved"] == max(d["reserved_per_step"])
+    assert d["first_step"] == {"longest": 64, "peak_reserved": d["reserved_per_step"][0]}
+    assert d["peak_reserved"] > 1.5 * d["first_step"]["peak_reserved"]
+    assert d["peak_reserved"] >= d["alone_at_longest"]
+    assert d["worst_batch"]["longest"] == 512 and d["worst_batch"]["peak_allocated"] < d["peak_reserved"]
+    assert main(["estimate", *flags, "--format", "json"]) == 0
+    analytic = json.loads(capsys.readouterr().out)["lengths"]["reserved_growth"]
+    assert d["analytic"] == analytic
+    assert abs(d["difference"]) < 0.05
+    assert d["difference"] == pytest.approx(d["peak_reserved"] / analytic[str(GROWTH_STEP)]["peak_reserved"] - 1)
+    assert main(["trace", *flags, "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "traced replay vs analytic after 20 steps" in out and "first step" in out
+
+
+# ----- what a user can get wrong ------------------------------------------------------------------
+@pytest.mark.parametrize("text, extra, message", [
+    (None, [], "cannot read the lengths file"),
+    ("300\n-5\n", [], ":2: tokens -5 is out of range"),
+    ("300\nlots\n", [], ":2: 'lots' is not a number"),
+    ("300\n1e9\n", [], "out of range (1 to 16,777,216)"),
+    ("300\n", ["--steps", "0"], "expected a whole number of 1 or more"),
+    ("300\n", ["--steps", "1e6"], "more than the 10,000 the replay runs"),
+    ("300\n", ["--accum", "2"], "--accum 1"),
+    ("300\n", ["--padding", "packed"], "nothing to replay"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, capsys, text, extra, message):
+    path = tmp_path / "lengths.txt"
+    if text is not None:
+        path.write_text(text)
+    try:
+        code = main(["trace", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--lengths", str(path), *extra])
+    except SystemExit as exc:  # argparse rejects a type itself, with status 2
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_steps_without_lengths_is_an_error(capsys):
+    assert main(["trace", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--steps", "10"]) == 2
+    assert "--lengths FILE" in capsys.readouterr().err
+
+
+# ----- its own hash -----------------------------------------------------------------------------
+def test_editing_the_replay_leaves_every_stored_trace_current(tmp_path):
+    """``trace/multistep.py`` computes no stored figure: an edit changes its own hash, not the loop's (an
+    edit of the tracer proper changes both)."""
+    from reportgen.fingerprint import PACKAGE, loop_trace_hash, steps_trace_hash, trace_hash
+
+    assert loop_trace_hash() == trace_hash("loop")
+    pkg = tmp_path / "reportgen"
+    shutil.copytree(PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    loop, steps = loop_trace_hash(pkg), steps_trace_hash(pkg)
+    with open(pkg / "trace" / "multistep.py", "a") as f:
+        f.write("\n# edited by a test\n")
+    assert loop_trace_hash(pkg) == loop and steps_trace_hash(pkg) != steps
+    with open(pkg / "trace" / "replay.py", "a") as f:
+        f.write("\n# edited by a test\n")
+    assert loop_trace_hash(pkg) != loop
