@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 MIB = 2**20
 GIB = 2**30
@@ -77,7 +78,7 @@ class GpuSpec:
         """GeForce cards: fp16/bf16 tensor throughput with fp32 accumulate is half rate, no NVLink."""
         return "GeForce" in self.name
 
-    @property
+    @cached_property
     def generation(self) -> str:
         """The GPU generation whose rates the time model uses (``estimate/constants.GENERATIONS``), from the
         compute capability (NVIDIA's CUDA GPUs table: 7.5 Turing, 8.0 Ampere GA100, 8.6 Ampere GA10x,

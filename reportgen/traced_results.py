@@ -48,6 +48,11 @@ def cache_limited(doc: dict) -> bool:
     return bool((doc.get("memory") or {}).get("cache_released"))
 
 
+#: catalog keys of a GPU that only the time model reads (its pricing of a stored inventory is redone with
+#: today's rates whenever a trace is read, ``traced_time``): adding or changing them leaves traces current
+TIME_ONLY_GPU_KEYS = frozenset({"l2_cache_mb", "l2_cache_source"})
+
+
 def inputs_hash(case: dict) -> str:
     """What a traced figure of ``case`` (``{model, gpu, setup}``) depends on, hashed."""
     from reportgen.fingerprint import trace_hash
@@ -57,7 +62,8 @@ def inputs_hash(case: dict) -> str:
     setup = {k: v for k, v in case["setup"].items()
              if k not in ADDED_SETUP_FIELDS or v != ADDED_SETUP_FIELDS[k]}
     return short_hash({"case": {**case, "setup": setup}, "model_config": catalog.load_model(case["model"]).config,
-                       "gpu": catalog.gpu_entry(case["gpu"]), "constants": _constants(case["gpu"]),
+                       "gpu": {k: v for k, v in catalog.gpu_entry(case["gpu"]).items() if k not in TIME_ONLY_GPU_KEYS},
+                       "constants": _constants(case["gpu"]),
                        "trace": trace_hash(case["setup"].get("recipe", "loop"))}, 16)
 
 

@@ -278,7 +278,7 @@ def test_a_changed_constant_recomputes_every_estimate_and_keeps_every_measuremen
     assert "2 unchanged" in sweep()  # nothing changed: nothing rewritten
     constants = pkg / "reportgen" / "estimate" / "constants.py"
     text = constants.read_text()
-    value = re.search(r"^DRAM_EFFICIENCY = ([0-9.]+) ", text, re.M).group(1)
+    value = re.search(r"^DRAM_EFFICIENCY = ([0-9.]+)$", text, re.M).group(1)
     constants.write_text(text.replace(f"DRAM_EFFICIENCY = {value}", f"DRAM_EFFICIENCY = {float(value) / 2}"))
     out = sweep()
     assert "2 written, 0 unchanged" in out

@@ -297,14 +297,14 @@ def cpu_adam_params_per_s(gpu: GpuSpec) -> float:
 
 
 def device_seconds(w: Work, gpu: GpuSpec, dtype: str, c: TimeConstants,
-                   working_bytes: float | None = None) -> float | None:
+                   working_bytes: float | None = None, bw: float | None = None) -> float | None:
     """GPU-busy seconds of ``w``: each kind of kernel at its own rate, one after another (module
-    docstring), the memory-bound ones at ``memory_bandwidth`` for tensors of ``working_bytes``; None
-    where the card has no datasheet peak for ``dtype``."""
+    docstring), the memory-bound ones at ``memory_bandwidth`` for tensors of ``working_bytes`` (or at
+    ``bw`` bytes/s when the caller has it); None where the card has no datasheet peak for ``dtype``."""
     peak = gpu.peak_flops(dtype)
     if not peak:
         return None
-    bw = memory_bandwidth(gpu, c, working_bytes)
+    bw = bw or memory_bandwidth(gpu, c, working_bytes)
     return (w.matmul_flops / (peak * c.matmul_efficiency) + w.attention_flops / (peak * c.attention_efficiency)
             + w.bytes / bw + w.kernels * c.kernel_device_s)
 
@@ -323,8 +323,10 @@ def step_phases(work: StepWork, gpu: GpuSpec, dtype: str, c: TimeConstants,
     peak."""
     out = []
     under = {"forward": work.forward.kernels, "backward": work.recompute_kernels} if work.autocast else {}
+    bw = memory_bandwidth(gpu, c, working_bytes)
+    bws = {"forward": bw, "backward": bw, "optimizer": memory_bandwidth(gpu, c)}
     for name in ("forward", "backward", "optimizer"):
-        g = device_seconds(getattr(work, name), gpu, dtype, c, working_bytes if name != "optimizer" else None)
+        g = device_seconds(getattr(work, name), gpu, dtype, c, bw=bws[name])
         if g is None:
             return None
         out.append((host_seconds(getattr(work, name), c, under.get(name, 0.0)), g))
