@@ -30,9 +30,11 @@ TRACE_SOURCES = ("trace/*.py", "measure/step.py", "measure/build.py", "measure/d
 #: of known disagreements, the command, the sweep loop, the logging filters) does not make stored traces stale. A new
 #: module under trace/ counts as a source until it is named here.
 TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py", "trace/quiet.py")
-#: the sources only a recipe's trace runs (``setup.recipe``, ``trace/sft.py``): hashed into the traces of
+#: the sources only a recipe's trace runs (``setup.recipe``, ``trace/sft.py``, ``trace/grpo.py``): hashed into the traces of
 #: that recipe and left out of the plain loop's, so editing them leaves every stored loop trace current
-RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py")}
+RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py"),
+                        # TRL's GRPOTrainer step (trace/grpo.py), which reuses sft.py's fused-head emulation and optimizer
+                        "grpo": ("trace/grpo.py", "measure/grpo.py", "trace/sft.py", "measure/sft.py")}
 #: the multi-step replay of ``reportgen trace --lengths`` (steps of different lengths through one allocator): it
 #: computes no stored figure and is left out of every stored trace's hash (``steps_trace_hash`` is its own)
 STEPS_TRACE_SOURCES = ("trace/multistep.py",)

@@ -130,3 +130,24 @@ STORED_DISAGREEMENTS: dict[str, str] = {}
 
 def grid_ids() -> list[str]:
     return [grid_name(*c) for c in grid()] + list(FULL_DEPTH)
+
+
+#: the phases of a GRPO step that ``reportgen trace --recipe grpo`` sets apart from the policy step's own
+GRPO_PHASES = ("generation", "scoring")
+
+
+def grpo_agreement(traced: dict[str, int], traced_peak: int, estimated: dict[str, int], estimated_peak: int) -> dict:
+    """The traced GRPO step (``trace/grpo.py``: the largest allocated bytes of each phase) beside the estimate's
+    (``estimate/grpo.grpo_memory``: ``MemoryEstimate.phases``, allocated bytes), per phase of the step: generation,
+    scoring (when the estimate has one: TRL scores only with ``beta > 0`` or misaligned steps), the policy step
+    (the largest of its own phases), and the peak; each gap is ``estimate / trace - 1``, judged against
+    ``TOLERANCE`` on the peak, as the SFT recipes are."""
+    def policy(phases: dict[str, int]) -> int:
+        return max((v for k, v in phases.items() if k not in GRPO_PHASES), default=0)
+
+    rows = {p: (traced.get(p), estimated.get(p)) for p in GRPO_PHASES}
+    rows["policy-step"] = (policy(traced), policy(estimated))
+    rows["peak"] = (traced_peak, estimated_peak)
+    out = {name: {"traced": t, "estimated": e, "gap": e / t - 1 if t and e is not None else None}
+           for name, (t, e) in rows.items() if t is not None}
+    return {"phases": out, "tolerance": TOLERANCE, "agrees": abs(out["peak"]["gap"]) <= TOLERANCE}

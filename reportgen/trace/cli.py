@@ -113,17 +113,32 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if lengths is not None:
         return _trace_lengths(args, spec, gpu, setup, lengths)
     from reportgen.trace.result import trace_case
-    from reportgen.trace.sft import recipe_dict, recipe_trace
+    from reportgen.trace.runner import recipe_context
+    from reportgen.trace.sft import recipe_dict
 
-    with recipe_trace(setup):  # the trainer's step for recipes trainer and trl-sft
+    with recipe_context(setup):  # the trainer's step for recipes trainer, trl-sft and grpo
         result = trace_case(spec, gpu, setup, warmup=args.warmup)
+        d = recipe_dict(setup, result.as_dict())
+        grpo = grpo_beside_estimate(spec, gpu, setup, d) if setup.recipe.value == "grpo" else None
         if args.format == "json":
-            print(json.dumps(with_verdict_fields(recipe_dict(setup, result.as_dict())), indent=2, sort_keys=True))
+            print(json.dumps(with_verdict_fields({**d, **({"grpo": grpo} if grpo else {})}), indent=2,
+                             sort_keys=True))
             return 0
-        from reportgen.views.trace import print_trace
+        from reportgen.views.trace import print_grpo_agreement, print_trace
 
         print_trace(result, gpu)
+        if grpo:
+            print_grpo_agreement(grpo)
     return 0
+
+
+def grpo_beside_estimate(spec, gpu, setup, d: dict) -> dict:
+    """The traced GRPO step's phases beside ``estimate/grpo.grpo_memory``'s (``agreement.grpo_agreement``)."""
+    from reportgen.estimate.grpo import grpo_memory
+    from reportgen.trace.agreement import grpo_agreement
+
+    mem, _ = grpo_memory(spec, setup, gpu)
+    return grpo_agreement(d["timeline"], d["memory"]["peak_allocated"], mem.phases, mem.peak_allocated)
 
 
 def _read_lengths(args: argparse.Namespace):

@@ -59,7 +59,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
                 progress: Callable[[list[Case]], Iterable[Case]] = lambda xs: xs,
                 warn: Warn = stderr_warn) -> TraceStats:
     from reportgen.trace.result import trace_case
-    from reportgen.trace.sft import recipe_dict, recipe_trace
+    from reportgen.trace.sft import recipe_dict
     from reportgen.trace.step import check_traceable
 
     check_installed("qlora" if any(c.setup.method.value == "qlora" for c in sweep.cases) else None)
@@ -86,7 +86,7 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
     for case in progress(todo):
         ihash = traced_results.inputs_hash(case.as_dict())
         spec = catalog.load_model(case.model)  # measure/build.py hf_config copies what transformers edits
-        with recipe_trace(case.setup):  # the trainer's step for recipes trainer and trl-sft
+        with recipe_context(case.setup):  # the trainer's step for recipes trainer, trl-sft and grpo
             try:
                 trace = trace_case(spec, catalog.load_gpu(case.gpu), case.setup)
             except (KeyboardInterrupt, MemoryError):
@@ -104,15 +104,23 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
 
 
 def check_recipe_traced(setup) -> None:
-    """Refuse a recipe the tracer has no step of (it runs the harness's SFT step, or a Trainer's), and the losses it
-    does not run (chunked-compiled, no-upcast: they would be traced as the standard loss): recipe grpo
-    would be traced as an SFT step and labelled as GRPO's."""
+    """Refuse the losses the tracer does not run (chunked-compiled, no-upcast: they would be traced as the standard
+    loss), and recipe grpo's vLLM generation (``trace/grpo.check_grpo_traced``)."""
     if setup.loss.value in ("chunked-compiled", "no-upcast") or setup.fsdp_param_dtype.value != "compute":
         what = (f"loss={setup.loss.value}" if setup.loss.value in ("chunked-compiled", "no-upcast")
                 else "fsdp_param_dtype=fp32")
         raise UserError(f"reportgen trace: {what} is estimated only: the trace runs the harness's step, which has "
                         "no such loss or FSDP gather", hint="reportgen estimate models it (estimate/logits.py, "
                         "estimate/sharding.py)")
-    if setup.recipe.value == "grpo":
-        raise UserError("reportgen trace: recipe grpo (TRL's GRPOTrainer, generation in the loop) is not traced yet: "
-                        "the trace runs an SFT step", hint="reportgen estimate --recipe grpo estimates it phase by phase")
+    from reportgen.trace.grpo import check_grpo_traced
+
+    check_grpo_traced(setup)  # recipe grpo: TRL's GRPOTrainer step with transformers' generate, never an SFT step
+
+
+def recipe_context(setup):
+    """The context ``trace_case`` of ``setup`` runs in: TRL's GRPOTrainer step for recipe grpo
+    (``trace/grpo.py``), the trainer's for trainer and trl-sft (``trace/sft.py``), nothing for the loop."""
+    from reportgen.trace.grpo import grpo_trace
+    from reportgen.trace.sft import recipe_trace
+
+    return grpo_trace(setup) if setup.recipe.value == "grpo" else recipe_trace(setup)

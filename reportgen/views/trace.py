@@ -106,3 +106,19 @@ def print_lengths_replay(d: dict, gpu, console: Console | None = None) -> None:
     w = d["worst_batch"]
     console.print(f"peak allocated of the worst batch: {gib(w['peak_allocated'])} GiB (step {w['step']}, "
                   f"{w['longest']:,} tokens)", highlight=False)
+
+
+def print_grpo_agreement(g: dict, console: Console | None = None) -> None:
+    """The traced GRPO step's phases beside the estimate's (``trace/agreement.grpo_agreement``)."""
+    console = console or Console()
+    table = Table(title="GRPO phases: largest allocated, traced vs estimated (GiB = 2^30 bytes)", title_justify="left")
+    for column in ("phase", "traced", "estimated", "estimate vs trace"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for phase, row in g["phases"].items():
+        gap = f"{100 * row['gap']:+.1f}%" if row["gap"] is not None else "not estimated"
+        table.add_row(f"[bold]{phase}[/]" if phase == "peak" else phase, gib(row["traced"]),
+                      gib(row["estimated"]) if row["estimated"] is not None else "", gap)
+    console.print(table)
+    verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
+    console.print(f"estimate {verdict} with the traced GRPOTrainer step within {100 * g['tolerance']:.0f}% of peak "
+                  "allocated", highlight=False)
