@@ -76,15 +76,22 @@ def test_decode_logits_are_the_last_positions_copied_to_fp32_and_softmaxed(qwen)
 
 
 def test_prefill_holds_one_layers_mlp_and_residual_temporaries(qwen):
+    """act(gate), up and their product, a fourth T x I when peft wraps up_proj (its LoRA sum), and four T x H
+    tensors (the layer's input, the residual, its norm, the embedding output the model keeps): what the traced
+    GRPOTrainer prefill holds (tests/test_trace_grpo.py)."""
     tokens = 8 * 512
-    assert G.prefill_working_bytes(qwen, grpo(), dtypes_for(grpo()), tokens) == tokens * (3 * 6144 * 2 + 3 * 2048 * 2)
+    lora = grpo()
+    assert G.prefill_working_bytes(qwen, lora, dtypes_for(lora), tokens) == tokens * (4 * 6144 * 2 + 4 * 2048 * 2)
+    attention_only = grpo(lora_targets="q_proj,k_proj,v_proj,o_proj")
+    assert G.prefill_working_bytes(qwen, attention_only, dtypes_for(attention_only), tokens) == \
+        tokens * (3 * 6144 * 2 + 4 * 2048 * 2)
 
 
 def test_generation_terms_take_the_larger_of_prefill_and_last_decode_step(qwen):
     dt = dtypes_for(grpo())
     terms = G.generation_terms(qwen, grpo(), dt)
     assert terms["kv_cache"] == 1_409_286_144
-    prefill = 114_688 * 8 * 512 + 8 * 512 * 49_152 - 1_409_286_144  # negative: the decode end is larger
+    prefill = 114_688 * 8 * 512 + 8 * 512 * 65_536 - 1_409_286_144  # negative: the decode end is larger
     assert terms["generation_transient"] == max(prefill, 50_331_648) + 12_154_880
     assert G.generation_terms(qwen, grpo(generation="vllm-colocate", vllm_max_model_length=2048), dt) == {
         "kv_cache": 0, "generation_transient": 0}
@@ -112,7 +119,7 @@ def test_scoring_forward_and_reference_model(qwen):
     from reportgen.estimate.recipes import trl_head_memory
 
     head = trl_head_memory(qwen, s, dt, 8 * 1536).forward_live
-    assert G.scoring_transient(qwen, s, dt) == 8 * 1536 * 49_152 + head + 2 * 8 * 1024 * 4
+    assert G.scoring_transient(qwen, s, dt) == 8 * 1536 * 65_536 + head + 2 * 8 * 1024 * 4
     assert G.ref_model_bytes(qwen, s, dt) == 0  # LoRA: the adapters are disabled instead
     full = grpo(method="full", beta=0.04)
     assert G.ref_model_bytes(qwen, full, dtypes_for(full)) == qwen.total_params * 4  # in the policy's fp32
@@ -346,10 +353,11 @@ def test_the_verdict_names_generation_when_it_asks_the_most():
     assert plain.grpo["peak_phase"] == "policy-step" and plain.judgement.phase == "train"
 
 
-@pytest.mark.parametrize("command", [["trace"], ["measure", "--device", "cpu"]])
+@pytest.mark.parametrize("command", [["trace", "--generation", "vllm-colocate"], ["measure", "--device", "cpu"]])
 def test_a_grpo_step_is_never_traced_or_measured_as_an_sft_step(command, capsys):
-    """The tracer and the harness run SFT steps: recipe grpo is refused before anything runs, so no SFT
-    figure is ever stored or shown as GRPO's."""
+    """The harness runs SFT steps and the tracer runs TRL's GRPOTrainer step with transformers' generate only
+    (``tests/test_trace_grpo.py``): recipe grpo is refused before anything runs by the harness, and by the tracer
+    with vLLM generation, so no SFT figure is ever stored or shown as GRPO's."""
     from reportgen.cli import main
 
     assert main([*command[:1], "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--recipe", "grpo", "--method", "lora",

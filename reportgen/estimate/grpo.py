@@ -21,10 +21,17 @@ One optimizer step of ``GRPOTrainer`` (``trl/trainer/grpo_trainer.py``, ``grpo_c
     only the last position's logits (``logits_to_keep = 1``, ``utils.py`` 2955-2956), copies them to
     fp32 (3248: ``.to(copy=True, dtype=torch.float32)``) and samples through ``softmax`` (3272-3274):
     ``decode_logits_bytes = G x vocab x (compute + 4 + 4)``. The prefill runs the prompt of every
-    row through each layer at once: ``prefill_working_bytes = G x P x (3 x intermediate x compute +
-    3 x hidden x stream)`` (the MLP's ``act(gate) x up`` holds three ``T x I`` tensors, beside the
-    residual, its norm and the attention output; transformers ``modeling_qwen3.py``/``llama``
-    ``MLP.forward``), plus a 4-bit layer's dequantized weight (``memory.dequant_transient_bytes``).
+    row through each layer at once: ``prefill_working_bytes = G x P x ((3 + a) x intermediate x compute +
+    4 x hidden x stream)``: the MLP's ``act(gate) x up`` holds three ``T x I`` tensors (transformers
+    ``modeling_qwen3.py``/``llama`` ``MLP.forward``), a fourth (``a = 1``) when peft wraps ``up_proj``
+    (``peft/tuners/lora/layer.py`` ``Linear.forward`` 1102: ``result = result + lora_B(lora_A(x)) * scaling``
+    holds the base output, the scaled adapter output and their sum while ``act(gate)`` waits); beside them
+    the layer's input (held by the model's layer loop), the residual, its norm, and the embedding output,
+    which ``Qwen3Model.forward``/``LlamaModel.forward`` keep as ``inputs_embeds`` for the whole pass
+    (the traced GRPOTrainer step, ``trace/grpo.py``, showed both: 4 and 4 on a LoRA prefill, not 3 and 3;
+    scoring's forward uses the same count, an upper bound by one ``T x I`` for a reference pass that disables
+    the adapters);
+    plus a 4-bit layer's dequantized weight (``memory.dequant_transient_bytes``).
   - ``vllm-colocate`` (``VLLMGeneration``, ``trl/generation/vllm_generation.py`` 347-366): an
     ``LLM(gpu_memory_utilization=u, max_model_len=..., max_num_seqs=batch x steps_per_generation,
     max_num_batched_tokens=4096)`` in the training process reserves ``u x card`` for its own copy of
@@ -127,11 +134,18 @@ def decode_logits_bytes(model: ModelSpec, dt: Dtypes, rows: int) -> int:
     return rows * model.vocab_size * (dt.compute + 4 + 4)
 
 
+def adapter_sum_rows(model: ModelSpec, setup: TrainingSetup) -> int:
+    """1 when peft wraps the gated MLP's ``up_proj``: its LoRA sum adds a ``T x I`` tensor beside ``act(gate)``
+    (module docstring), else 0."""
+    return int(setup.is_peft and "up_proj" in model.mlp_in_names()
+               and "up_proj" in set(model.lora_selection(setup.lora_targets).linears))
+
+
 def prefill_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: int) -> int:
     """One layer's no-grad forward temporaries over ``tokens`` tokens (module docstring), and QLoRA's
     dequantized weight."""
     inter = model.intermediate_size * max(1, model.experts_per_token)
-    return (tokens * (3 * inter * dt.compute + 3 * model.hidden_size * dt.stream)
+    return (tokens * ((3 + adapter_sum_rows(model, setup)) * inter * dt.compute + 4 * model.hidden_size * dt.stream)
             + dequant_transient_bytes(model, setup, dt, CURRENT))
 
 
