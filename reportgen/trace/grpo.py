@@ -264,6 +264,8 @@ def grpo_trace(setup: TrainingSetup):
         state["accelerator"] = recipe.trainer.accelerator
         out.model = recipe.model
         out.notes.append("traced through TRL GRPOTrainer (generation hf: transformers' generate)")
+        out.notes.append("the traced step's time prices the policy step's work only (generation and scoring are "
+                         "not counted: reportgen estimate --recipe grpo prices them)")
         return out
 
     def optimizer(params, s, device):

@@ -115,7 +115,7 @@ def print_grpo_agreement(g: dict, console: Console | None = None) -> None:
     for column in ("phase", "traced", "estimated", "estimate vs trace"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for phase, row in g["phases"].items():
-        gap = f"{100 * row['gap']:+.1f}%" if row["gap"] is not None else "not estimated"
+        gap = f"{100 * row['gap']:+.1f}%" if row["gap"] is not None else "no log-prob pass estimated"
         table.add_row(f"[bold]{phase}[/]" if phase == "peak" else phase, gib(row["traced"]),
                       gib(row["estimated"]) if row["estimated"] is not None else "", gap)
     console.print(table)
