@@ -17,6 +17,9 @@ completions' decoding and metrics), ``scoring`` (the rest of ``_generate_and_sco
 padded tensors, the old and reference log-probs when TRL computes them, rewards and advantages, and
 ``_prepare_inputs``' shuffle and split into the buffer), then the policy step's phases as the loop's
 (``forward`` ... ``zero-grad``). The work counter (the traced step's time) counts the policy step alone.
+The harness's autocast (mixed precision) is entered around ``compute_loss`` only, as Trainer's
+``compute_loss_context_manager``; generation and scoring run without it, as ``estimate/grpo.py`` assumes (a
+run whose model accelerate prepares under ``bf16`` would autocast them too: the issue's cases are pure bf16).
 
 Emulations (what a CUDA run does that meta cannot, and how each is stood in for):
 
