@@ -151,3 +151,18 @@ def test_editing_the_replay_leaves_every_stored_trace_current(tmp_path):
     with open(pkg / "trace" / "replay.py", "a") as f:
         f.write("\n# edited by a test\n")
     assert loop_trace_hash(pkg) != loop
+
+
+def test_a_family_without_analytic_formulas_gets_the_replay_alone(tmp_path, capsys):
+    """GPT-NeoX has no formulas: llama's would price it silently; the replay answers alone and says why."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("32 9\n128 1\n")
+    config = Path(__file__).parent / "fixtures" / "configs" / "gpt-neox-scaled.json"
+    assert main(["trace", "--model", str(config), "--gpu", "rtx-4090", "--method", "lora", "--lengths", str(path),
+                 "--steps", "20", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["analytic"] == {"error": "model_type 'gpt_neox' has no analytic formulas"} and d["difference"] is None
+    assert d["peak_reserved"] >= d["first_step"]["peak_reserved"] > 0

@@ -189,10 +189,12 @@ def lengths_replay(spec, gpu, setup, lengths, steps: int, seed: int = 0, warmup:
     padded, multiple = bucket_lengths(drawn, setup.seq)
     traces = trace_lengths(spec, setup, gpu, set(padded), warmup=warmup)
     r = replay_steps(traces, padded)
-    try:
+    from reportgen.trace.spec import is_known_family
+
+    if is_known_family(spec):
         analytic = reserved_growth(spec, setup, gpu, lengths, steps)
-    except UserError as exc:  # a family the estimator has no formulas for: the replay is the only answer
-        analytic = {"error": exc.message}
+    else:  # a family the estimator has no formulas for: the replay is the only answer
+        analytic = {"error": f"model_type {spec.model_type!r} has no analytic formulas"}
     worst = r.worst
     after = analytic.get(str(steps), {}).get("peak_reserved")
     device_total = r.peak_reserved + K.CUDA_CONTEXT_BYTES
