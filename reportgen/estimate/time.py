@@ -466,11 +466,20 @@ def generation_name(generation: str) -> str:
 
 def _evidence_note(gpu: GpuSpec) -> list[str]:
     """Where the time model's rates for ``gpu`` come from when no profile is given: said, not borrowed
-    silently (issue 30). The GEMM efficiency is its generation's fit (``K.MATMUL_EVIDENCE`` names the
-    runs) or a named generation's (``matmul_efficiency_of``); every other rate was fitted on one H100
-    machine, the memory-bound kernels' L2 share applied to this card's own L2 size."""
+    silently (issue 30; ``rates_source``)."""
     if gpu.key.partition("@")[0] == K.REFERENCE_PROFILE["card"]:
         return []
+    return [f"{gpu.name}: {rates_source(gpu)}"]
+
+
+def rates_source(gpu: GpuSpec) -> str:
+    """The time model's rates for ``gpu``, in words: the GEMM efficiency is its generation's fit
+    (``K.MATMUL_EVIDENCE`` names the runs) or a named generation's (``matmul_efficiency_of``); every
+    other rate was fitted on one H100 machine, the memory-bound kernels' L2 share applied to this
+    card's own L2 size. The GPU pages show it beside the datasheet figures."""
+    if gpu.key.partition("@")[0] == K.REFERENCE_PROFILE["card"]:
+        return (f"every rate fitted to our own step times on this card (GEMMs at "
+                f"{K.MATMUL_EFFICIENCY['hopper']:.0%} of peak)")
     eff, source = matmul_efficiency_of(gpu.generation)
     mine = generation_name(gpu.generation)
     if source == gpu.generation:
@@ -479,8 +488,8 @@ def _evidence_note(gpu: GpuSpec) -> list[str]:
         gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
                 f"a {mine} card has been measured or published here")
     l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
-    return [f"{gpu.name}: {gemm}; attention, launch and dispatch rates are the H100's, memory-bound kernels at "
-            f"the H100's DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)"]
+    return (f"{gemm}; attention, launch and dispatch rates are the H100's, memory-bound kernels at the H100's "
+            f"DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)")
 
 
 def _profile_note(gpu: GpuSpec) -> list[str]:

@@ -25,6 +25,7 @@ from reportgen.published import DEFAULT_OUT
 from reportgen.report.rows import (PRIMARY_SEQ, TECHNIQUE_COLORS, TECHNIQUES, anchor, best_fit, environment_of,
                                     gib_value, gpu_label, gpu_order, group, measured_results, model_order, rel,
                                     reproduce, row, setup_label, site_results, site_rows, sort_key, training_setup)
+from reportgen.estimate.time import rates_source
 from reportgen.format import GIB, TERM_LABELS
 
 PUBLISHED_COMMAND = "reportgen compare-published"
@@ -208,12 +209,13 @@ def model_link(page: str, model: str) -> str | None:
 
 # ----- GPU pages ---------------------------------------------------------------------------------
 def _gpu_facts(key: str) -> dict:
-    g = catalog.load_gpu(key)
+    g, entry = catalog.load_gpu(key), catalog.gpu_entry(key)
     return {
         "key": key, "name": g.name, "label": gpu_label(key), "architecture": g.architecture,
         "compute_capability": g.compute_capability, "memory_gb": g.memory_gb, "memory_type": g.memory_type,
         "memory_bytes": g.memory_bytes, "nvidia_smi_mib": g.nvidia_smi_total_mib,
-        "bandwidth_gbs": g.memory_bandwidth_gbs,
+        "bandwidth_gbs": g.memory_bandwidth_gbs, "l2_mb": g.l2_cache_bytes / 2**20 or None,
+        "l2_source": entry.get("l2_cache_source") or "", "rates": rates_source(g),
         "peaks": [{"dtype": d, "tflops": g.peak_tflops.get(d), "derived": d in g.derived}
                   for d in ("fp32", "tf32", "fp16", "bf16")],
         "host_link": g.host_link, "host_link_gbs": g.host_link_gbs, "tdp_w": g.tdp_w,
