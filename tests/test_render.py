@@ -580,3 +580,13 @@ def test_a_note_naming_keys_reads_as_itself():
     html = markdown(str(render._note("name yours under model._component_ | *not bold*")))
     assert "<em>" not in html and "model._component_" in html.replace("&#95;", "_")
     assert "*not bold*" in html.replace("&#42;", "*")
+
+
+def test_gpu_pages_say_the_l2_and_where_the_time_rates_come_from(docs):
+    """Issue 30: a card's page shows its L2 cache and whose rates its step times use, in the estimate's words."""
+    r5090 = (docs / "gpus" / "rtx-5090.md").read_text()
+    assert "| L2 cache | 96 MB (NVIDIA RTX Blackwell GPU architecture whitepaper" in r5090
+    # the apostrophes reach the page as HTML entities, which the browser shows as written
+    assert "estimated from Ada GeForce&#39;s" in r5090 and "no step time of a Blackwell GeForce card" in r5090
+    assert "Ada GeForce&#39;s fit to 22 published runs" in (docs / "gpus" / "rtx-4090.md").read_text()
+    assert "every rate fitted to our own step times on this card" in (docs / "gpus" / "h100-sxm.md").read_text()

@@ -214,7 +214,7 @@ def _gpu_facts(key: str) -> dict:
         "key": key, "name": g.name, "label": gpu_label(key), "architecture": g.architecture,
         "compute_capability": g.compute_capability, "memory_gb": g.memory_gb, "memory_type": g.memory_type,
         "memory_bytes": g.memory_bytes, "nvidia_smi_mib": g.nvidia_smi_total_mib,
-        "bandwidth_gbs": g.memory_bandwidth_gbs, "l2_mb": g.l2_cache_bytes / 2**20 or None,
+        "bandwidth_gbs": g.memory_bandwidth_gbs, "l2_mb": g.l2_cache_bytes // 2**20 or None,
         "l2_source": entry.get("l2_cache_source") or "", "rates": rates_source(g),
         "peaks": [{"dtype": d, "tflops": g.peak_tflops.get(d), "derived": d in g.derived}
                   for d in ("fp32", "tf32", "fp16", "bf16")],
