@@ -75,6 +75,13 @@ def setup_text(setup: dict) -> str:
             f"{s.batch}{f' × {s.accum}' if s.accum > 1 else ''}")
 
 
+def short_text(setup: dict) -> str:
+    """The summary table's label: method, who generates, completions per prompt x their length."""
+    s = TrainingSetup.model_validate(setup)
+    gen = {"hf": "generate", "vllm-colocate": "vLLM", "vllm-server": "vLLM server"}[s.generation.value]
+    return f"{METHOD_LABELS[s.method.value]}, {gen}, {s.num_generations} × {s.max_completion_length:,}"
+
+
 def _config(model: str, setup: dict) -> dict:
     """The TRL GRPOConfig that runs the setup, and the command that estimates it back (``grpo_keys``)."""
     from reportgen.configs.reverse import grpo_keys
@@ -92,7 +99,8 @@ def case_view(r: dict) -> dict:
     from reportgen.estimate.verdict import margin_label
 
     model, setup = r["case"]["model"], r["case"]["setup"]
-    base = {"id": r["id"], "label": setup_text(setup), "config": _config(model, setup), "ok": r["status"] == "ok"}
+    base = {"id": r["id"], "label": setup_text(setup), "short": short_text(setup), "config": _config(model, setup),
+            "ok": r["status"] == "ok"}
     if not base["ok"]:
         return {**base, "error": (r.get("error") or "not estimated").split(": ", 1)[-1]}
     est = r["estimate"]
@@ -103,7 +111,8 @@ def case_view(r: dict) -> dict:
     return {**base, "verdict": est["verdict"], "verdict_label": margin_label(est["verdict"], capacity - demand),
             "verdict_text": est["verdict_text"], "demand": demand, "device_total": est["memory"]["device_total"],
             "capacity": capacity, "peak_phase": PHASE_LABELS[g["peak_phase"]],
-            "phases": phases, "by_phase": {PHASE_LABELS[k]: v for k, v in g["phases"].items()}, "step_s": est["time"]["step_s"], "time_phase": PHASE_LABELS.get(g["time_phase"]),
+            "phases": phases, "by_phase": {PHASE_LABELS[k]: v for k, v in g["phases"].items()},
+            "step_s": est["time"]["step_s"], "time_phase": PHASE_LABELS.get(g["time_phase"]),
             "tokens_per_s": est["time"]["tokens_per_s"],
             "num_generations": setup.get("num_generations", 8), "completion": setup.get("max_completion_length", 512),
             "max_num_generations": g.get("max_num_generations"),
