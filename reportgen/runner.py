@@ -66,12 +66,18 @@ def _reverse(model: str, gpu: str, setup_json: str, which: str, profile: tuple[s
 
 def estimate_case(case: Case, train_tokens: int, profile: tuple[str, str] | None = None) -> dict:
     """The ``estimate`` block of a result file (reverse searches cached across the sweep: the
-    largest batch does not depend on the batch, the longest sequence not on the sequence)."""
+    largest batch does not depend on the batch, the longest sequence not on the sequence). Recipe
+    grpo: ``max_batch`` and ``max_seq`` are None, ``grpo`` holds GRPO's reverse answers instead."""
     m, g = catalog.load_model(case.model), _gpu(case.gpu, profile)
-    est = estimate(m, g, case.setup, reverse=False, train_tokens=train_tokens)
+    grpo = case.setup.recipe.value == "grpo"
+    # recipe grpo: its own reverse answers (the largest num_generations and completion, what to turn down
+    # first: ``estimate/grpo.py``) come with the estimate; the batch and length searches do not apply
+    est = estimate(m, g, case.setup, reverse=grpo, train_tokens=train_tokens)
     data = est.as_dict()
     for key in ("model", "gpu", "setup"):
         data.pop(key)
+    if grpo:
+        return data
     data["max_batch"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={"batch": 1})
                                                                  .model_dump(mode="json")), "batch", profile)
     data["max_seq"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={

@@ -41,8 +41,11 @@ class AdviceStats:
 
 
 def advice_keys(sweep: Sweep) -> list[tuple[str, str, int]]:
-    """(model, GPU, sequence length) of every single-GPU case of the sweep, sorted, once each."""
-    return sorted({(c.model, c.gpu, c.setup.seq) for c in sweep.cases if c.setup.gpus == 1})
+    """(model, GPU, sequence length) of every single-GPU case of the sweep, sorted, once each. A GRPO case
+    (recipe grpo) asks no SFT question: the tree walks SFT steps, and the GRPO step's own answer (what to turn
+    down first, the largest num_generations and completion) is stored with its estimate (``runner.estimate_case``)."""
+    return sorted({(c.model, c.gpu, c.setup.seq) for c in sweep.cases
+                   if c.setup.gpus == 1 and c.setup.recipe.value != "grpo"})
 
 
 def advice_path(results_dir: Path, sweep: str, model: str, gpu: str, seq: int) -> Path:

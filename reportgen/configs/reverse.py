@@ -132,6 +132,45 @@ def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     return k
 
 
+def grpo_keys(model: str, setup: TrainingSetup | dict) -> Keys:
+    """The ``trl grpo --config`` keys (TRL 1.16.0 ``GRPOConfig``) that run a recipe grpo ``setup`` on ``model``:
+    ``trl_keys``' model, adapter and trainer keys, with ``trl.py``'s ``_grpo``/``_vllm`` read backwards in place
+    of SFT's ``max_length`` and packing. TRL 1.16 has no prompt-length key (``trl.LEGACY_PROMPT_KEY``): the
+    prompt length is said in the notes, and read back as ``trl.PROMPT_DEFAULT`` unless ``--max-prompt-length``
+    gives it."""
+    from reportgen.configs.trl import PROMPT_DEFAULT
+
+    s = TrainingSetup.model_validate(setup)
+    if s.recipe.value != "grpo":
+        raise ValueError(f"grpo_keys: recipe {s.recipe.value}, not grpo")
+    base = trl_keys(model, s)
+    keys = {k: v for k, v in base.keys.items() if k not in ("max_length", "packing")}
+    k = Keys(notes=[n for n in base.notes if "SFTTrainer computes the loss" not in n and "max_length" not in n])
+    at = list(keys).index("per_device_train_batch_size")
+    grpo: dict = {"num_generations": s.num_generations, "max_completion_length": s.max_completion_length}
+    if s.generation_batch_size is not None:
+        grpo["generation_batch_size"] = s.generation_batch_size
+    if s.beta:
+        grpo["beta"] = s.beta
+    if s.generation.value != "hf":
+        grpo.update(use_vllm=True, vllm_mode=s.generation.value.removeprefix("vllm-"))
+        if not s.vllm_importance_sampling_correction:
+            grpo["vllm_importance_sampling_correction"] = False
+    if s.generation.value == "vllm-colocate":
+        grpo["vllm_gpu_memory_utilization"] = s.vllm_gpu_memory_utilization
+        if s.vllm_enable_sleep_mode:
+            grpo["vllm_enable_sleep_mode"] = True
+        if s.vllm_max_model_length is not None:
+            grpo["vllm_max_model_length"] = s.vllm_max_model_length
+    items = list(keys.items())
+    k.keys = dict(items[:at + 2] + list(grpo.items()) + items[at + 2:])
+    if s.prompt_length != PROMPT_DEFAULT:
+        k.notes.append(f"prompts of up to {s.prompt_length:,} tokens: TRL 1.16 has no key for it (truncate or filter "
+                       f"the dataset's prompts); `reportgen estimate --from` takes {PROMPT_DEFAULT} unless "
+                       f"--max-prompt-length {s.prompt_length} is given")
+    return k
+
+
 def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
     """The Axolotl (0.19.0) YAML keys that run ``setup`` on ``model``."""
     s = TrainingSetup.model_validate(setup)

@@ -17,6 +17,7 @@ from markupsafe import Markup
 from reportgen import catalog
 from reportgen.advise import tree as T
 from reportgen.advise.diagrams import stage_diagrams
+from reportgen.report.grpo_guides import INDEX as GRPO_INDEX, grpo_results
 from reportgen.report.page import Page, SiteData
 from reportgen.report.rows import (PRIMARY_SEQ, anchor, gpu_label, measured_values, model_order, rel, setup_label,
                                     training_setup)
@@ -297,5 +298,6 @@ def guide_pages(site: SiteData) -> list[Page]:
         "any_walks": bool(walks),
         "methodology": rel(INDEX, "methodology.md"),
         "techniques": rel(INDEX, "techniques/index.md"),
+        "grpo": rel(INDEX, GRPO_INDEX) if grpo_results(site) else None,
     })
     return [index] + pages

@@ -313,6 +313,7 @@ def _load_cards(path: Path | None) -> dict | None:
 
 
 def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
+    from reportgen.report.grpo_guides import grpo_links
     from reportgen.report.guides import calculator_link, guided_gpus
 
     from reportgen.report.profiles import load_profiles, profiles_view
@@ -378,6 +379,7 @@ def gpu_pages(site: SiteData, cards: Path | None = DEFAULT_CARDS) -> list[Page]:
             **measured_context(rows),
             "traced": traced_view(rows),
             "guide": rel(path, f"guides/{key}.md") if key in guided else None,
+            "grpo_guides": grpo_links(site, path, gpu=key),
             "calculator": calculator_link(path, key),
             "validation": rel(path, "validation.md"),
             "csv": rel(path, csv_path) if rows else None,
@@ -492,6 +494,8 @@ def memory_by_seq_view(rows: list[dict]) -> tuple[list[dict], list[dict], list[i
 
 
 def model_pages(site: SiteData) -> list[Page]:
+    from reportgen.report.grpo_guides import grpo_links
+
     walks = _walks(site)
     all_rows = site_rows(site)
     by_model = group(all_rows, "model")
@@ -543,6 +547,7 @@ def model_pages(site: SiteData) -> list[Page]:
             **measured_context(rows),
             "validation": rel(path, "validation.md"),
             "traced": traced_view(rows),
+            "grpo_guides": grpo_links(site, path, model=name),
         }
         pages.append(Page(path=path, template="model.md.j2", context=context, files=files))
     idx = []

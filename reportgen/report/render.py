@@ -60,6 +60,7 @@ DATA_PROVIDERS = (
 )
 PROVIDERS = DATA_PROVIDERS + (
     "reportgen.report.guides:guide_pages",
+    "reportgen.report.grpo_guides:grpo_guide_pages",
     "reportgen.report.techniques:technique_pages",
     "reportgen.report.methodology:methodology_pages",
     "reportgen.report.calculator:calculator_pages",

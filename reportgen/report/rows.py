@@ -354,11 +354,20 @@ def anchor(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
 
+def is_grpo(result: dict) -> bool:
+    """A GRPO case (recipe grpo): its own guide pages (``report/grpo_guides.py``), not the SFT tables."""
+    return (result.get("case") or {}).get("setup", {}).get("recipe") == "grpo"
+
+
 def site_results(site: SiteData) -> dict[str, dict]:
-    """Every case once, by id: a case in several sweeps is the copy with a measurement that counts
-    for it (``counts``: an out-of-memory run on the case's card too), else the first sweep's."""
+    """Every SFT case once, by id: a case in several sweeps is the copy with a measurement that counts
+    for it (``counts``: an out-of-memory run on the case's card too), else the first sweep's. GRPO cases
+    (``is_grpo``) answer another question (a step with generation in the loop, per phase) and have no
+    row: a GPU page's best fit is never a GRPO step; their guide pages read them."""
     chosen: dict[str, dict] = {}
     for result in site.all_results():
+        if is_grpo(result):
+            continue
         cid = result["id"]
         if cid not in chosen or (counts(result) and not counts(chosen[cid])):
             chosen[cid] = result

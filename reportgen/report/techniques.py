@@ -18,7 +18,7 @@ from reportgen.advise import tree as T
 from reportgen.report.guides import rel
 from reportgen.report.methodology import function_doc
 from reportgen.report.page import Page, SiteData
-from reportgen.report.rows import (PRIMARY_SEQ, gpu_label, gpu_order, measured_values, model_order, setup_label,
+from reportgen.report.rows import (PRIMARY_SEQ, gpu_label, gpu_order, is_grpo, measured_values, model_order, setup_label,
                                     training_setup)
 
 INDEX = "techniques/index.md"
@@ -206,7 +206,7 @@ def stored_cases(site: SiteData) -> list[dict]:
     pool: dict[str, dict] = {}
     for r in site.all_results():
         est = r.get("estimate")
-        if r.get("status") != "ok" or not est or r["id"] in pool:
+        if r.get("status") != "ok" or not est or r["id"] in pool or is_grpo(r):
             continue
         mem, t = est.get("memory") or {}, est.get("time") or {}
         pool[r["id"]] = _record(r["id"], r["case"]["model"], r["case"]["gpu"], r["case"]["setup"],
