@@ -21,8 +21,11 @@ TRL 1.16.0's ``SFTTrainer`` on top of it. Term by term, from their source:
   of each vocabulary chunk of the weight when their dtypes differ from the compute dtype
   (``.to(compute_dtype)``, not autocast's cached cast: ``P.autocast_copy_bytes_head`` and the
   frozen head's cast are gone), and in the backward an fp32 ``grad_hidden`` (and, when the head is
-  trained, an fp32 ``grad_weight`` that becomes its gradient), the tile buffer again, then
-  ``grad_hidden.to(hidden.dtype)``. The entropy and token-accuracy metrics (``compute_loss``
+  trained, an fp32 ``grad_weight`` that becomes its gradient), the tile buffer again, and at its
+  ``return`` ``grad_hidden.to(hidden.dtype)`` then ``grad_weight.to(weight.dtype)``: each a new tensor
+  when that dtype is not fp32 (bf16 weights: the head's V x h gradient twice, fp32 and bf16), made
+  while the fp32 accumulators, ``mm_buf`` and the last chunks' casts are still the function's locals
+  (``trl_head_backward_bytes``). The entropy and token-accuracy metrics (``compute_loss``
   1638-1644) come out of the same pass (``entropy`` is saved, ``is_top1`` one byte per token); their
   ``.item()`` calls add no device memory. ``lm_head``'s module is never called, so its input is not
   saved (``activations.fixed_activations(head_module=False)``).
@@ -83,7 +86,7 @@ def trl_head_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: 
     """TRL 1.16's fused LM head (``add_fused_lm_head`` + ``ChunkedLogProbFunction``), see the module
     docstring. ``saved``: what the function keeps for backward; ``forward_live``: its live memory in
     the tile loop (or right after it, whichever is larger); ``backward_live``: in the backward's tile
-    loop (or at the final ``grad_hidden.to(hidden.dtype)``)."""
+    loop or at its return, whichever is larger (``trl_head_backward_bytes``)."""
     n, h, v, c = trl_scored_tokens(setup, tokens), model.hidden_size, model.vocab_size, dt.compute
     hb = dt.stream  # the last hidden state: the final norm returns the residual stream's dtype
     wb = dt.embed_bytes if setup.method != Method.full else dt.base  # lm_head.weight (or the tied embedding)
@@ -96,12 +99,39 @@ def trl_head_memory(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: 
     accumulators = TRL_ACCUMULATORS * 4 * n
     # after the loop: log_z, logprobs, entropy (fp32) and is_top1 (bool) beside the accumulators
     forward_live = gathered + mask + accumulators + max(tile + casts, 13 * n)
-    grad_weight = v * h * 4 if setup.method == Method.full else 0  # fp32 zeros, the head's gradient
-    grad_hidden = n * h * 4
-    loop = tile + casts + 4 * n  # + the fp32 incoming gradient of log_probs
-    back = grad_hidden + grad_weight + max(loop, n * h * hb if hb != 4 else 0)
+    back = trl_head_backward_bytes(model, setup, dt, n, tile + 4 * n)  # + the fp32 incoming gradient of log_probs
     return LogitsMemory(saved=saved, forward_live=forward_live, backward_live=saved + back)
 
 
-__all__ = ["TRL_ACCUMULATORS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK", "fused_head", "trl_head_memory",
-           "trl_scored_tokens"]
+def trl_head_backward_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, n: int, loop: int) -> int:
+    """Peak of ``ChunkedLogProbFunction.backward`` (``trl/kernels/chunked_logprob.py``, TRL 1.16) above
+    what the forward saved, for ``n`` scored tokens; ``loop``: ``mm_buf`` and the incoming fp32 gradient
+    of ``log_probs``, alive from the first tile to the return. It allocates ``grad_hidden`` (N x h) and,
+    when the head is trained (full fine-tuning; tied or not), ``grad_weight`` (V x h), both fp32 zeros,
+    then recomputes each tile: ``hidden_chunk = hidden[...].to(compute_dtype)`` and ``w_chunk =
+    weight[start:end].to(compute_dtype)`` are copies only when their dtype differs, and as named locals
+    each new one is made before the previous one is let go (two vocabulary chunks' casts at once from the
+    second chunk on, two token chunks' past 4,096 tokens). Its ``return`` evaluates
+    ``grad_hidden.to(hidden.dtype)`` then ``grad_weight.to(weight.dtype)`` while every local is still
+    alive (the fp32 accumulators, ``mm_buf``, the last chunks' casts); each ``.to`` is a new tensor
+    unless the dtype is already fp32. The peak is the loop's or the return's. Llama 3.2 1B full bf16,
+    8 x 160 tokens: the return's 0.49 GiB bf16 copy of the 128,256 x 2,048 head gradient beside the fp32
+    one is what the traced step (``reportgen trace --recipe trl-sft``) peaks on (``aten._to_copy``)."""
+    h, v, c, hb = model.hidden_size, model.vocab_size, dt.compute, dt.stream
+    wb = dt.embed_bytes if setup.method != Method.full else dt.base
+    trained = setup.method == Method.full
+    fp32_grads = n * h * 4 + (v * h * 4 if trained else 0)
+    row = h * c if hb != c else 0  # a hidden chunk's cast, per token
+    col = h * c if wb != c else 0  # a weight chunk's cast, per vocabulary entry
+    rows, cols = min(n, TRL_TOKEN_CHUNK), min(v, TRL_VOCAB_CHUNK)
+    last_rows = n - (max(n - 1, 0) // TRL_TOKEN_CHUNK) * TRL_TOKEN_CHUNK  # the last token chunk
+    last_cols = v - ((v - 1) // TRL_VOCAB_CHUNK) * TRL_VOCAB_CHUNK  # the last vocabulary chunk
+    new_cols = cols + min(max(v - TRL_VOCAB_CHUNK, 0), TRL_VOCAB_CHUNK)  # w_chunk 1 made while 0 is bound
+    new_rows = rows + min(max(n - TRL_TOKEN_CHUNK, 0), TRL_TOKEN_CHUNK)  # hidden_chunk 1 while 0 is bound
+    in_loop = max(rows * row + new_cols * col, new_rows * row + last_cols * col)
+    copies = (n * h * hb if hb != 4 else 0) + (v * h * wb if trained and wb != 4 else 0)
+    return fp32_grads + loop + max(in_loop, last_rows * row + last_cols * col + copies)
+
+
+__all__ = ["TRL_ACCUMULATORS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK", "fused_head", "trl_head_backward_bytes",
+           "trl_head_memory", "trl_scored_tokens"]
