@@ -489,7 +489,7 @@ def loso_published(rows: list[dict], effs: dict[int, float]) -> dict[str, list[f
         fits = {"hopper": K.MATMUL_EFFICIENCY["hopper"]}
         for gen in {rows[j]["gpu"].generation for j in effs}:
             kept = [effs[j] for j in effs if rows[j]["gpu"].generation == gen and rows[j]["source"] != src]
-            if len(kept) >= 3 and gen != "hopper":
+            if len(kept) >= PARAMETERS + 2 and gen != "hopper":  # enough()'s rule, without its message
                 fits[gen] = statistics.median(kept)
         for j in effs:
             if rows[j]["source"] == src:

@@ -58,7 +58,7 @@ from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
 from reportgen.estimate.comm import communication
-from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.dtypes import BYTES, dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
@@ -243,7 +243,7 @@ def hidden_state_bytes(model: ModelSpec, setup: TrainingSetup, length: float) ->
     """The tensor the step's memory-bound kernels pass one another: a micro-batch's hidden states
     (``batch x length x hidden``) in the compute dtype (``work.py`` prices the norms, residual adds,
     activations and casts on tensors of this size or the MLP's, a few times larger)."""
-    return setup.batch * length * model.hidden_size * (4 if setup.compute_dtype == "fp32" else 2)
+    return setup.batch * length * model.hidden_size * BYTES[setup.compute_dtype]
 
 
 def _ratio(mine: float | None, reference: float | None) -> float | None:
