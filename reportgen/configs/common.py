@@ -50,8 +50,14 @@ class Translation:
     multi_gpu: str = "ddp"
     #: why the file names no model reportgen knows, where it names one (a torchtune builder without a catalog model)
     model_missing: str = ""
+    #: keys of another file that set fields here (an accelerate launch file's): key -> "path:line"
+    elsewhere: dict = field(default_factory=dict)
+    #: the launch file's own translation (``launch.apply``), reported after this file's keys
+    launch: Any = None
 
     def where(self, key: str) -> str:
+        if key in self.elsewhere:
+            return self.elsewhere[key]
         line = self.key_lines.get(key)
         return f"{self.path}:{line}" if line else self.path
 
@@ -66,7 +72,8 @@ class Translation:
     def lines(self) -> list[str]:
         """The report the CLI prints: each group on one line, ignored and unknown keys by name."""
         name = f"{table.TOOLS[self.tool]} {table.version(self.tool)}"
-        out = [f"from {self.path} ({name} keys): model {self.model}"]
+        out = [f"launch {self.path} ({name} config keys)" if self.tool == "accelerate" else
+               f"from {self.path} ({name} keys): model {self.model}"]
         for key, where in self.read_from:
             out.append(f"read: {key}: {where}")
         if self.honoured:
@@ -84,7 +91,7 @@ class Translation:
             out.append(f"warning: unknown key {key!r}: not a key of {name}'s config{hint}; ignored")
         if self.ignored:
             out.append("ignored (no effect on one step's memory or speed): " + ", ".join(self.ignored))
-        return out
+        return out + (self.launch.lines() if self.launch is not None else [])
 
 
 class Reader:
