@@ -141,6 +141,9 @@ def _distributed(r: Reader, lt: Translation) -> str:
     if r.boolean("use_cpu", False):
         raise r.error("use_cpu", "training on the CPU is not modelled", hint="use_cpu: false")
     kind = r.get("distributed_type")
+    if kind is False:  # YAML reads a bare NO as false; accelerate's DistributedType(False) fails
+        raise r.error("distributed_type", "NO unquoted is YAML's false, which accelerate refuses",
+                      hint="distributed_type: 'NO' (quoted, as accelerate config writes it)")
     if kind is None:  # accelerate: "A `distributed_type` must be specified in the config file."
         raise ConfigError(f"{r.path}: distributed_type is missing (accelerate requires it)",
                           hint="distributed_type: MULTI_GPU (DDP), FSDP or DEEPSPEED")
@@ -150,8 +153,8 @@ def _distributed(r: Reader, lt: Translation) -> str:
         known = table.schema()["accelerate"]["distributed_types"]
         raise r.error("distributed_type", f"{kind!r} is " + ("not modelled" if kind in known else
                       "not one of accelerate's DistributedType values"), hint="NO, MULTI_GPU, FSDP or DEEPSPEED")
-    lt.set("sharding", {"NO": "none", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "zero2"}[kind],
-           "distributed_type")
+    if kind in ("NO", "MULTI_GPU"):  # FSDP's and DeepSpeed's sharding: their sections (_fsdp, _deepspeed)
+        lt.set("sharding", "none" if kind == "NO" else "ddp", "distributed_type")
     if kind == "NO":
         lt.set("gpus", 1, "distributed_type")
         return kind
@@ -188,8 +191,9 @@ def _fsdp(r: Reader, lt: Translation) -> None:
         lt.set("sharding", FSDP1[name], key if r.has(key) else "distributed_type")
     if r.boolean("fsdp_config.fsdp_offload_params", False):
         lt.set("offload", "params", "fsdp_config.fsdp_offload_params")
-    loading = r.boolean("fsdp_config.fsdp_cpu_ram_efficient_loading", True)
-    lt.set("load", "cpu-rank0" if loading else "cpu", "fsdp_config.fsdp_cpu_ram_efficient_loading")
+    # true (accelerate's default) is the setup's default load under FSDP (cpu-rank0); NO_SHARD loads as DDP does
+    if not r.boolean("fsdp_config.fsdp_cpu_ram_efficient_loading", True) and lt.values["sharding"] != "no-shard":
+        lt.set("load", "cpu", "fsdp_config.fsdp_cpu_ram_efficient_loading")
     if r.boolean("fsdp_config.fsdp_activation_checkpointing", False):
         lt.set("grad_ckpt", True, "fsdp_config.fsdp_activation_checkpointing")
         if r.boolean("fsdp_config.fsdp_activation_checkpointing_offload", False):
@@ -198,7 +202,8 @@ def _fsdp(r: Reader, lt: Translation) -> None:
     if state not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"):
         raise r.error("fsdp_config.fsdp_state_dict_type", f"{state!r} is not an FSDP state dict type",
                       hint="FULL_STATE_DICT or SHARDED_STATE_DICT")
-    lt.set("save", "fsdp-full" if state == "FULL_STATE_DICT" else "fsdp-sharded", "fsdp_config.fsdp_state_dict_type")
+    if state != "FULL_STATE_DICT":  # FULL_STATE_DICT is the setup's default save of an FSDP full fine-tune
+        lt.set("save", "fsdp-sharded", "fsdp_config.fsdp_state_dict_type")
     prefetch = r.get("fsdp_config.fsdp_backward_prefetch")
     if prefetch not in (None, "BACKWARD_PRE"):
         lt.approx("fsdp_config.fsdp_backward_prefetch", f"{prefetch}: modelled as BACKWARD_PRE (two layers gathered "
@@ -230,14 +235,15 @@ def _deepspeed(r: Reader, lt: Translation) -> None:
         if device not in ("none", "cpu", "nvme"):
             raise r.error(f"deepspeed_config.offload_{part}_device", f"must be none, cpu or nvme (got {device!r})")
         zero[f"offload_{part}"] = {"device": device}
-    deepspeed(r, "deepspeed_config.zero_stage", {"zero_optimization": zero}, lt)
+    key = "deepspeed_config.zero_stage" if r.has("deepspeed_config.zero_stage") else "distributed_type"
+    deepspeed(r, key, {"zero_optimization": zero}, lt)
 
 
 def _others(r: Reader, lt: Translation) -> None:
     """``mixed_precision`` (checked against the training config in ``_merge``), ``dynamo_config``, and sections
     of what is not modelled."""
     mp = r.get("mixed_precision")
-    if mp is not None and str(mp) not in ("no", "fp16", "bf16"):
+    if mp not in (None, False) and str(mp) not in ("no", "fp16", "bf16"):
         raise r.error("mixed_precision", f"{mp!r}: " + ("fp8 training is not modelled" if str(mp) == "fp8" else
                       "must be no, fp16 or bf16"), hint="mixed_precision: bf16 (or fp16, or 'no')")
     backend = r.get("dynamo_config.dynamo_backend")
@@ -279,7 +285,8 @@ def _merge(r: Reader, lt: Translation, t: Translation, kind: str) -> None:
     elif kind in ("FSDP", "DEEPSPEED"):
         _take(lt, t, ("sharding", "offload"))
         t.sharding_key = lt.sources["sharding"]
-        if lt.values["sharding"] != "no-shard" and t.values.get("method") == "full":  # LoRA saves its adapters
+        if "save" in lt.values and lt.values["sharding"] != "no-shard" and t.values.get("method") == "full":
+            # LoRA saves its adapters whatever the state dict type
             _take(lt, t, ("save",))
     _take(lt, t, ("gpus", "load", "grad_ckpt", "act_offload", "compile"))
     _precision(r, t)
@@ -297,7 +304,7 @@ def _precision(r: Reader, t: Translation) -> None:
     """``mixed_precision`` against the training config: transformers' ``TrainingArguments`` reads it only where the
     training config sets neither bf16 nor fp16, so a 16-bit launch over an fp32 training config, or fp16 over bf16,
     is an error naming both files."""
-    mp = str(r.get("mixed_precision") or "no")
+    mp = str(r.get("mixed_precision") or "no")  # a bare no is YAML's false: the same
     if mp == "no":
         return
     precision = str(t.values.get("precision", ""))
