@@ -6,13 +6,13 @@ Axolotl's ``deepspeed: deepspeed_configs/zero2.json``). The trainer opens that p
 so the example runs from a checkout of the repository; reportgen, run anywhere else, reads the shipped file
 instead when the path is not found, and says so.
 
-The files under ``shipped/`` are copied unchanged (byte for byte) from the tools' published source
+The files under ``vendored/`` are copied unchanged (byte for byte) from the tools' published source
 distributions, which hold them (the wheels do not):
 
-* ``shipped/llamafactory/examples/{deepspeed,accelerate}/``: ``llamafactory-0.9.5.tar.gz`` (PyPI, sha256
+* ``vendored/llamafactory/examples/{deepspeed,accelerate}/``: ``llamafactory-0.9.5.tar.gz`` (PyPI, sha256
   1702c0bfb864e80577a59521d2edcacd2aab05ec6aee06188fcba335a589681f), identical to the tag v0.9.5 of
   github.com/hiyouga/LLaMA-Factory (commit 7af909522a951e3ad9f022ea6f88b6755257eaa5);
-* ``shipped/axolotl/deepspeed_configs/``: ``axolotl-0.19.0.tar.gz`` (PyPI, sha256
+* ``vendored/axolotl/deepspeed_configs/``: ``axolotl-0.19.0.tar.gz`` (PyPI, sha256
   136d623f04c909c5149d7f5dbd4a0e215014ab4c3617cce9d64010b5b8ca609d), identical to github.com/axolotl-ai-cloud/axolotl
   at commit 631268a0caa18250a30a1c837c4d7f4d9505adc0 (the last to change them; ``axolotl fetch deepspeed_configs``
   downloads the same files).
@@ -33,7 +33,7 @@ FOLDERS = {"llamafactory": ("examples/deepspeed", "examples/accelerate"), "axolo
 
 def files(tool: str) -> dict[str, str]:
     """The shipped files of ``tool``: their path relative to the tool's repository -> their text."""
-    root = resources.files(__package__).joinpath("shipped", tool)
+    root = resources.files(__package__).joinpath("vendored", tool)
     out = {}
     for folder in FOLDERS.get(tool, ()):
         for entry in root.joinpath(folder).iterdir():
