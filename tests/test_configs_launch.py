@@ -117,6 +117,9 @@ def _launched(tmp_path, launch_text: str, train: str = LF_FULL, explicit=None):
     (FSDP1 + "  fsdp_state_dict_type: SHARDED_STATE_DICT\n", {"save": "fsdp-sharded"}),
     (FSDP1 + "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", {"sharding": "shard-grad-op"}),
     (FSDP1 + "  fsdp_version: 2\n", {"sharding": "fsdp"}),  # fsdp2: reshard_after_forward true by default
+    # FSDP1 shards as fsdp_sharding_strategy says (the launcher always passes it, default FULL_SHARD)
+    (FSDP1.replace("  fsdp_sharding_strategy: FULL_SHARD\n", "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"),
+     {"sharding": "fsdp"}),
     ("distributed_type: MULTI_GPU\nnum_processes: 8\n", {"gpus": 8, "sharding": "ddp"}),
     ("distributed_type: 'NO'\n", {"gpus": 1, "sharding": "none"}),
     ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n  offload_param_device: cpu\n",
@@ -216,6 +219,8 @@ BAD = [
     ("distributed_type: FSDP\nnum_processes: two\n", "launch.yaml:2: num_processes: must be a whole number"),
     (FSDP1.replace("FULL_SHARD", "HALF_SHARD"), "launch.yaml:6: fsdp_config.fsdp_sharding_strategy: 'HALF_SHARD' is "
      "not an FSDP sharding strategy"),
+    (FSDP1 + "  fsdp_version: 2\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n", "launch.yaml:8: "
+     "fsdp_config.fsdp_reshard_after_forward: must be true or false (got 'SHARD_GRAD_OP')"),  # FSDP2 takes a bool
     (FSDP1.replace("bf16", "fp8"), "launch.yaml:3: mixed_precision: 'fp8': fp8 training is not modelled"),
     (FSDP1 + "parallelism_config:\n  parallelism_config_tp_size: 2\n", "tensor, context or pipeline parallelism"),
     ("distributed_type: MULTI_GPU\nnum_proceses: 2\n", "launch.yaml:2: num_proceses: not a key of an accelerate "

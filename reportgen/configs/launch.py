@@ -176,13 +176,13 @@ def _fsdp(r: Reader, lt: Translation) -> None:
     version = str(r.get("fsdp_config.fsdp_version", 1))
     if version not in ("1", "2"):
         raise r.error("fsdp_config.fsdp_version", f"must be 1 or 2 (got {version!r})")
-    reshard = r.get("fsdp_config.fsdp_reshard_after_forward")
-    if version == "2":
+    if version == "2":  # fully_shard's reshard_after_forward, a bool (accelerate refuses FSDP1's names here)
         key = "fsdp_config.fsdp_reshard_after_forward"
-        lt.set("sharding", "fsdp" if r.as_boolean(key, reshard if reshard is not None else True) else "shard-grad-op", key)
+        lt.set("sharding", "fsdp" if r.boolean(key, True) else "shard-grad-op", key)
     else:
         key = "fsdp_config.fsdp_sharding_strategy"
-        value = r.get(key, reshard if isinstance(reshard, str) and reshard.upper() in FSDP1 else "FULL_SHARD")
+        # the launcher always passes FSDP_SHARDING_STRATEGY (default FULL_SHARD, utils/launch.py), which FSDP1 uses
+        value = r.get(key, "FULL_SHARD")
         name = str(value).upper()
         if name.isdigit() and 1 <= int(name) <= len(_FSDP1_INDEX):
             name = _FSDP1_INDEX[int(name) - 1]
