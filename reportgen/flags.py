@@ -70,6 +70,10 @@ def add_from_flag(p: argparse.ArgumentParser) -> None:
                         "setup (the docs' configs page lists what each "
                         "key becomes); setup flags given beside it "
                         "override the file's values")
+    p.add_argument("--launch", dest="launch_file", type=Path, default=None, metavar="FILE",
+                   help="the accelerate config the run is launched with (accelerate launch --config_file FILE, e.g. "
+                        "LLaMA-Factory's examples/accelerate/fsdp_config.yaml), beside --from: num_processes is "
+                        "--gpus, distributed_type FSDP / DEEPSPEED and its section the sharding")
 
 
 #: the setup's fields in the CLI's order (method first)
@@ -80,11 +84,18 @@ def translation_from_args(args: argparse.Namespace):
     """``--from``'s translation (None without it); sets ``args.model`` to the file's model unless
     ``--model`` was given, and prints what became of each key to stderr."""
     if getattr(args, "from_file", None) is None:
+        if getattr(args, "launch_file", None) is not None:
+            raise UserError("--launch: needs --from CONFIG (the training config it launches)",
+                            hint="e.g. --from lf.yaml --launch examples/accelerate/fsdp_config.yaml")
         return None
     from reportgen.configs import translate_file
 
     gpu = catalog.load_gpu(args.gpu) if getattr(args, "gpu", None) else None
     t = translate_file(args.from_file, bf16_capable=gpu.supports_bf16 if gpu else True)
+    if getattr(args, "launch_file", None) is not None:
+        from reportgen.configs import launch
+
+        t = launch.apply(args.launch_file, t)
     if args.model is None:
         if t.model is None:
             if t.model_missing:

@@ -3,7 +3,8 @@
 A sweep has one or more ``grids``. In a grid every key is ``model``, ``gpu`` or a TrainingSetup
 field; a list expands into one cell per value (the cartesian product over all lists). A grid's
 ``from`` (a TRL or Axolotl config, or a list of them, relative to the sweep file) gives each cell
-the config's model and setup, as ``reportgen estimate --from`` reads it; the grid's other keys
+the config's model and setup, as ``reportgen estimate --from`` reads it (and ``launch``, an accelerate
+launch file beside it, its GPUs and sharding, as ``--launch``); the grid's other keys
 override the file's values, as flags beside ``--from`` do. The case stores the resulting setup. ``exclude``
 rules drop every cell that matches all keys of a rule (a rule value may be a list: any of them).
 ``override`` rules set fields on matching cells (e.g. fp16 on a T4, which has no bf16).
@@ -344,10 +345,13 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
     _check_rules(path, spec, lines)
     for gi, grid in enumerate(spec.grids):
         for key in grid:
-            if key not in CASE_KEYS and key != "from":
+            if key not in CASE_KEYS and key not in ("from", "launch"):
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}]: unknown key {key!r}",
-                                hint=_did_you_mean(key, sorted(CASE_KEYS) + ["from"])
-                                + "keys: model, gpu, from, " + ", ".join(TrainingSetup.model_fields))
+                                hint=_did_you_mean(key, sorted(CASE_KEYS) + ["from", "launch"])
+                                + "keys: model, gpu, from, launch, " + ", ".join(TrainingSetup.model_fields))
+        if "launch" in grid and "from" not in grid:
+            raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'launch'))}: grids[{gi}].launch: an accelerate "
+                            "launch file goes with the training config it launches", hint="add from: CONFIG")
         for key in ("model", "gpu"):
             if key not in grid and not (key == "model" and "from" in grid):
                 raise UserError(f"{path}:{_line_of(lines, ('grids', gi))}: grids[{gi}]: missing key {key!r}")
@@ -391,7 +395,7 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                     origin.update({k: ("override", ri, "set", k) for k in rule.set})
             setup = None
             if "from" in cell:
-                fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
+                fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from", "launch")}
                 model, setup = _from_config(path, _line_of(lines, ("grids", gi, "from")), cell["from"], cell, fields,
                                             str(cell["gpu"]), from_warnings)
                 cell = {**cell, "model": model}
@@ -425,6 +429,10 @@ def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, g
                         hint="from: configs/qlora.yml (a TRL or Axolotl config, relative to this sweep file)")
     try:
         t = translate_file(path.parent / str(config), bf16_capable=catalog.load_gpu(gpu).supports_bf16)
+        if cell.get("launch") is not None:  # an accelerate launch file (configs/launch.py), relative to the sweep file
+            from reportgen.configs import launch
+
+            t = launch.apply(path.parent / str(cell["launch"]), t)
         model = str(cell["model"]) if cell.get("model") is not None else t.model
         if model is None:
             raise UserError(t.model_missing or f"{t.path}: names no model", hint="add it, or a model key to the grid")
@@ -455,7 +463,7 @@ def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], or
           setup: TrainingSetup | None = None) -> Case:
     """One cell as a case; a bad value is reported where it was written (the grid or the override).
     ``setup``: the one a ``from`` config and the cell's fields made (``_from_config``)."""
-    fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from")}
+    fields = {k: v for k, v in cell.items() if k not in ("model", "gpu", "gpu_memory", "from", "launch")}
     gpu = str(cell["gpu"])
     if cell.get("gpu_memory") is not None:
         loc = origin.get("gpu_memory", ("grids", gi, "gpu_memory"))

@@ -39,9 +39,16 @@ value), read from the tools themselves.
   the original checkpoint's Hub id. The trainer section's keys are TRL's (the ``trl`` entry); the defaults unsloth's
   patched configs put in place of TRL's (``unsloth/models/rl.py`` ``replacements``) are ``trainer_defaults``.
 
+* accelerate: the keys of an ``accelerate launch --config_file`` YAML (``accelerate/commands/config/config_args.py``:
+  the fields of ``ClusterConfig`` and ``BaseConfig``; each section's keys are the launcher's options it copies them
+  to, ``accelerate/commands/launch.py`` ``launch_command_parser``: ``fsdp_config`` -> the ``--fsdp_*`` options,
+  ``deepspeed_config`` -> the DeepSpeed group's, ``dynamo_config`` -> ``--dynamo_*``, ...), with the launcher's
+  defaults, read with ``ast`` from the installed, pinned accelerate (``constraints.txt``), as ``section.key``;
+  ``DistributedType``'s values and ``--mixed_precision``'s choices beside them.
+
 Run: ``python scripts/config_keys.py AXOLOTL_WHEEL``, ``python scripts/config_keys.py --only-llamafactory
 LLAMAFACTORY_WHEEL TRANSFORMERS_WHEEL`` ``python scripts/config_keys.py --only-torchtune TORCHTUNE_WHEEL`` or
-``python scripts/config_keys.py --only-unsloth UNSLOTH_WHEEL``
+``python scripts/config_keys.py --only-unsloth UNSLOTH_WHEEL`` or ``python scripts/config_keys.py --only-accelerate``
 to rewrite one tool's section alone (the others are kept byte for byte).
 """
 
@@ -387,6 +394,48 @@ def unsloth_keys(wheel: Path) -> dict:
             "trainer_defaults": dict(sorted(_unsloth_trainer_defaults(files["unsloth/models/rl.py"]).items()))}
 
 
+#: ``launch_command_parser``'s argument groups -> the config file's section whose keys the launcher copies into them
+#: (``_validate_launch_command``: ``defaults.fsdp_config.x`` -> ``args.fsdp_x``, ``dynamo_config.x`` -> ``args.dynamo_x``)
+ACCELERATE_SECTIONS = {"fsdp_args": "fsdp_config", "deepspeed_args": "deepspeed_config", "fp8_args": "fp8_config",
+                       "megatron_lm_args": "megatron_lm_config", "mpirun_args": "mpirun_config",
+                       "parallelism_config_args": "parallelism_config"}
+
+
+def _launch_options(tree: ast.Module) -> tuple[dict[str, dict], list]:
+    """``launch_command_parser``'s options by section (``add_argument`` on a group variable), with their defaults,
+    and ``--mixed_precision``'s choices."""
+    sections: dict[str, dict] = {s: {} for s in (*ACCELERATE_SECTIONS.values(), "dynamo_config")}
+    precisions: list = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            continue
+        name = str(node.args[0].value).lstrip("-")
+        kw = {k.arg: k.value for k in node.keywords}
+        group = getattr(node.func.value, "id", "")
+        if name == "mixed_precision":
+            precisions = _literal(kw.get("choices")) or []
+        section = ACCELERATE_SECTIONS.get(group) or ("dynamo_config" if name.startswith("dynamo_") else None)
+        if section:
+            sections[section][name] = _literal(kw.get("default"))
+    return sections, precisions
+
+
+def accelerate_keys() -> dict:
+    import accelerate
+
+    root = Path(accelerate.__file__).parent
+    classes = _classes({"c": (root / "commands/config/config_args.py").read_text()})
+    keys = dict(_fields(classes["ClusterConfig"], classes, set()))
+    sections, precisions = _launch_options(ast.parse((root / "commands/launch.py").read_text()))
+    for section, options in sections.items():
+        keys.update({f"{section}.{k}": v for k, v in options.items()})
+    enum = _classes({"d": (root / "utils/dataclasses.py").read_text()})["DistributedType"]
+    types = [n.value.value for n in enum.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)]
+    return {"version": metadata.version("accelerate"), "keys": dict(sorted(keys.items())),
+            "distributed_types": types, "mixed_precision": precisions}
+
+
 def _write(**entries: dict) -> dict:
     """keys.json with ``entries`` (tool -> its keys) replaced and every other tool's entry as it was."""
     data = {**json.loads(OUT.read_text()), **entries}
@@ -398,6 +447,10 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--only-unsloth":
         e = _write(unsloth=unsloth_keys(Path(argv[1])))["unsloth"]
         print(f"wrote {OUT}: unsloth {e['version']} ({len(e['keys'])} keys, {len(e['models'])} unsloth repos)")
+        return 0
+    if argv == ["--only-accelerate"]:
+        e = _write(accelerate=accelerate_keys())["accelerate"]
+        print(f"wrote {OUT}: accelerate {e['version']} ({len(e['keys'])} keys)")
         return 0
     if len(argv) == 2 and argv[0] == "--only-torchtune":
         e = _write(torchtune=torchtune_keys(Path(argv[1])))["torchtune"]

@@ -39,8 +39,9 @@ def _only(tool: str) -> frozenset[str]:
     from reportgen.configs import table
 
     schema = table.schema()
-    # torchtune's files are told by their _component_ sections, never by a key's name
-    others = set().union(*(set(table.known_keys(k)) for k in schema if k not in (tool, "torchtune")))
+    # torchtune's files are told by their _component_ sections, never by a key's name; accelerate's launch file is
+    # never a training config
+    others = set().union(*(set(table.known_keys(k)) for k in schema if k not in (tool, "torchtune", "accelerate")))
     return frozenset(set(table.known_keys(tool)) - others)
 
 
@@ -122,11 +123,11 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
     explicit = {k: v for k, v in (explicit or {}).items() if v is not None}
     values = dict(t.values)
     sources = dict(t.sources)
-    gpus = explicit.get("gpus", 1)
+    gpus = explicit.get("gpus", values.get("gpus", 1))  # a launch file's num_processes (launch.py)
     if "sharding" not in explicit:
         if t.sharding_key and gpus == 1:
-            raise ConfigError(f"{t.path}: {t.sharding_key}: shards over several GPUs; the number of GPUs is the "
-                              "launcher's, not the file's",
+            raise ConfigError(f"{t.elsewhere.get(t.sharding_key, t.path)}: {t.sharding_key}: shards over several GPUs; "
+                              "the number of GPUs is the launcher's, not the file's",
                               hint=f"give {option('gpus', 'N')} (N > 1), or {option('sharding', 'none')} to "
                               "estimate one GPU")
         if not t.sharding_key and gpus > 1:

@@ -50,8 +50,14 @@ class Translation:
     multi_gpu: str = "ddp"
     #: why the file names no model reportgen knows, where it names one (a torchtune builder without a catalog model)
     model_missing: str = ""
+    #: keys of another file that set fields here (an accelerate launch file's): key -> "path:line"
+    elsewhere: dict = field(default_factory=dict)
+    #: the launch file's own translation (``launch.apply``), reported after this file's keys
+    launch: Any = None
 
     def where(self, key: str) -> str:
+        if key in self.elsewhere:
+            return self.elsewhere[key]
         line = self.key_lines.get(key)
         return f"{self.path}:{line}" if line else self.path
 
@@ -66,7 +72,8 @@ class Translation:
     def lines(self) -> list[str]:
         """The report the CLI prints: each group on one line, ignored and unknown keys by name."""
         name = f"{table.TOOLS[self.tool]} {table.version(self.tool)}"
-        out = [f"from {self.path} ({name} keys): model {self.model}"]
+        out = [f"launch {self.path} ({name} config keys)" if self.tool == "accelerate" else
+               f"from {self.path} ({name} keys): model {self.model}"]
         for key, where in self.read_from:
             out.append(f"read: {key}: {where}")
         if self.honoured:
@@ -84,7 +91,7 @@ class Translation:
             out.append(f"warning: unknown key {key!r}: not a key of {name}'s config{hint}; ignored")
         if self.ignored:
             out.append("ignored (no effect on one step's memory or speed): " + ", ".join(self.ignored))
-        return out
+        return out + (self.launch.lines() if self.launch is not None else [])
 
 
 class Reader:
@@ -333,27 +340,10 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
     """A DeepSpeed config (a JSON path, or an inline mapping): ZeRO stage and CPU offload of the
     optimizer states or the parameters. A relative path is looked for beside the config file, then in
     the working directory (where the trainer opens it: Axolotl's examples name
-    ``deepspeed_configs/zero2.json`` from the repository's root); the report says which was read."""
+    ``deepspeed_configs/zero2.json`` from the repository's root), then, where neither has it and it names one
+    of the files LLaMA-Factory or Axolotl ship (``shipped.py``), the tool's own; the report says which was read."""
     if isinstance(value, str):
-        path = Path(value)
-        if not path.is_absolute():
-            beside, here = Path(r.path).parent / path, Path.cwd() / path
-            path = beside if beside.is_file() or not here.is_file() else here
-            t.read_from.append((key, f"{path} ({'beside the config file' if path == beside else 'the working directory'})"))
-        try:  # as DeepSpeed reads it (json.load), not as YAML
-            value = json.loads(userfile.read_bytes(path, yamlfile.MAX_FILE_BYTES).decode("utf-8"))
-        except userfile.TooLarge as exc:
-            raise r.error(key, f"{path}: {exc.amount()}; a DeepSpeed config is read up to "
-                               f"{yamlfile.MAX_FILE_BYTES:,} bytes") from None
-        except OSError:
-            looked = f"{Path(r.path).parent / value} and {Path.cwd() / value}" if not Path(value).is_absolute() else value
-            raise r.error(key, f"cannot read the DeepSpeed config {value!r} (looked for {looked})",
-                          hint="give the path relative to the config file, or the DeepSpeed settings inline") from None
-        except ValueError as exc:  # UnicodeDecodeError too
-            raise r.error(key, f"{path} is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise r.error(key, f"{path}: nested too deeply to read; a DeepSpeed config is a few levels of "
-                               "sections") from None
+        value = _deepspeed_file(r, key, value, t)
     if not isinstance(value, dict):
         raise r.error(key, f"must be a DeepSpeed config path or mapping (got {value!r})")
     zero = value.get("zero_optimization") or {}
@@ -362,6 +352,9 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         raise r.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3 (got {stage!r})")
     t.set("sharding", "ddp" if stage == 0 else f"zero{stage}", key)
     t.sharding_key = key
+    if value.get("tensor_parallel"):  # LLaMA-Factory's ds_z2_autotp_config.json
+        t.not_modelled.append((key, "tensor_parallel (DeepSpeed AutoTP splits each layer's weights over GPUs): not "
+                                    "modelled, estimated as data parallel over every GPU"))
 
     def _cpu(section: str) -> bool:
         s = zero.get(section) or {}
@@ -373,6 +366,40 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         t.set("offload", "params", key)
     elif _cpu("offload_optimizer"):
         t.set("offload", "optimizer", key)
+
+
+def _deepspeed_file(r: Reader, key: str, value: str, t: Translation) -> Any:
+    """The JSON a ``deepspeed`` path names, read as DeepSpeed reads it (``json.load``, not as YAML)."""
+    from reportgen.configs import shipped
+
+    path = Path(value)
+    if not path.is_absolute():
+        beside, here = Path(r.path).parent / path, Path.cwd() / path
+        path = beside if beside.is_file() or not here.is_file() else here
+    if not path.is_file() and (found := shipped.find(r.tool, value)):
+        rel, text = found
+        t.read_from.append((key, f"{shipped.label(r.tool, rel)}: {value} is not in the working directory nor beside "
+                                 "the config file (the tool's example runs from its repository's root)"))
+        return json.loads(text)
+    if not Path(value).is_absolute():
+        t.read_from.append((key, f"{path} ({'beside the config file' if path == beside else 'the working directory'})"))
+    try:
+        return json.loads(userfile.read_bytes(path, yamlfile.MAX_FILE_BYTES).decode("utf-8"))
+    except userfile.TooLarge as exc:
+        raise r.error(key, f"{path}: {exc.amount()}; a DeepSpeed config is read up to "
+                           f"{yamlfile.MAX_FILE_BYTES:,} bytes") from None
+    except OSError:
+        looked = f"{Path(r.path).parent / value} and {Path.cwd() / value}" if not Path(value).is_absolute() else value
+        shipped_names = ", ".join(sorted(shipped.files(r.tool))) if shipped.FOLDERS.get(r.tool) else ""
+        raise r.error(key, f"cannot read the DeepSpeed config {value!r} (looked for {looked})",
+                      hint="give the path relative to the config file, or the DeepSpeed settings inline"
+                      + (f"; {table.TOOLS[r.tool]}'s own are read by name: {shipped_names}" if shipped_names else "")
+                      ) from None
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise r.error(key, f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise r.error(key, f"{path}: nested too deeply to read; a DeepSpeed config is a few levels of "
+                           "sections") from None
 
 
 def trainer_sharding(r: Reader, t: Translation) -> None:

@@ -23,7 +23,7 @@ from importlib import resources
 
 HONOURED, APPROXIMATED, IGNORED = "honoured", "approximated", "ignored"
 TOOLS = {"trl": "TRL", "axolotl": "Axolotl", "llamafactory": "LLaMA-Factory", "torchtune": "torchtune",
-         "unsloth": "unsloth"}
+         "unsloth": "unsloth", "accelerate": "accelerate"}
 
 
 @dataclass(frozen=True)
@@ -300,6 +300,57 @@ ROWS: tuple[Row, ...] = (
     _r("llamafactory", "deepspeed", HONOURED, "sharding, offload", "a DeepSpeed JSON (LLaMA-Factory's "
        "examples/deepspeed/ds_z3_config.json, say; a path relative to the config file, or inline): "
        "zero_optimization.stage and offload_optimizer / offload_param to cpu; the number of GPUs comes from --gpus"),
+    # ----- accelerate launch --config_file (--launch; sections read as section.key, launch.py) -----------------
+    _r("accelerate", "distributed_type", HONOURED, "sharding", "NO: one process; MULTI_GPU: DDP (or the training "
+       "config's fsdp / deepspeed); FSDP: fsdp_config; DEEPSPEED: deepspeed_config; the others (TPU, Megatron-LM, "
+       "CPU) are refused; FSDP in one file and DeepSpeed in the other is an error naming both"),
+    _r("accelerate", "num_processes", HONOURED, "gpus", "the GPUs of every node together (--gpus overrides it); "
+       "unset or -1 (every GPU of the machine) is refused: give it"),
+    _r("accelerate", "mixed_precision", HONOURED, "precision", "must agree with the training config's bf16 / fp16 "
+       "(transformers' TrainingArguments reads it only where both are unset: a 16-bit launch of an fp32 training "
+       "config is refused, write bf16: true there); fp8 is refused"),
+    _r("accelerate", "compute_environment", IGNORED, "", "LOCAL_MACHINE only (SageMaker is refused)", affects=False),
+    _r("accelerate", "use_cpu", IGNORED, "", "false only: training on the CPU is refused", affects=False),
+    _r("accelerate", "num_machines", IGNORED, "", "num_processes already counts every node's GPUs; FSDP "
+       "HYBRID_SHARD is modelled with nodes of 8 GPUs", affects=False),
+    _r("accelerate", "fsdp_config.fsdp_version", HONOURED, "sharding", "1: fsdp_sharding_strategy; 2: "
+       "fsdp_reshard_after_forward (fully_shard): both are FSDP's full sharding, or SHARD_GRAD_OP"),
+    _r("accelerate", "fsdp_config.fsdp_sharding_strategy", HONOURED, "sharding", "FSDP1: FULL_SHARD fsdp, "
+       "SHARD_GRAD_OP shard-grad-op, NO_SHARD no-shard, HYBRID_SHARD and HYBRID_SHARD_ZERO2 hybrid-shard (or 1-5)"),
+    _r("accelerate", "fsdp_config.fsdp_reshard_after_forward", HONOURED, "sharding", "FSDP2: true fsdp, false "
+       "shard-grad-op (parameters kept gathered from forward to backward)"),
+    _r("accelerate", "fsdp_config.fsdp_offload_params", HONOURED, "offload", "true: FSDP's CPUOffload of the "
+       "parameters (offload params)"),
+    _r("accelerate", "fsdp_config.fsdp_cpu_ram_efficient_loading", HONOURED, "load", "true (the default): rank 0 "
+       "loads the checkpoint, the others receive it (load cpu-rank0); false: every rank loads it into host RAM (cpu)"),
+    _r("accelerate", "fsdp_config.fsdp_activation_checkpointing", HONOURED, "grad_ckpt", "true: FSDP checkpoints "
+       "each wrapped layer (gradient checkpointing on, whatever the training config says)"),
+    _r("accelerate", "fsdp_config.fsdp_activation_checkpointing_offload", HONOURED, "act_offload", "with "
+       "fsdp_activation_checkpointing: the checkpoints offloaded to host RAM"),
+    _r("accelerate", "fsdp_config.fsdp_state_dict_type", HONOURED, "save", "a full fine-tune's checkpoint: "
+       "FULL_STATE_DICT gathered on rank 0 (save fsdp-full), SHARDED_STATE_DICT / LOCAL_STATE_DICT each rank its "
+       "shard (fsdp-sharded); LoRA saves its adapters"),
+    _r("accelerate", "fsdp_config.fsdp_auto_wrap_policy", HONOURED, "sharding", "TRANSFORMER_BASED_WRAP (one FSDP unit per "
+       "decoder layer, as reportgen models FSDP); SIZE_BASED_WRAP and NO_WRAP are not modelled (a warning)"),
+    _r("accelerate", "fsdp_config.fsdp_transformer_layer_cls_to_wrap", IGNORED, "", "the decoder layer's class "
+       "(transformers' _no_split_modules by default)", affects=False),
+    _r("accelerate", "fsdp_config.fsdp_backward_prefetch", HONOURED, "sharding", "BACKWARD_PRE: the layer computing and "
+       "the prefetched next gathered at once, as reportgen's FSDP (estimate/sharding.py); BACKWARD_POST and "
+       "NO_PREFETCH gather less: approximated as BACKWARD_PRE (errs high)"),
+    _r("accelerate", "fsdp_config.fsdp_forward_prefetch", IGNORED, "", "prefetch in forward: not modelled"),
+    _r("accelerate", "fsdp_config.fsdp_use_orig_params", IGNORED, "", "flat parameters keep their views: the same "
+       "bytes", affects=False),
+    _r("accelerate", "fsdp_config.fsdp_sync_module_states", IGNORED, "", "rank 0's weights broadcast at start (with "
+       "fsdp_cpu_ram_efficient_loading)", affects=False),
+    _r("accelerate", "deepspeed_config.deepspeed_config_file", HONOURED, "sharding, offload", "a DeepSpeed JSON, "
+       "read as a training config's deepspeed key (zero_optimization.stage, offload_optimizer, offload_param)"),
+    _r("accelerate", "deepspeed_config.zero_stage", HONOURED, "sharding", "ZeRO stage 0-3 (accelerate's default 2)"),
+    _r("accelerate", "deepspeed_config.offload_optimizer_device", HONOURED, "offload", "cpu or nvme: the optimizer "
+       "states offloaded (offload optimizer)"),
+    _r("accelerate", "deepspeed_config.offload_param_device", HONOURED, "offload", "cpu or nvme (ZeRO-3): the "
+       "parameters offloaded (offload params)"),
+    _r("accelerate", "dynamo_config.dynamo_backend", APPROXIMATED, "compile", "INDUCTOR: torch.compile; another "
+       "backend is modelled as inductor; NO: none"),
     # ----- torchtune (tune run RECIPE --config FILE; sections read as section.key) ----------------------
     _r("torchtune", "model._component_", HONOURED, "model, method, recipe", "the model builder: a catalog model of "
        "its shapes (Llama 2, 3, 3.1, 3.2, Gemma, Gemma 2 9B, Qwen2.5 7B/14B, Phi-3 mini, Phi-4; Llama 3 and Qwen2 7B "

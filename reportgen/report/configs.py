@@ -1,4 +1,5 @@
-"""The "TRL, Axolotl, LLaMA-Factory, torchtune and unsloth configs" page: what ``--from`` makes of every key, from the same table the
+"""The "TRL, Axolotl, LLaMA-Factory, torchtune and unsloth configs" page: what ``--from`` (and ``--launch``, an accelerate
+config) makes of every key, from the same table the
 CLI reports with (``reportgen.configs.table``), the tools' pinned versions and key counts from
 ``keys.json``, and a worked example written by ``reportgen.configs.reverse``. Nothing estimated.
 """
@@ -33,7 +34,7 @@ def config_pages(site: SiteData) -> list[Page]:
     keys = [(name, write(EXAMPLE_MODEL, EXAMPLE_SETUP)) for name, write in writers]
     context = {
         "tools": [_tool("trl"), _tool("axolotl"), _tool("llamafactory"), _tool("torchtune"),
-                  _tool("unsloth")],
+                  _tool("unsloth"), _tool("accelerate")],
         "example": {"model": EXAMPLE_MODEL, "label": EXAMPLE_SETUP.short(),
                     "tools": [{"name": name, "yaml": k.yaml(), "notes": k.notes} for name, k in keys]},
     }
