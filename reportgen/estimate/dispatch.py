@@ -29,6 +29,7 @@ Which host, first that applies:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from reportgen.estimate import constants as K
 from reportgen.hardware import GpuSpec, HostCpu
@@ -46,12 +47,13 @@ class HostDispatch:
     why: str  # profile | --host-cpu | reference | desktop | server
     cpu: HostCpu | None = None
     measured_on: str | None = None  # a profile's CPU model name and file
+    reference_single_thread: float | None = None
 
     def as_dict(self) -> dict:
         out = {"factor": self.factor, "why": self.why}
         if self.cpu is not None:
             out.update(cpu=self.cpu.key, name=self.cpu.name, single_thread=self.cpu.single_thread,
-                       reference_single_thread=reference_cpu().single_thread, source=self.cpu.source)
+                       reference_single_thread=self.reference_single_thread, source=self.cpu.source)
         if self.measured_on:
             out["measured_on"] = self.measured_on
         return out
@@ -67,10 +69,11 @@ class HostDispatch:
         role = "--host-cpu" if self.why == "--host-cpu" else ROLE_NAMES[self.why]
         return (f"host dispatch: {cpu.name} ({role}), scaled from the H100 machine's by single-thread speed "
                 f"x{self.factor:.2f} (PassMark single-thread {cpu.single_thread:,.0f} against "
-                f"{reference_cpu().single_thread:,.0f}; catalog/cpus.yaml; --host-cpu NAME names yours, "
+                f"{self.reference_single_thread:,.0f}; catalog/cpus.yaml; --host-cpu NAME names yours, "
                 "reportgen profile-gpu measures it)")
 
 
+@lru_cache(maxsize=None)
 def reference_cpu() -> HostCpu:
     from reportgen import catalog
 
@@ -96,17 +99,27 @@ def _profile_ratio(gpu: GpuSpec) -> float | None:
     return None
 
 
+@lru_cache(maxsize=None)
+def _on_catalog_cpu(cpu: HostCpu, why: str) -> HostDispatch:
+    """The dispatch on a catalog CPU (cached: every estimate asks, a sweep asks thousands of times)."""
+    return HostDispatch(single_thread_factor(cpu), why, cpu, reference_single_thread=reference_cpu().single_thread)
+
+
+@lru_cache(maxsize=None)
+def _default(role: str) -> HostDispatch:
+    from reportgen import catalog
+
+    return _on_catalog_cpu(catalog.default_cpu(role), role)
+
+
 def host_dispatch(gpu: GpuSpec) -> HostDispatch:
     """The host ``gpu``'s step is dispatched by (module docstring: profile, ``--host-cpu``, the card's
     default)."""
-    from reportgen import catalog
-
-    ratio = _profile_ratio(gpu)
-    if ratio is not None:
-        p = gpu.profile
-        return HostDispatch(ratio, "profile", measured_on=f"{p.cpu or 'its CPU'}, {p.source}")
+    if gpu.profile is not None:
+        ratio = _profile_ratio(gpu)
+        if ratio is not None:
+            p = gpu.profile
+            return HostDispatch(ratio, "profile", measured_on=f"{p.cpu or 'its CPU'}, {p.source}")
     if gpu.host_cpu is not None:
-        return HostDispatch(single_thread_factor(gpu.host_cpu), "--host-cpu", gpu.host_cpu)
-    role = gpu.default_host if gpu.default_host in ROLE_NAMES else "server"
-    cpu = catalog.default_cpu(role)
-    return HostDispatch(single_thread_factor(cpu), role, cpu)
+        return _on_catalog_cpu(gpu.host_cpu, "--host-cpu")
+    return _default(gpu.default_host if gpu.default_host in ROLE_NAMES else "server")

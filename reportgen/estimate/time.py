@@ -52,13 +52,13 @@ all of it), and checkpointing's recomputed forward is included.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
 from reportgen.estimate.comm import communication
-from reportgen.estimate.dispatch import host_dispatch
+from reportgen.estimate.dispatch import HostDispatch, host_dispatch
 from reportgen.estimate.dtypes import BYTES, dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
@@ -201,27 +201,28 @@ class TimeConstants:
     host_s_per_autocast_kernel: float
 
     @classmethod
-    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None) -> "TimeConstants":
+    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None,
+                host: HostDispatch | None = None) -> "TimeConstants":
         """The constants for ``gpu``: ``constants.py``'s (the GEMM efficiency of its generation,
         ``matmul_efficiency_of``), or, with a profile of the user's card (``gpu.profile``), those scaled
         by its figures over the H100 machine's (``profiled``); the host's dispatch scaled to the host
         that runs the step (``on_host``: the profile's measured host, ``--host-cpu``, or the card's
-        default host, ``dispatch.host_dispatch``)."""
+        default host, ``dispatch.host_dispatch``, or ``host`` when the caller has it)."""
         eff = matmul_efficiency or matmul_efficiency_of(gpu.generation)[0]
         base = cls(eff, K.ATTENTION_EFFICIENCY, K.DRAM_EFFICIENCY, K.L2_REUSE, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
                    K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
         if gpu.profile is not None:
             base = profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
-        return base.on_host(host_dispatch(gpu).factor)
+        return base.on_host((host or host_dispatch(gpu)).factor)
 
     def on_host(self, factor: float) -> "TimeConstants":
         """These constants with the host's dispatch terms times ``factor`` (the H100 machine's host: 1;
         ``dispatch.host_dispatch``)."""
         if factor == 1.0:
             return self
-        return replace(self, host_s_per_kernel=self.host_s_per_kernel * factor,
-                       host_s_per_call=self.host_s_per_call * factor,
-                       host_s_per_autocast_kernel=self.host_s_per_autocast_kernel * factor)
+        return TimeConstants(self.matmul_efficiency, self.attention_efficiency, self.dram_efficiency, self.l2_reuse,
+                             self.kernel_device_s, self.host_s_per_kernel * factor, self.host_s_per_call * factor,
+                             self.host_s_per_autocast_kernel * factor)
 
 
 def matmul_efficiency_of(generation: str, fitted: dict | None = None) -> tuple[float, str]:
@@ -418,7 +419,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     notes += dnotes
     scale = length / setup.seq
     peak = gpu.peak_flops(dtype)
-    consts = TimeConstants.current(gpu, matmul_efficiency, dtype)
+    host = host_dispatch(gpu)
+    consts = TimeConstants.current(gpu, matmul_efficiency, dtype, host)
     hidden = hidden_state_bytes(model, setup, length)
     eff, bw = consts.matmul_efficiency, memory_bandwidth(gpu, consts, hidden)
     work = work or step_work(model, setup, attn, seq=seq)
@@ -432,8 +434,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
-    notes += _profile_note(gpu)
-    host = host_dispatch(gpu)
+    notes += _profile_note(gpu, host)
     notes.append(host.note())
     phases = step_phases(work, gpu, dtype, consts, hidden)
     if phases is None:
@@ -480,15 +481,15 @@ def generation_name(generation: str) -> str:
     return K.GENERATION_NAMES.get(base, base) + (" GeForce" if geforce else "")
 
 
-def _evidence_note(gpu: GpuSpec) -> list[str]:
+def _evidence_note(gpu: GpuSpec, host: HostDispatch | None = None) -> list[str]:
     """Where the time model's rates for ``gpu`` come from when no profile is given: said, not borrowed
     silently (issue 30; ``rates_source``)."""
     if gpu.key.partition("@")[0] == K.REFERENCE_PROFILE["card"]:
         return []
-    return [f"{gpu.name}: {rates_source(gpu)}"]
+    return [f"{gpu.name}: {rates_source(gpu, host)}"]
 
 
-def rates_source(gpu: GpuSpec) -> str:
+def rates_source(gpu: GpuSpec, host: HostDispatch | None = None) -> str:
     """The time model's rates for ``gpu``, in words: the GEMM efficiency is its generation's fit
     (``K.MATMUL_EVIDENCE`` names the runs) or a named generation's (``matmul_efficiency_of``); every
     other rate was fitted on one H100 machine, the memory-bound kernels' L2 share applied to this
@@ -504,19 +505,19 @@ def rates_source(gpu: GpuSpec) -> str:
         gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
                 f"a {mine} card has been measured or published here")
     l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
-    host = host_dispatch(gpu)
+    host = host or host_dispatch(gpu)
     cpu = host.cpu.name if host.cpu is not None else "the profiled host"
     return (f"{gemm}; attention and launch rates are the H100's, its dispatch the H100 machine's scaled to {cpu} "
             f"(x{host.factor:.2f}, single-thread speed), memory-bound kernels at the H100's "
             f"DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)")
 
 
-def _profile_note(gpu: GpuSpec) -> list[str]:
+def _profile_note(gpu: GpuSpec, host: HostDispatch | None = None) -> list[str]:
     """What a profile changed, for the notes (every surface says the numbers use it); without one, where
     the rates come from (``_evidence_note``)."""
     p = gpu.profile
     if p is None:
-        return _evidence_note(gpu)
+        return _evidence_note(gpu, host)
     if p.device == "cuda":
         return [f"times use your card's profile ({p.source}, measured on {p.gpu_name})"]
     return [f"times use your host's profile ({p.source}: its dispatch and host optimizer measured; the card's rates "
