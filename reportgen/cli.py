@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reportgen import __version__, catalog
 from reportgen.errors import UserError
-from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_setup_flags, flag_error, gpu_from_args,
+from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_host_cpu_flag, add_setup_flags, flag_error, gpu_from_args,
                              positive_count, positive_int, setup_from_args)
 
 GIB = 2**30
@@ -28,6 +28,7 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="memory, time and fit of one setup (no GPU, no torch needed)")
     add_setup_flags(p)
     add_gpu_profile_flag(p)
+    add_host_cpu_flag(p)
     p.add_argument("--train-tokens", type=positive_count, default=DEFAULT_TRAIN_TOKENS,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the model catalog")
     sub.add_parser("gpus", help="list the GPU catalog")
+    sub.add_parser("cpus", help="list the host CPU catalog (--host-cpu NAME)")
     for module in PLUGINS:
         importlib.import_module(module).register(sub)
     return parser
@@ -365,4 +367,19 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "sweep": cmd_sweep, "models": cmd_models, "gpus": cmd_gpus}
+def cmd_cpus(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from reportgen.estimate.dispatch import single_thread_factor
+
+    table = Table(title="host CPU catalog (reportgen estimate --host-cpu NAME; sources in reportgen/catalog/cpus.yaml)")
+    for col in ("name", "CPU", "kind", "PassMark single-thread", "dispatch vs the H100 machine's"):
+        table.add_column(col)
+    for key in catalog.cpu_names():
+        c = catalog.load_cpu(key)
+        table.add_row(key, c.name, c.kind, f"{c.single_thread:,.0f}", f"x{single_thread_factor(c):.2f}")
+    wide_console().print(table)
+    return 0
+
+
+COMMANDS = {"estimate": cmd_estimate, "sweep": cmd_sweep, "models": cmd_models, "gpus": cmd_gpus, "cpus": cmd_cpus}

@@ -18,10 +18,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 
 #: the sources an estimate is computed by (globs relative to the package): code, and the data files it
-#: reads beside it (``estimate/error_band.json``, the band every verdict is judged with); the catalog
-#: entries of a case's model and card are hashed per case (``runner.inputs_hash``)
+#: reads beside it (``estimate/error_band.json``, the band every verdict is judged with; ``catalog/cpus.yaml``,
+#: the host CPUs whose single-thread speed scales every card's dispatch); the catalog entries of a case's
+#: model and card are hashed per case (``runner.inputs_hash``)
 ESTIMATOR_SOURCES = ("estimate/*.py", "estimate/*.json", "model.py", "config_check.py", "hardware.py", "setup.py",
-                     "catalog/__init__.py", "runner.py", "results.py")
+                     "catalog/__init__.py", "catalog/cpus.yaml", "runner.py", "results.py")
 #: the sources a stored decision-tree walk is computed by, besides the estimator's
 ADVICE_SOURCES = ("advise/tree.py", "advise/walk.py", "advise/claims.py", "advise/store.py")
 #: the sources a traced figure is computed by: the tracer, the shared step and the recipes' builder

@@ -51,10 +51,22 @@ def add_gpu_profile_flag(p: argparse.ArgumentParser) -> None:
                         "its measured rates instead of the datasheet's")
 
 
+def add_host_cpu_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host-cpu", default=None, metavar="NAME",
+                   help="the CPU of the machine that runs the training loop (see `reportgen cpus`): the host's "
+                        "dispatch is scaled by its single-thread speed (default: a desktop CPU for GeForce and "
+                        "workstation cards, a server CPU for data-center cards; a --gpu-profile's measured host wins)")
+
+
 def gpu_from_args(args: argparse.Namespace):
-    """The ``--gpu`` card (``card@SIZE`` with ``--gpu-memory``), priced with ``--gpu-profile`` when given
-    (a ``UserError`` for a profile of another card model: ``gpu_profile.attach``)."""
+    """The ``--gpu`` card (``card@SIZE`` with ``--gpu-memory``), on the ``--host-cpu`` host when given (a
+    ``UserError`` naming the close names for one the catalog lacks), priced with ``--gpu-profile`` when
+    given (a ``UserError`` for a profile of another card model: ``gpu_profile.attach``)."""
+    import dataclasses
+
     gpu = catalog.load_gpu(args.gpu)
+    if getattr(args, "host_cpu", None):
+        gpu = dataclasses.replace(gpu, host_cpu=catalog.load_cpu(args.host_cpu))
     if getattr(args, "gpu_profile", None) is not None:
         from reportgen.gpu_profile import attach, read_profile
 

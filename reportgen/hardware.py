@@ -47,6 +47,11 @@ class GpuSpec:
     #: the rates ``reportgen profile-gpu`` measured on the user's own card (``gpu_profile.GpuProfile``),
     #: which the time and memory models use instead of the datasheet's (``--gpu-profile FILE``)
     profile: object | None = None
+    #: the host CPU whose dispatch the time model assumes when none is named (``--host-cpu``) and no
+    #: profile measured one: ``desktop``, ``server`` or ``reference`` (``gpus.yaml`` ``default_host``)
+    default_host: str = "server"
+    #: the host CPU the user named (``--host-cpu``, a ``HostCpu``), instead of ``default_host``'s
+    host_cpu: object | None = None
     sources: tuple[str, ...] = field(default=(), compare=False)
     notes: str = field(default="", compare=False)
 
@@ -96,6 +101,18 @@ class GpuSpec:
         return float(self.compute_capability) >= 9.0
 
 
+@dataclass(frozen=True)
+class HostCpu:
+    """A host CPU of ``catalog/cpus.yaml``: its single-thread speed on one published benchmark (PassMark's
+    single-thread rating, the file's header), with where the figure was read."""
+
+    key: str
+    name: str
+    kind: str  # desktop | laptop | server
+    single_thread: float
+    source: str = field(default="", compare=False)
+
+
 def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
     override = entry.get("memory_override_bytes")
     return GpuSpec(
@@ -121,6 +138,7 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         peer_link_gpus=entry.get("peer_link_gpus"),
         peer_link_source=entry.get("peer_link_source") or "",
         l2_cache_bytes=int(float(entry.get("l2_cache_mb") or 0) * MIB),
+        default_host=entry.get("default_host") or "server",
         sources=tuple(entry.get("sources", ())),
         notes=entry.get("notes", "") or "",
     )

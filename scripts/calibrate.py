@@ -270,17 +270,22 @@ def time_sample(model, gpu, setup: TrainingSetup, measured_step_s: float, label:
     t = estimate_time(model, setup, gpu)
     if t.step_s is None:
         return None
+    from reportgen.estimate.dispatch import host_dispatch
+
     extra = t.parts["transfer"] + t.parts["compile"] + t.parts["dora"]
     return {"work": step_work(model, setup, effective_attention(model, setup)[0]), "gpu": gpu,
+            "host_factor": host_dispatch(gpu).factor,
             "dtype": peak_dtype(setup, gpu)[0], "layers": model.num_layers, "extra": extra,
             "measured": measured_step_s, "label": label,
             "working": hidden_state_bytes(model, setup, padded_length(setup))}
 
 
 def predict_step(x: dict, c) -> float:
-    """The step time ``estimate_time`` gives ``x`` with constants ``c`` (``time.TimeConstants``)."""
+    """The step time ``estimate_time`` gives ``x`` with constants ``c`` (``time.TimeConstants``: the H100
+    machine's dispatch, scaled to the case's host as ``TimeConstants.current`` scales it, ``dispatch.py``)."""
     from reportgen.estimate.time import pipeline_seconds, step_phases
 
+    c = c.on_host(x["host_factor"])
     return pipeline_seconds(step_phases(x["work"], x["gpu"], x["dtype"], c, x["working"]), x["layers"]) + x["extra"]
 
 
@@ -339,7 +344,7 @@ def fit_time(samples: list[dict], verbose: bool = False):
     name = "time model (" + ", ".join(TIME_NAMES[n] for n in TIME_CONSTANTS) + ")"
     if not enough(name, len(samples), parameters=len(TIME_CONSTANTS)):
         return None
-    start = TimeConstants.current(samples[0]["gpu"])
+    start = TimeConstants.current(samples[0]["gpu"]).on_host(1 / samples[0]["host_factor"])  # the H100 machine's
     fit = solve_time(samples, start)
     held_out = [predict_step(x, solve_time(samples[:i] + samples[i + 1:], fit, multistart=False)) / x["measured"] - 1
                 for i, x in enumerate(samples)]

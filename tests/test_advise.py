@@ -236,6 +236,9 @@ def test_advise_json_is_the_walk(capsys):
     with the numbers ``reportgen estimate`` gives that setup."""
     assert main(["advise", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--seq", "2048", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
+    # beside the walk, the host whose dispatch its tokens/s assume (the card's default desktop: dispatch.py)
+    assert d.pop("host_dispatch")["cpu"] == "amd-ryzen-5-7600x"
+    assert d.pop("host_dispatch_note").startswith("host dispatch: AMD Ryzen 5 7600X (default desktop)")
     fresh = json.loads(json.dumps(walk("llama-3.1-8b", "rtx-4090", 2048)))
     assert d == fresh
     assert d["verdict"]["kind"] == "fits" and d["tree_hash"] == T.tree_hash()

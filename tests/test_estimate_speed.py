@@ -19,7 +19,8 @@ from reportgen.setup import TrainingSetup
 #: run's phases (issue 32, ``estimate/run.py``: load, save and their host terms, part of every verdict)
 #: added 79: 578 alone, 585 in the suite, so 600; then the GEMM rate per GPU generation and the L2 term
 #: (issue 30, ``time.memory_bandwidth``) and the recipe losses' dispatch (issue 33): 596 alone, ~603 in the
-#: suite, so 615
+#: suite, so 615; then the host CPU's dispatch (issue 30, ``estimate/dispatch.py``, its catalog lookups cached):
+#: 604 alone
 BARE_CALLS_MAX = 615
 REVERSE_CALLS_MAX = 11_000
 

@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.flags import add_from_flag, add_gpu_profile_flag, positive_count
+    from reportgen.flags import add_from_flag, add_gpu_profile_flag, add_host_cpu_flag, positive_count
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -26,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
     add_gpu_profile_flag(p)
+    add_host_cpu_flag(p)
     p.add_argument("--seq", type=int, default=None, help="sequence length in tokens (default 2048, or --from's)")
     p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
                    help="the dataset's sample lengths in tokens (as reportgen estimate --lengths): the walk runs at "
@@ -114,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))
     if gpu.profile is not None:
         doc["gpu_profile"] = gpu.profile.source
+    from reportgen.estimate.dispatch import host_dispatch
+
+    host = host_dispatch(gpu)
+    doc["host_dispatch"], doc["host_dispatch_note"] = host.as_dict(), host.note()
     if yours is not None:
         doc["config"] = config_verdict(model, gpu, yours, args)
     if lengths is not None:
@@ -211,6 +216,11 @@ def print_walk(doc: dict, console=None, measured_text: str | None = None) -> Non
 
         console.print(f"note: the tokens/s use your card's profile ({escape(doc['gpu_profile'])}) instead of the "
                       "datasheet's rates", highlight=False, soft_wrap=True)
+    if doc.get("host_dispatch_note"):
+        from rich.markup import escape
+
+        console.print(f"note: the tokens/s assume {escape(doc['host_dispatch_note'])}", highlight=False,
+                      soft_wrap=True)
     table = Table(title_justify="left")
     for col, just in (("#", "right"), ("step", "left"), ("setup evaluated", "left"), ("GiB (est.)", "right"),
                       ("tokens/s (est.)", "right"), ("result", "left")):

@@ -1,4 +1,4 @@
-"""Catalogs shipped with reportgen: model configs (HF ``config.json``) and GPU specs.
+"""Catalogs shipped with reportgen: model configs (HF ``config.json``), GPU specs and host CPUs.
 
 Models are loaded by name (``reportgen models`` lists them) or from a path to any ``config.json``.
 """
@@ -16,7 +16,7 @@ import yaml
 
 from reportgen import hub
 from reportgen.errors import UserError, unknown_name
-from reportgen.hardware import GpuSpec, gpu_from_entry
+from reportgen.hardware import GpuSpec, HostCpu, gpu_from_entry
 from reportgen.model import FAMILIES, ModelSpec, from_config, load_config_file
 from reportgen.vision import TEXT_TOWER
 
@@ -93,6 +93,39 @@ def _gpu_table() -> dict[str, dict]:
 
 def gpu_names() -> list[str]:
     return list(_gpu_table())
+
+
+@lru_cache(maxsize=None)
+def _cpu_table() -> dict:
+    """``cpus.yaml``: ``{"defaults": {role: key}, "cpus": {key: entry}}``, read as ``_gpu_table`` reads
+    ``gpus.yaml``."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((_ROOT / "cpus.yaml").read_text(), Loader=loader)  # noqa: S506 - a safe loader
+
+
+def cpu_names() -> list[str]:
+    return list(_cpu_table()["cpus"])
+
+
+@lru_cache(maxsize=None)
+def load_cpu(name: str) -> HostCpu:
+    """A host CPU of ``cpus.yaml`` by its key (``--host-cpu``); an unknown name is a ``UserError`` with
+    the close names."""
+    cpus = _cpu_table()["cpus"]
+    if name not in cpus:
+        error = unknown_name("host CPU", name, list(cpus))
+        error.message = f"--host-cpu: unknown host CPU {name!r}"
+        error.hint = (error.hint + " " if error.hint else "") + "(`reportgen cpus` lists them all)"
+        raise error
+    e = cpus[name]
+    return HostCpu(key=name, name=e["name"], kind=e["kind"], single_thread=float(e["single_thread"]),
+                   source=" ".join(str(e.get("source", "")).split()))
+
+
+def default_cpu(role: str) -> HostCpu:
+    """The host CPU of a role of ``cpus.yaml``'s ``defaults``: ``reference`` (the H100 machine's host,
+    whose dispatch the time constants were fitted on), ``desktop`` or ``server``."""
+    return load_cpu(_cpu_table()["defaults"][role])
 
 
 #: units a ``--gpu-memory`` size may be written in

@@ -58,6 +58,7 @@ from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
 from reportgen.estimate import params as P
 from reportgen.estimate.comm import communication
+from reportgen.estimate.dispatch import HostDispatch, host_dispatch
 from reportgen.estimate.dtypes import BYTES, dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
@@ -89,6 +90,8 @@ class TimeEstimate:
     #: what the step launches and dispatches (``work.StepWork.as_dict``), per micro-batch and phase
     work: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: the host whose dispatch the step assumes (``dispatch.HostDispatch.as_dict``)
+    host_dispatch: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "notes"}
@@ -198,16 +201,28 @@ class TimeConstants:
     host_s_per_autocast_kernel: float
 
     @classmethod
-    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None) -> "TimeConstants":
+    def current(cls, gpu: GpuSpec, matmul_efficiency: float | None = None, dtype: str | None = None,
+                host: HostDispatch | None = None) -> "TimeConstants":
         """The constants for ``gpu``: ``constants.py``'s (the GEMM efficiency of its generation,
         ``matmul_efficiency_of``), or, with a profile of the user's card (``gpu.profile``), those scaled
-        by its figures over the H100 machine's (``profiled``)."""
+        by its figures over the H100 machine's (``profiled``); the host's dispatch scaled to the host
+        that runs the step (``on_host``: the profile's measured host, ``--host-cpu``, or the card's
+        default host, ``dispatch.host_dispatch``, or ``host`` when the caller has it)."""
         eff = matmul_efficiency or matmul_efficiency_of(gpu.generation)[0]
         base = cls(eff, K.ATTENTION_EFFICIENCY, K.DRAM_EFFICIENCY, K.L2_REUSE, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
                    K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
-        if gpu.profile is None:
-            return base
-        return profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
+        if gpu.profile is not None:
+            base = profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
+        return base.on_host((host or host_dispatch(gpu)).factor)
+
+    def on_host(self, factor: float) -> "TimeConstants":
+        """These constants with the host's dispatch terms times ``factor`` (the H100 machine's host: 1;
+        ``dispatch.host_dispatch``)."""
+        if factor == 1.0:
+            return self
+        return TimeConstants(self.matmul_efficiency, self.attention_efficiency, self.dram_efficiency, self.l2_reuse,
+                             self.kernel_device_s, self.host_s_per_kernel * factor, self.host_s_per_call * factor,
+                             self.host_s_per_autocast_kernel * factor)
 
 
 def matmul_efficiency_of(generation: str, fitted: dict | None = None) -> tuple[float, str]:
@@ -258,8 +273,9 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
     the datasheet peak (the H100's fitted 0.66 of peak where its GEMM benchmark reached 0.74: the
     step's GEMMs reach 89 % of the benchmark's rate, on any card), the DRAM efficiency likewise by the
     1 GiB copies' fractions of their datasheets (the L2's share stays the model's, ``l2_hit_fraction``,
-    on the card's own L2 size), the device time per kernel and the host's dispatch (per CUDA op queued, else per
-    CPU op) by their ratios. A figure the profile lacks keeps the constant. No efficiency above 1."""
+    on the card's own L2 size), the device time per kernel by its ratio (the host's dispatch, per CUDA op
+    queued, else per CPU op, is ``dispatch.host_dispatch``'s, applied by ``TimeConstants.current``). A figure
+    the profile lacks keeps the constant. No efficiency above 1."""
     from reportgen import catalog
 
     prof, ref = gpu.profile, K.REFERENCE_PROFILE
@@ -274,10 +290,8 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
         card_frac = prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs
         dram = min(1.0, K.DRAM_EFFICIENCY * card_frac / (ref["copy_1gib_gbs"] / ref_gpu.memory_bandwidth_gbs))
     launch = _ratio(prof.kernel_device_s, ref["kernel_device_s"]) or 1.0
-    host = (_ratio(prof.host_s_per_launch, ref["host_s_per_launch"])
-            or _ratio(prof.host_s_per_op, ref["host_s_per_op"]) or 1.0)
-    return TimeConstants(mm, att, dram, base.l2_reuse, base.kernel_device_s * launch, base.host_s_per_kernel * host,
-                         base.host_s_per_call * host, base.host_s_per_autocast_kernel * host)
+    return TimeConstants(mm, att, dram, base.l2_reuse, base.kernel_device_s * launch, base.host_s_per_kernel,
+                         base.host_s_per_call, base.host_s_per_autocast_kernel)
 
 
 def host_link_bytes_per_s(gpu: GpuSpec) -> float:
@@ -405,7 +419,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     notes += dnotes
     scale = length / setup.seq
     peak = gpu.peak_flops(dtype)
-    consts = TimeConstants.current(gpu, matmul_efficiency, dtype)
+    host = host_dispatch(gpu)
+    consts = TimeConstants.current(gpu, matmul_efficiency, dtype, host)
     hidden = hidden_state_bytes(model, setup, length)
     eff, bw = consts.matmul_efficiency, memory_bandwidth(gpu, consts, hidden)
     work = work or step_work(model, setup, attn, seq=seq)
@@ -419,7 +434,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
         notes.append(f"variable lengths (mean {setup.seq_mean:,}, longest {setup.seq:,}, padding "
                      f"{setup.padding.value}): micro-batches average {length:,.0f} tokens per row; "
                      f"{100 * real / (setup.tokens_per_step * scale):.0f}% of the computed tokens are data")
-    notes += _profile_note(gpu)
+    notes += _profile_note(gpu, host)
+    notes.append(host.note())
     phases = step_phases(work, gpu, dtype, consts, hidden)
     if phases is None:
         return _no_peak(model, setup, gpu, notes, dtype, executed, model_flops, train_tokens, work)
@@ -455,7 +471,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     return TimeEstimate(hardware_flops_per_token=executed, model_flops_per_token=model_flops, compute_s=compute_s,
                         memory_s=memory_s, transfer_s=transfer, step_s=step, tokens_per_s=tps, mfu=mfu, hfu=hfu,
                         bound=bound, peak_dtype=dtype, train_tokens=train_tokens, train_hours=hours,
-                        train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes)
+                        train_dollars=dollars, parts=parts, work=work.as_dict(), notes=notes,
+                        host_dispatch=host.as_dict())
 
 
 def generation_name(generation: str) -> str:
@@ -464,15 +481,15 @@ def generation_name(generation: str) -> str:
     return K.GENERATION_NAMES.get(base, base) + (" GeForce" if geforce else "")
 
 
-def _evidence_note(gpu: GpuSpec) -> list[str]:
+def _evidence_note(gpu: GpuSpec, host: HostDispatch | None = None) -> list[str]:
     """Where the time model's rates for ``gpu`` come from when no profile is given: said, not borrowed
     silently (issue 30; ``rates_source``)."""
     if gpu.key.partition("@")[0] == K.REFERENCE_PROFILE["card"]:
         return []
-    return [f"{gpu.name}: {rates_source(gpu)}"]
+    return [f"{gpu.name}: {rates_source(gpu, host)}"]
 
 
-def rates_source(gpu: GpuSpec) -> str:
+def rates_source(gpu: GpuSpec, host: HostDispatch | None = None) -> str:
     """The time model's rates for ``gpu``, in words: the GEMM efficiency is its generation's fit
     (``K.MATMUL_EVIDENCE`` names the runs) or a named generation's (``matmul_efficiency_of``); every
     other rate was fitted on one H100 machine, the memory-bound kernels' L2 share applied to this
@@ -488,16 +505,19 @@ def rates_source(gpu: GpuSpec) -> str:
         gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
                 f"a {mine} card has been measured or published here")
     l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
-    return (f"{gemm}; attention, launch and dispatch rates are the H100's, memory-bound kernels at the H100's "
+    host = host or host_dispatch(gpu)
+    cpu = host.cpu.name if host.cpu is not None else "the profiled host"
+    return (f"{gemm}; attention and launch rates are the H100's, its dispatch the H100 machine's scaled to {cpu} "
+            f"(x{host.factor:.2f}, single-thread speed), memory-bound kernels at the H100's "
             f"DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)")
 
 
-def _profile_note(gpu: GpuSpec) -> list[str]:
+def _profile_note(gpu: GpuSpec, host: HostDispatch | None = None) -> list[str]:
     """What a profile changed, for the notes (every surface says the numbers use it); without one, where
     the rates come from (``_evidence_note``)."""
     p = gpu.profile
     if p is None:
-        return _evidence_note(gpu)
+        return _evidence_note(gpu, host)
     if p.device == "cuda":
         return [f"times use your card's profile ({p.source}, measured on {p.gpu_name})"]
     return [f"times use your host's profile ({p.source}: its dispatch and host optimizer measured; the card's rates "
