@@ -187,8 +187,9 @@ def test_the_trainers_step_replays_as_the_loops(tmp_path, capsys):
     path = tmp_path / "lengths.txt"
     path.write_text("64 9\n256 1\n")
     assert main(["trace", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "lora", "--recipe", "trl-sft",
-                 "--accum", "2", "--lengths", str(path), "--steps", "10", "--format", "json"]) == 0
+                 "--batch", "2", "--accum", "2", "--lengths", str(path), "--steps", "10", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
+    assert d["alone_at_longest"] == alone.peak_reserved  # the trainer's step, not the loop's
     assert d["trace_hash"] == steps_trace_hash(recipe="trl-sft") != steps_trace_hash()
     assert d["peak_reserved"] >= d["first_step"]["peak_reserved"] and d["analytic"]["10"]["peak_reserved"] > 0
 
