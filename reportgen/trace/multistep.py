@@ -223,7 +223,9 @@ def traced_accum(setup) -> int:
     """Micro-batches each length's step is traced with: the setup's, but two when the loop keeps no outputs
     (``keep_outputs none``), since every micro-batch after the first then holds the same tensors at its start
     (the gradients the first made) and does the same; with kept outputs the k-th micro-batch holds k - 1 of
-    them (``step``) or the one before's (``next-step``), so each is traced."""
+    them (``step``) or the one before's (``next-step``), so each is traced. Traced with two, the run holds two
+    token batches, not ``accum``: ``(accum - 2) x batch x length`` int64 fewer bytes allocated (kilobytes;
+    ``tests/test_lengths_replay.py`` pins the difference), the same reserve."""
     return setup.accum if setup.keep_outputs.value != "none" else min(setup.accum, 2)
 
 
