@@ -90,7 +90,10 @@ def trace_hash(recipe: str = "loop") -> str:
     return hashlib.sha256(f"{loop}:{recipe}:{source_hash(RECIPE_TRACE_SOURCES[recipe])}".encode()).hexdigest()[:16]
 
 
-def steps_trace_hash(root: Path = PACKAGE) -> str:
-    """The loop's tracer and the multi-step replay on top of it (``trace --lengths``)."""
-    steps = source_hash(STEPS_TRACE_SOURCES, root=root)
-    return hashlib.sha256(f"{loop_trace_hash(root)}:steps:{steps}".encode()).hexdigest()[:16]
+def steps_trace_hash(root: Path = PACKAGE, recipe: str = "loop") -> str:
+    """The loop's tracer (and for a recipe other than the loop, the code only its trace runs, as ``trace_hash``)
+    and the multi-step replay on top of it (``trace --lengths``)."""
+    steps, base = source_hash(STEPS_TRACE_SOURCES, root=root), loop_trace_hash(root)
+    if recipe in RECIPE_TRACE_SOURCES:
+        base = f"{base}:{recipe}:{source_hash(RECIPE_TRACE_SOURCES[recipe], root=root)}"
+    return hashlib.sha256(f"{base}:steps:{steps}".encode()).hexdigest()[:16]

@@ -163,15 +163,18 @@ def _trace_lengths(args: argparse.Namespace, spec, gpu, setup, lengths) -> int:
     """``--lengths``: the multi-step replay (``trace/multistep.py``) as JSON or a few lines."""
     from reportgen.errors import UserError
 
-    if setup.recipe.value != "loop":
-        raise UserError(f"reportgen trace --lengths: recipe {setup.recipe.value}: the replay splices the harness's "
-                        "loop steps", hint="--recipe loop")
+    if setup.recipe.value == "grpo":
+        raise UserError("reportgen trace --lengths: recipe grpo: a GRPO step's lengths are its prompts' and the "
+                        "completions it generates, not the dataset's padded samples", hint="--recipe loop, trainer "
+                        "or trl-sft")
     from reportgen.fingerprint import steps_trace_hash
     from reportgen.trace.multistep import lengths_replay
+    from reportgen.trace.runner import recipe_context
 
-    d = lengths_replay(spec, gpu, setup, lengths, args.steps or GROWTH_STEP, seed=args.seed, warmup=args.warmup)
+    with recipe_context(setup):  # the trainer's step for recipes trainer and trl-sft (trace/sft.py)
+        d = lengths_replay(spec, gpu, setup, lengths, args.steps or GROWTH_STEP, seed=args.seed, warmup=args.warmup)
     d = {"kind": "traced", "model": spec.name, "gpu": gpu.key, "setup": setup.model_dump(mode="json"),
-         "file": str(args.lengths), **d, "trace_hash": steps_trace_hash()}
+         "file": str(args.lengths), **d, "trace_hash": steps_trace_hash(recipe=setup.recipe.value)}
     if args.format == "json":
         print(json.dumps(d, indent=2, sort_keys=True))
         return 0

@@ -71,9 +71,12 @@ def print_lengths_replay(d: dict, gpu, console: Console | None = None) -> None:
     beside the analytic answer of ``estimate --lengths`` (``estimate/lengths.reserved_growth``)."""
     console = console or Console()
     steps, traced = d["steps"], d["traced_lengths"]
+    micro = f"{d['accum']} micro-batches of {d['batch']}" if d["accum"] > 1 else f"batch {d['batch']}"
+    padded = {"longest": "padded to their longest sample", "packed": f"packed into rows of {d['cap']:,} tokens",
+              "max": f"padded to {d['cap']:,} tokens"}[d["padding"]]
     console.print(f"[bold]{d['model']}[/] on [bold]{gpu.name}[/] ({gpu.memory_bytes / GIB:.1f} GiB): {steps} steps of "
-                  f"batch {d['batch']} padded to their longest sample, drawn from {d['file']} (seed {d['seed']}), "
-                  f"replayed through one caching allocator  [magenta]traced[/]", highlight=False)
+                  f"{micro} {padded}, drawn from {d['file']} (seed {d['seed']}), replayed through one caching "
+                  "allocator  [magenta]traced[/]", highlight=False)
     shown = ", ".join(f"{n:,}" for n in traced[:8]) + (f", ... ({len(traced)} in all)" if len(traced) > 8 else "")
     console.print(f"step traced at {len(traced)} length(s): {shown} tokens"
                   + (f" (padded up to a multiple of {d['pad_multiple']} to trace at most {len(traced)})"
@@ -106,6 +109,8 @@ def print_lengths_replay(d: dict, gpu, console: Console | None = None) -> None:
     w = d["worst_batch"]
     console.print(f"peak allocated of the worst batch: {gib(w['peak_allocated'])} GiB (step {w['step']}, "
                   f"{w['longest']:,} tokens)", highlight=False)
+    for note in d.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
 
 
 def print_grpo_agreement(g: dict, console: Console | None = None) -> None:
