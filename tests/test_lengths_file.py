@@ -127,5 +127,8 @@ def test_the_reserve_follows_the_longest_micro_batch_seen_so_far(tmp_path, capsy
     growth = d["lengths"]["reserved_growth"]
     assert growth["first"]["longest"] == 200 and growth["500"]["longest"] == 4000
     assert growth["first"]["peak_reserved"] < growth["500"]["peak_reserved"] == d["memory"]["peak_reserved"]
+    # the first optimizer step is its accum micro-batches: 4 x 64 samples hold a long one (0.98^256 < 1/2)
+    accum = _estimate(capsys, "--lengths", str(path), "--batch", "4", "--accum", "64", "--method", "lora")
+    assert accum["lengths"]["reserved_growth"]["first"]["longest"] == 4000
     packed = _estimate(capsys, "--lengths", str(path), "--padding", "packed")
     assert "reserved_growth" not in packed["lengths"]  # packed rows are all seq long: no growth

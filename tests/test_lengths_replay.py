@@ -197,8 +197,8 @@ def test_the_trainers_step_replays_as_the_loops(tmp_path, capsys):
 def test_gradient_accumulation_on_a_skewed_dataset_agrees_with_the_analytic_answer(tmp_path, capsys):
     """Issue 32, accum 4: each micro-batch is drawn and padded on its own (batch x accum x steps samples, as
     ``estimate/lengths.reserved_growth`` prices them); 98 % of samples at 64 tokens, 2 % at 512: the replayed
-    reserve after 100 steps is within 5 % of the analytic one and no less than the first step's, and the
-    output says how the two first rows differ."""
+    reserve after 100 steps is within 5 % of the analytic one and no less than the first step's, and both
+    answers' first step follows its longest micro-batch."""
     pytest.importorskip("peft")
     path = tmp_path / "lengths.txt"
     path.write_text("64 980\n512 20\n")
@@ -216,7 +216,7 @@ def test_gradient_accumulation_on_a_skewed_dataset_agrees_with_the_analytic_answ
     assert d["analytic"]["100"]["longest"] == 512 and abs(d["difference"]) < 0.05
     assert main(["trace", *flags]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
-    assert "100 steps of 4 micro-batches of 2" in out and "the analytic first row prices the first micro-batch" in out
+    assert "100 steps of 4 micro-batches of 2" in out and "the first step's reserve follows the longest of its micro-batches" in out
 
 
 def test_packed_batches_are_one_length_answered_not_refused(tmp_path, capsys):

@@ -179,14 +179,14 @@ def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROW
     """Reserved memory as the run goes on, with batches padded to their longest sample: PyTorch's caching
     allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
     does not come back without ``empty_cache``), so the reserve follows the longest micro-batch seen so far.
-    The median longest sample of the first micro-batch and of the ``batch x accum x steps`` samples by
-    ``steps``, each priced as a step of that length (``memory.estimate_memory``). The fragmentation that
+    The median longest sample of the first optimizer step (its ``batch x accum`` samples: the reserve after
+    it follows its longest micro-batch) and of the ``batch x accum x steps`` samples by ``steps``, each priced as a step of that length (``memory.estimate_memory``). The fragmentation that
     blocks of many sizes add on top is not in this formula: ``reportgen trace --lengths`` replays the steps
     through the traced allocator (``trace/multistep.py``) and prints the two side by side."""
     from reportgen.estimate.memory import estimate_memory
 
     out = {}
-    for label, rows in (("first", setup.batch), (str(steps), setup.batch * setup.accum * steps)):
+    for label, rows in (("first", setup.batch * setup.accum), (str(steps), setup.batch * setup.accum * steps)):
         length = padded_to_longest(longest_of(lengths.values, lengths.counts, setup.seq, rows), setup.seq)
         out[label] = {"longest": length,
                       "peak_reserved": estimate_memory(model, at_length(setup, length), gpu).peak_reserved}

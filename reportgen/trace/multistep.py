@@ -306,6 +306,5 @@ def _notes(setup) -> list[str]:
     if setup.accum == 1:
         return []
     return [f"a step is {setup.accum} micro-batches of {setup.batch}, each padded to its own longest sample, with the "
-            "gradients held between them, as estimate --lengths draws them (batch x accum x steps samples)",
-            f"the analytic first row prices the first micro-batch ({setup.batch} samples, estimate/lengths."
-            f"reserved_growth); the replay's first step is its {setup.accum} micro-batches, whose longest it follows"]
+            "gradients held between them, as estimate --lengths draws them (batch x accum x steps samples); the "
+            "first step's reserve follows the longest of its micro-batches, in both answers"]
