@@ -151,3 +151,15 @@ def grpo_agreement(traced: dict[str, int], traced_peak: int, estimated: dict[str
     out = {name: {"traced": t, "estimated": e, "gap": e / t - 1 if t and e is not None else None}
            for name, (t, e) in rows.items() if t is not None}
     return {"phases": out, "tolerance": TOLERANCE, "agrees": abs(out["peak"]["gap"]) <= TOLERANCE}
+
+
+def torchtune_agreement(traced: dict, estimated: dict, status: str) -> dict:
+    """torchtune's own recipe traced (``trace/torchtune_recipe.py``) beside ``reportgen estimate --from`` the same
+    file (``MemoryEstimate.as_dict``): peak allocated, peak reserved and the card's total, each gap
+    ``estimate / trace - 1``, judged against ``TOLERANCE`` on peak allocated as the other recipes are; ``status``
+    says how the recipe's numbers are got (``torchtune_recipe.recipe_status``)."""
+    rows = {k: {"traced": traced[k], "estimated": estimated[k],
+                "gap": estimated[k] / traced[k] - 1 if traced[k] else None}
+            for k in ("peak_allocated", "peak_reserved", "device_total")}
+    return {"recipe": "lora_finetune_single_device", "status": status, "memory": rows, "tolerance": TOLERANCE,
+            "agrees": rows["peak_allocated"]["gap"] is not None and abs(rows["peak_allocated"]["gap"]) <= TOLERANCE}

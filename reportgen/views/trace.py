@@ -122,3 +122,18 @@ def print_grpo_agreement(g: dict, console: Console | None = None) -> None:
     verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
     console.print(f"estimate {verdict} with the traced GRPOTrainer step within {100 * g['tolerance']:.0f}% of peak "
                   "allocated", highlight=False)
+
+
+def print_torchtune_agreement(g: dict, console: Console | None = None) -> None:
+    """torchtune's traced recipe beside the estimate of the same file (``trace/agreement.torchtune_agreement``)."""
+    console = console or Console()
+    table = Table(title=f"torchtune {g['recipe']}: traced vs estimated (GiB = 2^30 bytes)", title_justify="left")
+    for column in ("", "traced", "estimated", "estimate vs trace"):
+        table.add_column(column, justify="left" if not column else "right")
+    for name, row in g["memory"].items():
+        gap = f"{100 * row['gap']:+.1f}%" if row["gap"] is not None else ""
+        table.add_row(name.replace("_", " "), gib(row["traced"]), gib(row["estimated"]), gap)
+    console.print(table)
+    verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
+    console.print(f"estimate {verdict} with torchtune's traced recipe within {100 * g['tolerance']:.0f}% of peak "
+                  f"allocated; this recipe's numbers: {g['status']}", highlight=False)
