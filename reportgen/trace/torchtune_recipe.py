@@ -106,9 +106,12 @@ def check_torchtune_traced(setup: TrainingSetup) -> None:
                         "kernels the trace emulates", hint="reportgen estimate --from FILE")
     if setup.gpus > 1 or setup.sharding.value != "none":
         raise UserError(f"{what}: the distributed recipes (FSDP2) are estimated only", hint="--gpus 1")
-    if setup.compile or setup.loss.value == "chunked-compiled":
+    if setup.compile:
         raise UserError(f"{what}: compile: true is estimated only (torch.compile's kernels do not run on meta)",
                         hint="--no-compile, or reportgen estimate --from FILE")
+    if setup.loss.value == "chunked-compiled":
+        raise UserError(f"{what}: loss chunked-compiled (compile: true compiles the loss) is estimated only",
+                        hint="--loss chunked (CEWithChunkedOutputLoss, not compiled)")
     if setup.act_offload:
         raise UserError(f"{what}: enable_activation_offloading is estimated only (OffloadActivations copies to "
                         "pinned host memory on CUDA streams, which meta has not)", hint="--no-act-offload")
@@ -230,7 +233,8 @@ def recipe_config(path: Path, setup: TrainingSetup, out_dir: str):
         cfg.loss = {"_component_": LOSSES[setup.loss.value]}
     cfg.tokenizer = {"_component_": f"{here}.NoTokenizer", "max_seq_len": setup.seq}
     cfg.dataset = {"_component_": f"{here}.TokenRows", "rows": setup.batch * setup.accum, "seq": setup.seq}
-    cfg.checkpointer = {"_component_": f"{here}.MetaCheckpointer"}
+    cfg.checkpointer = {**(OmegaConf.to_container(cfg.checkpointer) if "checkpointer" in cfg else {}),
+                        "_component_": f"{here}.MetaCheckpointer"}  # its model_type is read by the recipe
     cfg.metric_logger = {"_component_": f"{here}.NoMetricLogger"}
     cfg.profiler = {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False}
     cfg.log_peak_memory_stats = False
@@ -449,7 +453,7 @@ def torchtune_dict(spec, gpu, setup: TrainingSetup, d: dict) -> dict:
 
     from reportgen.estimate import estimate
     from reportgen.fingerprint import trace_hash
-    from reportgen.trace.agreement import torchtune_agreement
+    from reportgen.trace.agreement import torchtune_agreement, torchtune_kv_expansion_bytes
 
     env = dict(d.get("environment") or {})
     for pkg in ("torchtune", "torchao"):
@@ -459,4 +463,5 @@ def torchtune_dict(spec, gpu, setup: TrainingSetup, d: dict) -> dict:
             env[pkg] = None
     est = estimate(spec, gpu, setup, reverse=False)
     return {**d, "trace_hash": trace_hash("torchtune"), "environment": env,
-            "torchtune": torchtune_agreement(d["memory"], est.memory.as_dict(), recipe_status(setup))}
+            "torchtune": torchtune_agreement(d["memory"], est.memory.as_dict(), recipe_status(setup),
+                                             torchtune_kv_expansion_bytes(spec, setup))}

@@ -137,3 +137,7 @@ def print_torchtune_agreement(g: dict, console: Console | None = None) -> None:
     verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
     console.print(f"estimate {verdict} with torchtune's traced recipe within {100 * g['tolerance']:.0f}% of peak "
                   f"allocated; this recipe's numbers: {g['status']}", highlight=False)
+    if g["kv_expansion"]:
+        console.print(f"torchtune's attention copies k and v to every query head before SDPA, which saves them: "
+                      f"{gib(g['kv_expansion'])} GiB the estimate (transformers' enable_gqa) does not count "
+                      "(trace/agreement.torchtune_kv_expansion_bytes)", highlight=False)
