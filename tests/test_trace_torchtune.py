@@ -142,3 +142,16 @@ def test_without_checkpointing_the_gap_is_torchtunes_kv_expansion():
     assert kv == 16 * 2 * 2048 * 24 * 64 * 2
     assert g["traced"] > g["estimated"]
     assert abs((g["estimated"] + kv) / g["traced"] - 1) <= TOLERANCE
+
+
+def test_the_configs_page_says_per_recipe_traced_or_estimated_and_what_to_install():
+    from reportgen.report import render
+    from reportgen.report.configs import config_pages
+    from reportgen.trace.torchtune_recipe import INSTALL_HINT
+
+    (page,) = config_pages(None)
+    text = render.environment().get_template(page.template).render(**page.context)
+    assert INSTALL_HINT.split("  ")[0] in text
+    assert "| `lora_finetune_single_device` (LoRA, bf16 or fp32) | traced" in text
+    for recipe in ("`full_finetune_single_device` | estimated", "`full_finetune_distributed` | estimated"):
+        assert recipe in text
