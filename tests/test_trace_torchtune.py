@@ -88,6 +88,8 @@ def test_agreement_gaps_are_estimate_over_trace():
     assert g["memory"]["peak_allocated"]["gap"] == pytest.approx(-0.035) and not g["agrees"]
     assert g["memory"]["device_total"]["gap"] == pytest.approx(0.05)
     assert torchtune_agreement(mem, {**est, "peak_allocated": 980}, "traced")["agrees"]
+    explained = torchtune_agreement(mem, est, "traced", kv_expansion=20, buffers=10)
+    assert explained["explained_gap"] == pytest.approx((965 + 20 + 10) / 1000 - 1)
 
 
 def _torchtune():
@@ -142,6 +144,43 @@ def test_without_checkpointing_the_gap_is_torchtunes_kv_expansion():
     assert kv == 16 * 2 * 2048 * 24 * 64 * 2
     assert g["traced"] > g["estimated"]
     assert abs((g["estimated"] + kv) / g["traced"] - 1) <= TOLERANCE
+    assert abs(d["torchtune"]["explained_gap"]) <= 0.005  # with the RoPE cache too
+
+
+def _traced(path, setup, model):
+    from reportgen.trace.result import trace_case
+    from reportgen.trace.torchtune_recipe import torchtune_dict, torchtune_trace
+
+    spec, gpu = catalog.load_model(model), catalog.load_gpu("h100-sxm")
+    with torchtune_trace(setup, Path(path)):
+        return torchtune_dict(spec, gpu, setup, trace_case(spec, gpu, setup).as_dict())
+
+
+def test_dora_runs_its_magnitude_init_on_meta_and_agrees(tmp_path):
+    _torchtune()
+    path = tmp_path / "dora.yaml"
+    path.write_text(Path(LLAMA_1B).read_text().replace("lora_dropout: 0.0", "lora_dropout: 0.0\n  use_dora: True"))
+    setup = TrainingSetup(method="lora", dora=True, precision="bf16", batch=2, seq=512, accum=2, grad_ckpt=False,
+                          loss="chunked", lora_rank=64, lora_alpha=128, lora_targets="q,v,o,gate,up,down")
+    d = _traced(path, setup, "llama-3.2-1b")
+    assert "tt_dora_magnitude_on_meta" in {e["name"] for e in d["emulations"]}
+    assert d["torchtune"]["agrees"] and abs(d["torchtune"]["explained_gap"]) <= TOLERANCE
+
+
+def test_lora_qwen2_keeps_a_rope_cache_per_layer(tmp_path):
+    """torchtune 0.6.1's ``lora_qwen2`` builds a ``Qwen2RotaryPositionalEmbeddings`` in every layer
+    (``lora_qwen2_self_attention``): for Qwen2.5 7B 28 caches of 32,768 positions x (cos, sin of 128) fp32 and
+    their 64 fp32 frequencies (``qwen2/_positional_embeddings.py`` ``build_rope_cache``), 0.88 GiB above the
+    estimate, more than the tolerance; with them the estimate agrees."""
+    _torchtune()
+    path = tmp_path / "qwen.yaml"
+    path.write_text(Path(LLAMA_1B).read_text().replace("torchtune.models.llama3_2.lora_llama3_2_1b",
+                                                       "torchtune.models.qwen2_5.lora_qwen2_5_7b_instruct"))
+    setup = TrainingSetup(method="lora", precision="bf16", batch=1, seq=256, accum=1, grad_ckpt=True,
+                          loss="chunked", lora_rank=64, lora_alpha=128, lora_targets="q,v,o,gate,up,down")
+    d = _traced(path, setup, "qwen2.5-7b")
+    assert d["torchtune"]["buffers"] == 28 * (32768 * 2 * 128 * 4 + 64 * 4)
+    assert not d["torchtune"]["agrees"] and abs(d["torchtune"]["explained_gap"]) <= TOLERANCE
 
 
 def test_the_configs_page_says_per_recipe_traced_or_estimated_and_what_to_install():

@@ -169,16 +169,21 @@ def torchtune_kv_expansion_bytes(spec, setup) -> int:
             * element)
 
 
-def torchtune_agreement(traced: dict, estimated: dict, status: str, kv_expansion: int = 0) -> dict:
+def torchtune_agreement(traced: dict, estimated: dict, status: str, kv_expansion: int = 0, buffers: int = 0) -> dict:
     """torchtune's own recipe traced (``trace/torchtune_recipe.py``) beside ``reportgen estimate --from`` the same
     file (``MemoryEstimate.as_dict``): peak allocated, peak reserved and the card's total, each gap
     ``estimate / trace - 1``, judged against ``TOLERANCE`` on peak allocated as the other recipes are; ``status``
-    says how the recipe's numbers are got (``torchtune_recipe.recipe_status``); ``kv_expansion``
-    (``torchtune_kv_expansion_bytes``): the part of the gap torchtune's k/v expansion explains, which the estimate
-    (transformers' attention) does not count."""
+    says how the recipe's numbers are got (``torchtune_recipe.recipe_status``). Two parts of torchtune's step the
+    estimate (transformers' model) does not count, named beside the gap: ``kv_expansion``
+    (``torchtune_kv_expansion_bytes``) and ``buffers``, the model's buffers alive at the traced peak (the RoPE
+    caches torchtune builds at ``max_seq_len``: one per model for Llama 3.x, one per layer in ``lora_qwen2``'s
+    ``lora_qwen2_self_attention``, ``torchtune/models/qwen2/_component_builders.py``); ``explained_gap`` is the
+    peak-allocated gap with both added to the estimate."""
     rows = {k: {"traced": traced[k], "estimated": estimated[k],
                 "gap": estimated[k] / traced[k] - 1 if traced[k] else None}
             for k in ("peak_allocated", "peak_reserved", "device_total")}
+    peak = traced["peak_allocated"]
     return {"recipe": "lora_finetune_single_device", "status": status, "memory": rows, "tolerance": TOLERANCE,
             "agrees": rows["peak_allocated"]["gap"] is not None and abs(rows["peak_allocated"]["gap"]) <= TOLERANCE,
-            "kv_expansion": kv_expansion}
+            "kv_expansion": kv_expansion, "buffers": buffers,
+            "explained_gap": (estimated["peak_allocated"] + kv_expansion + buffers) / peak - 1 if peak else None}

@@ -41,6 +41,9 @@ Emulations (what a CUDA run does that meta cannot, and how each is stood in for)
   each value on the host), leaving no cache; on CUDA the model is built on the device and the cache is built at
   init. Here ``theta`` (``dim / 2`` fp32) is made on meta and the module's own ``build_rope_cache(max_seq_len)``
   makes the ``max_seq_len x dim / 2 x 2`` fp32 cache, as on CUDA.
+* ``tt_dora_magnitude_on_meta``: ``DoRALinear.initialize_dora_magnitude`` refuses meta parameters (on CUDA they
+  hold the loaded weights); here its own three steps run on meta (the base weight in the adapters' dtype,
+  ``lora_b @ lora_a``, ``_get_weight_norm`` copied into ``magnitude``), under ``no_grad`` as it is.
 * ``data_dependent_scalars``: ``.item()`` of the running loss (``trace/sft.py``).
 """
 
@@ -77,7 +80,11 @@ for _e in (Emulation("tt_checkpoint_on_meta", "torchtune's checkpointer is repla
            Emulation("tt_rope_cache_on_meta", "Llama3ScaledRoPE.rope_init returns early on meta (its scaling reads "
                      "each frequency on the host): theta (dim/2 fp32) is made on meta and the module's own "
                      "build_rope_cache(max_seq_len) makes its fp32 cache, as a build on CUDA does at init",
-                     "torchtune/models/llama3_1/_position_embeddings.py Llama3ScaledRoPE.rope_init")):
+                     "torchtune/models/llama3_1/_position_embeddings.py Llama3ScaledRoPE.rope_init"),
+           Emulation("tt_dora_magnitude_on_meta", "DoRALinear.initialize_dora_magnitude refuses meta parameters: its "
+                     "own steps (base weight in the adapters' dtype, lora_b @ lora_a, _get_weight_norm into "
+                     "magnitude) run on meta under no_grad", "torchtune/modules/peft/dora.py "
+                     "DoRALinear.initialize_dora_magnitude")):
     EMULATIONS.setdefault(_e.name, _e)
 
 #: the trace's state while a recipe runs: the meta checkpoint's builder (read by ``MetaCheckpointer``)
@@ -249,15 +256,18 @@ def _make_recipe(cls, cfg, use):
     recipe = cls(cfg=cfg)
     recipe._device = torch.device("meta")
     _ACTIVE.update(dtype=recipe._dtype, cfg_model=cfg.model)
-    saved = training.get_memory_stats, training.log_memory_stats
+    from torchtune.modules.peft import DoRALinear
+
+    saved = training.get_memory_stats, training.log_memory_stats, DoRALinear.initialize_dora_magnitude
     training.get_memory_stats, training.log_memory_stats = (lambda device, reset_stats=True: {}), \
         (lambda stats, message="": None)
+    DoRALinear.initialize_dora_magnitude = _dora_magnitude(use)
     try:
         for name in ("tt_checkpoint_on_meta", "tt_token_rows", "tt_no_logging_or_saving"):
             use(name)
         recipe.setup(cfg=cfg)
     finally:
-        training.get_memory_stats, training.log_memory_stats = saved
+        training.get_memory_stats, training.log_memory_stats, DoRALinear.initialize_dora_magnitude = saved
     model = recipe._model
     _rope_caches(model, use)
     if not hasattr(model, "config"):  # trace.step reads the vocabulary from model.config, as transformers has it
@@ -265,6 +275,20 @@ def _make_recipe(cls, cfg, use):
 
         model.config = SimpleNamespace(vocab_size=model.tok_embeddings.num_embeddings)
     return recipe
+
+
+def _dora_magnitude(use):
+    """``DoRALinear.initialize_dora_magnitude``'s steps without its meta check (``tt_dora_magnitude_on_meta``)."""
+    import torch
+
+    @torch.no_grad()
+    def initialize(self):
+        use("tt_dora_magnitude_on_meta")
+        base_weight = self.weight.to(self.lora_a.weight.dtype)
+        lora_weight = self.lora_b.weight @ self.lora_a.weight
+        self.magnitude.copy_(self._get_weight_norm(base_weight, lora_weight))
+
+    return initialize
 
 
 def _rope_caches(model, use) -> None:
@@ -464,4 +488,5 @@ def torchtune_dict(spec, gpu, setup: TrainingSetup, d: dict) -> dict:
     est = estimate(spec, gpu, setup, reverse=False)
     return {**d, "trace_hash": trace_hash("torchtune"), "environment": env,
             "torchtune": torchtune_agreement(d["memory"], est.memory.as_dict(), recipe_status(setup),
-                                             torchtune_kv_expansion_bytes(spec, setup))}
+                                             torchtune_kv_expansion_bytes(spec, setup),
+                                             d["at_peak"].get("buffers", 0))}

@@ -135,9 +135,13 @@ def print_torchtune_agreement(g: dict, console: Console | None = None) -> None:
         table.add_row(name.replace("_", " "), gib(row["traced"]), gib(row["estimated"]), gap)
     console.print(table)
     verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
-    console.print(f"estimate {verdict} with torchtune's traced recipe within {100 * g['tolerance']:.0f}% of peak "
-                  f"allocated; this recipe's numbers: {g['status']}", highlight=False)
-    if g["kv_expansion"]:
-        console.print(f"torchtune's attention copies k and v to every query head before SDPA, which saves them: "
-                      f"{gib(g['kv_expansion'])} GiB the estimate (transformers' enable_gqa) does not count "
-                      "(trace/agreement.torchtune_kv_expansion_bytes)", highlight=False)
+    console.print(f"the estimate {verdict} with torchtune's traced recipe (tolerance {100 * g['tolerance']:.0f}% of "
+                  f"peak allocated); this recipe's numbers: {g['status']}", highlight=False)
+    parts = [f"{gib(g['kv_expansion'])} GiB of k and v its attention copies to every query head before SDPA "
+             "(trace/agreement.torchtune_kv_expansion_bytes)"] if g["kv_expansion"] else []
+    if g["buffers"]:
+        parts.append(f"{gib(g['buffers'])} GiB of model buffers (its RoPE caches at max_seq_len)")
+    if parts:
+        console.print(f"torchtune's step holds what the estimate (transformers' model) does not count: "
+                      f"{'; '.join(parts)}; the estimate with them: {100 * g['explained_gap']:+.1f}% of the trace",
+                      highlight=False)
