@@ -191,6 +191,6 @@ def test_the_configs_page_says_per_recipe_traced_or_estimated_and_what_to_instal
     (page,) = config_pages(None)
     text = render.environment().get_template(page.template).render(**page.context)
     assert INSTALL_HINT.split("  ")[0] in text
-    assert "| `lora_finetune_single_device` (LoRA, bf16 or fp32) | traced" in text
+    assert "| `lora_finetune_single_device` (LoRA or DoRA, bf16 or fp32) | traced" in text
     for recipe in ("`full_finetune_single_device` | estimated", "`full_finetune_distributed` | estimated"):
         assert recipe in text
