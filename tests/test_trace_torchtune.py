@@ -38,6 +38,7 @@ def _run(capsys, *argv) -> tuple[int, str, str]:
     (["--from", LLAMA_1B, "--seq", "256", "--method", "full"], "full fine-tuning (full_finetune_*.py) is estimated"),
     (["--from", LLAMA_1B, "--seq", "256", "--gpus", "2"], "the distributed recipes (FSDP2) are estimated only"),
     (["--from", str(FIXTURES / "trl_qlora.yaml")], "is a trl config, not torchtune's"),
+    (["--from", LLAMA_1B, "--seq", "256", "--lora-targets", "q,v,gate"], "the whole MLP (apply_lora_to_mlp"),
 ])
 def test_what_the_recipe_trace_does_not_run_is_refused_with_its_reason(capsys, argv, says):
     code, out, err = _run(capsys, "trace", "--recipe", "torchtune", "--gpu", "h100-sxm", *argv)
@@ -69,6 +70,15 @@ def test_the_recipe_trace_has_its_own_hash_and_leaves_the_loops_alone():
     assert "trace/torchtune_recipe.py" in F.RECIPE_TRACE_SOURCES["torchtune"]
     assert "trace/torchtune_recipe.py" in F._RECIPE_ONLY  # not in the loop's hash: stored traces stay current
     assert F.trace_hash("torchtune") not in (F.trace_hash(), F.trace_hash("grpo"))
+
+
+def test_lora_targets_beside_the_file_become_torchtunes_modules():
+    from reportgen.trace.torchtune_recipe import _targets
+
+    assert _targets(TrainingSetup(method="lora", lora_targets="q,v")) == (["q_proj", "v_proj"], False, False)
+    assert _targets(TrainingSetup(method="lora", lora_targets="all-linear")) == (
+        ["q_proj", "k_proj", "v_proj", "output_proj"], True, False)
+    assert _targets(TrainingSetup(method="lora", lora_targets="o,gate,up,down,lm_head")) == (["output_proj"], True, True)
 
 
 def test_torchtunes_kv_expansion_worked_example():

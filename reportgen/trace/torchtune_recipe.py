@@ -19,8 +19,8 @@ count, ``_loss_step`` (forward under its activations context, ``torch.hstack`` o
 sets it, ``optimizer.step()``, ``zero_grad(set_to_none=True)``, the scheduler's step.
 
 The config is the user's file with the setup's values written into it (``batch_size``,
-``gradient_accumulation_steps``, ``enable_activation_checkpointing``, the loss, ``dtype``, LoRA rank, alpha and
-dropout: so a flag beside ``--from`` overrides the file here as for the estimate), and its file-reading
+``gradient_accumulation_steps``, ``enable_activation_checkpointing``, the loss, ``dtype``, LoRA rank, alpha,
+dropout and targets: so a flag beside ``--from`` overrides the file here as for the estimate), and its file-reading
 components replaced (emulations below). What is not traced is refused with its reason
 (``check_torchtune_traced``): the full-fine-tuning and distributed recipes, QLoRA (torchao's NF4 tensors),
 ``compile``, activation offloading, packed datasets.
@@ -125,6 +125,7 @@ def check_torchtune_traced(setup: TrainingSetup) -> None:
     if setup.padding.value == "packed":
         raise UserError(f"{what}: dataset.packed: true is estimated only (torchtune attends within each packed "
                         "sample with flex attention's compiled kernels)", hint="--padding longest")
+    _targets(setup)  # refuses what torchtune's builders cannot target
     if setup.loss.value not in LOSSES:
         raise UserError(f"{what}: loss {setup.loss.value} is not one of torchtune's losses",
                         hint="--loss chunked (CEWithChunkedOutputLoss) or --loss standard (CrossEntropyLoss)")
@@ -236,6 +237,7 @@ def recipe_config(path: Path, setup: TrainingSetup, out_dir: str):
     cfg.compile, cfg.resume_from_checkpoint, cfg.max_steps_per_epoch, cfg.epochs = False, False, 1, 1
     cfg.model.lora_rank, cfg.model.lora_alpha = setup.lora_rank, setup.lora_alpha
     cfg.model.lora_dropout = setup.lora_dropout
+    cfg.model.lora_attn_modules, cfg.model.apply_lora_to_mlp, cfg.model.apply_lora_to_output = _targets(setup)
     if OmegaConf.select(cfg, "loss._component_") != LOSSES[setup.loss.value]:
         cfg.loss = {"_component_": LOSSES[setup.loss.value]}
     cfg.tokenizer = {"_component_": f"{here}.NoTokenizer", "max_seq_len": setup.seq}
@@ -246,6 +248,23 @@ def recipe_config(path: Path, setup: TrainingSetup, out_dir: str):
     cfg.profiler = {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False}
     cfg.log_peak_memory_stats = False
     return cfg
+
+
+#: the setup's LoRA target names -> torchtune's (``configs/torchtune.py`` ``ATTN`` read backwards)
+ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
+
+
+def _targets(setup: TrainingSetup) -> tuple[list[str], bool, bool]:
+    """``--lora-targets`` as torchtune's ``lora_attn_modules``, ``apply_lora_to_mlp``, ``apply_lora_to_output``."""
+    names = set(setup.lora_targets.split(","))
+    if "all-linear" in names:
+        names |= {*ATTN, "gate", "up", "down"}
+    mlp = names & {"gate", "up", "down"}
+    if mlp and len(mlp) < 3 or names - {*ATTN, "gate", "up", "down", "lm_head", "all-linear"}:
+        raise UserError(f"--lora-targets {setup.lora_targets}: torchtune's builders take q, k, v, o, the whole MLP "
+                        "(apply_lora_to_mlp: gate, up and down together) and lm_head (apply_lora_to_output)",
+                        hint="e.g. --lora-targets q,v,o,gate,up,down")
+    return [ATTN[n] for n in ATTN if n in names], bool(mlp), "lm_head" in names
 
 
 def _make_recipe(cls, cfg, use):
