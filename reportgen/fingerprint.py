@@ -35,7 +35,10 @@ TRACE_NOT_SOURCES = ("trace/agreement.py", "trace/cli.py", "trace/runner.py", "t
 #: that recipe and left out of the plain loop's, so editing them leaves every stored loop trace current
 RECIPE_TRACE_SOURCES = {"trainer": ("trace/sft.py", "measure/sft.py"), "trl-sft": ("trace/sft.py", "measure/sft.py"),
                         # TRL's GRPOTrainer step (trace/grpo.py), which reuses sft.py's fused-head emulation and optimizer
-                        "grpo": ("trace/grpo.py", "measure/grpo.py", "trace/sft.py", "measure/sft.py")}
+                        "grpo": ("trace/grpo.py", "measure/grpo.py", "trace/sft.py", "measure/sft.py"),
+                        # torchtune 0.6.1's own LoRA recipe (``reportgen trace --recipe torchtune``), with sft.py's
+                        # host-read emulation
+                        "torchtune": ("trace/torchtune_recipe.py", "trace/sft.py")}
 #: the multi-step replay of ``reportgen trace --lengths`` (steps of different lengths through one allocator): it
 #: computes no stored figure and is left out of every stored trace's hash (``steps_trace_hash`` is its own)
 STEPS_TRACE_SOURCES = ("trace/multistep.py",)

@@ -33,6 +33,7 @@ def register(sub) -> None:
                                    "every allocation and free, and replay them through a simulation of "
                                    "PyTorch's CUDA caching allocator. Numbers are labelled traced.")
     add_setup_flags(p)
+    _add_torchtune_recipe(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps traced before the recorded one (the step the harness would time)")
     p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
@@ -43,6 +44,19 @@ def register(sub) -> None:
                    help=f"with --lengths: steps replayed (default {GROWTH_STEP}, at most {MAX_STEPS:,})")
     p.add_argument("--seed", type=int, default=0, help="with --lengths: the seed the batches are drawn with")
     p.set_defaults(func=cmd_trace)
+
+
+#: ``--recipe``'s choice of this command alone: torchtune's own recipe, read from ``--from`` (``trace/torchtune_recipe.py``)
+TORCHTUNE = "torchtune"
+
+
+def _add_torchtune_recipe(p) -> None:
+    """``--recipe torchtune``, beside the setup's recipes: the setup stays the file's (recipe loop, as
+    ``configs/torchtune.py`` reads it for the estimate) and the step is torchtune's recipe."""
+    action = next(a for a in p._actions if a.dest == "recipe")
+    action.choices = [*action.choices, TORCHTUNE]
+    action.help += (f"; {TORCHTUNE} (trace only, with --from a torchtune config): torchtune 0.6.1's own "
+                    "lora_finetune_single_device recipe on the meta device, beside the estimate of the same file")
 
 
 def _load(model: str):
@@ -81,6 +95,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     from reportgen.trace.step import check_traceable
 
+    torchtune = args.recipe == TORCHTUNE
+    if torchtune:
+        args.recipe = None  # the setup is the file's (recipe loop); the step is torchtune's recipe
+        _check_torchtune_file(args)
     setup = setup_from_args(args)
     lengths = _read_lengths(args)
     if lengths is not None:
@@ -88,6 +106,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
         setup = apply_lengths(setup, lengths, seq_given=args.seq is not None or args.from_file is not None)
     gpu = catalog.load_gpu(args.gpu)
+    if torchtune:
+        from reportgen.trace.torchtune_recipe import check_torchtune_traced
+
+        check_torchtune_traced(setup)
+        if lengths is not None:
+            raise UserError("--lengths: replays the harness's loop steps, not torchtune's recipe",
+                            hint="drop --lengths, or --recipe loop")
     check_traceable(setup)
     from reportgen.trace.runner import check_recipe_traced
 
@@ -112,6 +137,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             raise UserError(f"--method qlora: tracing needs bitsandbytes ({exc})", hint=MEASURE_EXTRA) from None
     if lengths is not None:
         return _trace_lengths(args, spec, gpu, setup, lengths)
+    if torchtune:
+        return _trace_torchtune(args, spec, gpu, setup)
     from reportgen.trace.result import trace_case
     from reportgen.trace.runner import recipe_context
     from reportgen.trace.sft import recipe_dict
@@ -129,6 +156,39 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print_trace(result, gpu)
         if grpo:
             print_grpo_agreement(grpo)
+    return 0
+
+
+def _check_torchtune_file(args: argparse.Namespace) -> None:
+    """``--recipe torchtune`` reads the recipe's config: ``--from`` must be a torchtune file."""
+    from reportgen.errors import UserError
+
+    if args.from_file is None:
+        raise UserError("--recipe torchtune: runs torchtune's recipe from its config", hint="add --from CONFIG.yaml "
+                        "(a tune run config, e.g. llama3_2/1B_lora_single_device.yaml)")
+    from reportgen.configs import translate_file
+
+    tool = translate_file(args.from_file).tool
+    if tool != "torchtune":
+        raise UserError(f"--recipe torchtune: {args.from_file} is a {tool} config, not torchtune's",
+                        hint="--from a tune run config, or drop --recipe torchtune")
+
+
+def _trace_torchtune(args: argparse.Namespace, spec, gpu, setup) -> int:
+    """torchtune's recipe traced (``trace/torchtune_recipe.py``), beside the estimate of the same setup."""
+    from reportgen.trace.result import trace_case
+    from reportgen.trace.torchtune_recipe import torchtune_dict, torchtune_trace
+
+    with torchtune_trace(setup, args.from_file):
+        result = trace_case(spec, gpu, setup, warmup=args.warmup)
+        d = torchtune_dict(spec, gpu, setup, result.as_dict())
+    if args.format == "json":
+        print(json.dumps(with_verdict_fields(d), indent=2, sort_keys=True))
+        return 0
+    from reportgen.views.trace import print_torchtune_agreement, print_trace
+
+    print_trace(result, gpu)
+    print_torchtune_agreement(d["torchtune"])
     return 0
 
 

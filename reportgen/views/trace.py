@@ -127,3 +127,26 @@ def print_grpo_agreement(g: dict, console: Console | None = None) -> None:
     verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
     console.print(f"estimate {verdict} with the traced GRPOTrainer step within {100 * g['tolerance']:.0f}% of peak "
                   "allocated", highlight=False)
+
+
+def print_torchtune_agreement(g: dict, console: Console | None = None) -> None:
+    """torchtune's traced recipe beside the estimate of the same file (``trace/agreement.torchtune_agreement``)."""
+    console = console or Console()
+    table = Table(title=f"torchtune {g['recipe']}: traced vs estimated (GiB = 2^30 bytes)", title_justify="left")
+    for column in ("", "traced", "estimated", "estimate vs trace"):
+        table.add_column(column, justify="left" if not column else "right")
+    for name, row in g["memory"].items():
+        gap = f"{100 * row['gap']:+.1f}%" if row["gap"] is not None else ""
+        table.add_row(name.replace("_", " "), gib(row["traced"]), gib(row["estimated"]), gap)
+    console.print(table)
+    verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
+    console.print(f"the estimate {verdict} with torchtune's traced recipe (tolerance {100 * g['tolerance']:.0f}% of "
+                  f"peak allocated); this recipe's numbers: {g['status']}", highlight=False)
+    parts = [f"{gib(g['kv_expansion'])} GiB of k and v its attention copies to every query head before SDPA "
+             "(trace/agreement.torchtune_kv_expansion_bytes)"] if g["kv_expansion"] else []
+    if g["buffers"]:
+        parts.append(f"{gib(g['buffers'])} GiB of model buffers (its RoPE caches at max_seq_len)")
+    if parts:
+        console.print(f"torchtune's step holds what the estimate (transformers' model) does not count: "
+                      f"{'; '.join(parts)}; the estimate with them: {100 * g['explained_gap']:+.1f}% of the trace",
+                      highlight=False)
