@@ -152,10 +152,15 @@ def test_dora_seconds_per_micro_batch(llama):
     assert (w.bytes, w.kernels, w.matmul_flops, w.calls) == (moved, kernels, 0, 32 * 7 * 3)
     assert dora_s_per_micro_batch(llama, setup, attn, 1e15, 0.5, 2e12, 8e-6) == pytest.approx(
         709_623_808_000 / 2e12 + 6260 * 8e-6) == pytest.approx(0.404891904)
-    # checkpointing recomputes each layer's forward, DoRA's weight-sized work and combination included
+    # checkpointing recomputes each layer's forward, DoRA's weight-sized work and combination included,
+    # up to the last saved tensor (work.recompute_tail): on down_proj DoRA's m/n * lora_result and what
+    # follows (6 + 8 + 12 + 10 + 6 bytes a value) are not run again, where LoRA's lora_B GEMM and its
+    # * scaling and add (10 bytes a value) are not; every layer's first layer needs an input gradient
     ckpt = setup.model_copy(update={"grad_ckpt": True})
     wc = dora_work_per_micro_batch(llama, ckpt, attn)
-    assert wc.bytes == pytest.approx(32 * (per_layer + weight + 38 * 2048 * OUT_PER_LAYER))
+    lora_b = 2 * (2048 * 16 + 16 * 4096 + 2048 * 4096)
+    per_layer_ckpt = per_layer + weight + 38 * 2048 * OUT_PER_LAYER - (42 - 10) * 2048 * 4096 + lora_b
+    assert wc.bytes == 32 * per_layer_ckpt == 1_191_990_001_664
     # dropout: the adapted linears' base GEMM again, forward and input gradient (first layer's q, k, v: forward only)
     drop = dora_work_per_micro_batch(llama, setup.model_copy(update={"lora_dropout": 0.05}), attn)
     per_token = 32 * 218_103_808 * 2 - (4096 * 4096 + 2 * 4096 * 1024)

@@ -290,7 +290,7 @@ def lora_unit(t: float, n_in: int, n_out: int, x: int, base_out: int, setup: Tra
         f, bwd, res = dora_combine(t, n_in, n_out, xa, base_out, setup, dt, input_grad)
         fwd += dora_weight_work(n_in, n_out, xa, setup, dt) + f
     else:
-        fwd += _k(2, t * n_out * (2 * mm + base_out + mm + res))  # * scaling, + base output
+        fwd += _lora_combine(t, n_out, base_out, mm)
         bwd = _k(1 + (res != mm), t * n_out * (2 * mm + ((res + mm) if res != mm else 0)))
     bwd += gemm(r, t, n_out, mm) + gemm(t, n_out, r, mm) + gemm(r, t, n_in, mm)
     bwd += _k(2 * w_cast, r * (n_in + n_out) * (a + c))
@@ -300,6 +300,11 @@ def lora_unit(t: float, n_in: int, n_out: int, x: int, base_out: int, setup: Tra
         bwd += _k(peft_cast, t * n_in * (a + x) if peft_cast else 0)
         bwd += _k(1, t * n_in * 3 * x)  # added into the input's gradient
     return fwd, bwd, res
+
+
+def _lora_combine(t: float, n_out: int, base_out: int, mm: int) -> Work:
+    """LoRA's ``* scaling`` and its add to the base output (``Linear.forward``), forward."""
+    return _k(2, t * n_out * (2 * mm + base_out + mm + _promote(base_out, mm)))
 
 
 def dora_weight_work(n_in: int, n_out: int, xa: int, setup: TrainingSetup, dt: Dtypes) -> Work:
@@ -368,13 +373,8 @@ def dora_combine(t: float, n_in: int, n_out: int, xa: int, base_out: int, setup:
             bwd += gemm(t, n_out, n_in, lin_dt) + _k(cast, t * n_in * (c + xa) if cast else 0)
             bwd += _k(1, t * n_in * 3 * xa)  # dropout's output feeds lora_A and F.linear: its gradients summed
         base_out = lin_dt
-    s = max(a, xa)  # magnitude / norm
-    p1, p2 = max(s, base_out), max(s, mm)  # (m/n - 1) * base_result, m/n * lora_result (* scaling)
-    p3 = max(p1, p2)
-    p4 = max(res0, p3)  # result + result_dora
-    out = p4 if (dt.quantized and dt.autocast) else res0
-    fwd += _k(5, n * ((base_out + p1) + (mm + p2) + 2 * p2 + (p1 + p2 + p3) + (res0 + p3 + p4)))
-    fwd += _k(out != p4, n * (p4 + out) if out != p4 else 0)
+    p1, p2, p3, p4, out = _dora_dtypes(xa, base_out, res0, dt)
+    fwd += _k(1, n * (base_out + p1)) + _dora_tail(n, mm, res0, (p1, p2, p3, p4, out))
     bwd += _k(out != p4, n * (out + p4) if out != p4 else 0)
     # the adds' and lora_result's gradients cast back (the base output's only when it needs one)
     casts = [(p4, res0)] * input_grad + [(p4, p3), (p3, p1), (p3, p2), (p2, mm)]
@@ -386,6 +386,55 @@ def dora_combine(t: float, n_in: int, n_out: int, xa: int, base_out: int, setup:
         bwd += _k(1, n * 2 * p1) + _k(p1 != base_out, n * (p1 + base_out) if p1 != base_out else 0)
         bwd += _k(setup.lora_dropout == 0, n * 3 * res0 if setup.lora_dropout == 0 else 0)
     return fwd, bwd + _k(2, n_out * 12), out  # m/n's two gradients summed; the div's (magnitude's)
+
+
+def _dora_dtypes(xa: int, base_out: int, res0: int, dt: Dtypes) -> tuple[int, int, int, int, int]:
+    """DoRA's combination's dtypes: ``(m/n - 1) * base_result``, ``m/n * lora_result`` (and its
+    ``* scaling``), their sum, ``result + result_dora``, and what the layer returns (``dora_combine``);
+    ``m/n`` is the magnitude's dtype promoted with the norm's (``x``'s)."""
+    s = max(dt.adapter, xa)
+    mm = dt.compute if dt.autocast else dt.adapter
+    p1, p2 = max(s, base_out), max(s, mm)
+    p3 = max(p1, p2)
+    p4 = max(res0, p3)
+    return p1, p2, p3, p4, (p4 if (dt.quantized and dt.autocast) else res0)
+
+
+def _dora_tail(n: float, mm: int, res0: int, p: tuple[int, int, int, int, int]) -> Work:
+    """The combination's forward after ``(m/n - 1) * base_result`` over ``n`` output values:
+    ``m/n * lora_result``, ``* scaling``, the two adds and the cast back."""
+    p1, p2, p3, p4, out = p
+    return (_k(4, n * ((mm + p2) + 2 * p2 + (p1 + p2 + p3) + (res0 + p3 + p4)))
+            + _k(out != p4, n * (p4 + out) if out != p4 else 0))
+
+
+def recompute_tail(t: float, u: _Lin, setup: TrainingSetup, dt: Dtypes) -> Work:
+    """The part of the layer's last linear (``u``, the MLP's output projection) that checkpointing's
+    recomputed forward does not run. ``torch.utils.checkpoint``'s non-reentrant checkpoint (what
+    transformers 5 uses by default, ``modeling_utils._activation_checkpointing_enable``:
+    ``{"use_reentrant": False}``, and what the harness asks for, ``measure/build.py``) stops the
+    recomputation as soon as the last tensor the forward saved has been recomputed
+    (``early_stop=True``: ``_recomputation_hook.pack_hook`` raises ``_StopRecomputationError``); an
+    ATen op saves its inputs before its kernel runs, so the last op that saves anything does not run
+    again, nor does anything after it. Counted on the CPU (``tests/test_checkpoint_recompute.py``):
+    full fine-tuning skips the down projection's GEMM, LoRA the down projection's ``lora_B`` GEMM,
+    ``* scaling`` and add, DoRA ``m/n * lora_result`` and what follows it. bitsandbytes' ``MatMul4Bit``
+    (a Python ``autograd.Function``) saves when its forward has run, so a 4-bit layer without an
+    adapter skips only ``Linear4bit``'s cast of the output back to its input's dtype. The residual add
+    after it is ``layer_recompute_tail``'s."""
+    lin, c = u.lin, dt.compute
+    n_in, n_out = lin.in_features, lin.out_features
+    if not u.adapted:
+        if dt.quantized:
+            return _k(u.x != c, t * n_out * (c + u.x) if u.x != c else 0)
+        return gemm(t, n_in, n_out, c)
+    base_out = u.x if dt.quantized else (c if (dt.autocast or dt.base == c) else dt.base)
+    mm = c if dt.autocast else dt.adapter
+    if not (dt.dora and lin.count == 1):
+        return gemm(t, setup.lora_rank, n_out, mm) + _lora_combine(t, n_out, base_out, mm)
+    xa = dt.adapter if (u.x != dt.adapter and not (dt.quantized and dt.autocast)) else u.x
+    used = (c if dt.autocast else xa) if setup.lora_dropout > 0 else base_out  # F.linear again under dropout
+    return _dora_tail(t * n_out, mm, base_out, _dora_dtypes(xa, used, base_out, dt))
 
 
 def attention_core(model: ModelSpec, setup: TrainingSetup, attn: Attention, batch: int, seq: int,
@@ -492,9 +541,11 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     if model.num_experts:
         down = dataclasses.replace(lins["experts.down_proj"], count=1)
         add(linear_unit(rows, _Lin(down, act, down.name in lora, True), setup, dt)[:2])
+        down_out = s
     else:
-        linears([model.mlp_out_name], act, True)
-    add((_k(1, t * h * 3 * s), _k(1, t * h * 3 * s)))
+        down_out = linears([model.mlp_out_name], act, True)
+    # the residual add: the stream plus the MLP's output (fp32 stream + 16-bit output under autocast)
+    add((_k(1, t * h * (2 * s + down_out)), _k(1, t * h * 3 * s)))
     if model.family in ("gemma2", "gemma3", "olmo2"):  # post-attention and post-feedforward norms
         add(rms_norm(t, h, c, norm_train, fp32w))
         add(rms_norm(t, h, c, norm_train, fp32w))
@@ -576,6 +627,28 @@ def optimizer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> Work:
     return Work(kernels=tensors, views=tensors, bytes=moved, calls=tensors)
 
 
+def layer_recompute_tail(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, t: float) -> Work:
+    """What a checkpointed layer's recomputed forward does not run (``recompute_tail``): the
+    residual add that ends the layer and, where the MLP's output projection is the layer's last op
+    that saves a tensor (the pre-norm layers; not Gemma 2/3 or OLMo 2, whose post-feedforward norm
+    follows it, nor an MoE's expert combination), the part of that projection ``recompute_tail``
+    names (Gemma 2/3 and OLMo 2: the residual add alone, their post-norm's last product left in).
+    Counted on the CPU for Llama: 4 of LoRA's 94 kernels a layer, 2 of full fine-tuning's 48."""
+    h, s = model.hidden_size, dt.stream
+    if model.num_experts:
+        return _k(1, t * h * 3 * s)
+    lins = {lin.name: lin for lin in model.layer_linears()}
+    lora = set(model.lora_selection(setup.lora_targets).linears) if setup.is_peft else set()
+    up = model.mlp_in_names()[-1]
+    up_out = linear_unit(t, _Lin(lins[up], s, up in lora, True), setup, dt)[2]
+    down = _Lin(lins[model.mlp_out_name], up_out if dt.quantized else dt.compute, model.mlp_out_name in lora, True)
+    down_out = linear_unit(t, down, setup, dt)[2]
+    tail = _k(1, t * h * (2 * s + down_out))  # the residual add, as ``layer_work`` counts it
+    if model.family in ("gemma2", "gemma3", "olmo2"):
+        return tail
+    return tail + recompute_tail(t, down, setup, dt)
+
+
 @lru_cache(maxsize=4096)
 def step_work(model: ModelSpec, setup: TrainingSetup, attn: Attention, seq: int | None = None) -> StepWork:
     """The whole step's inventory for micro-batches of ``setup.batch x seq`` tokens (``seq``: the
@@ -589,7 +662,9 @@ def step_work(model: ModelSpec, setup: TrainingSetup, attn: Attention, seq: int 
     # PEFT without checkpointing: the first layer's input (the frozen embedding's output) needs no
     # gradient, so its input-side backward ops are not run (``activations.layer_activations``)
     bwd += layer_work(model, setup, dt, attn, setup.batch, seq, input_grad=not setup.is_peft or setup.grad_ckpt)[1]
-    recompute = f * L if setup.grad_ckpt else Work()  # each layer's forward runs again inside the backward
+    # each layer's forward runs again inside the backward, up to its last saved tensor (``recompute_tail``)
+    tail = layer_recompute_tail(model, setup, dt, setup.batch * seq) if setup.grad_ckpt else Work()
+    recompute = (f + tail * -1) * L if setup.grad_ckpt else Work()
     hf, hb = head_work(model, setup, dt, setup.batch * seq)
     return StepWork(forward=fwd + hf, backward=bwd + recompute + hb, optimizer=optimizer_work(model, setup, dt),
                     accum=setup.accum, autocast=dt.autocast, recompute_kernels=recompute.kernels)
