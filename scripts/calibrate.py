@@ -260,7 +260,7 @@ TIME_NAMES = {"matmul_efficiency": "MATMUL_EFFICIENCY[hopper]", "attention_effic
 
 def time_sample(model, gpu, setup: TrainingSetup, measured_step_s: float, label: str) -> dict | None:
     """What ``time.estimate_time`` prices, independent of the fitted constants (the step's inventory,
-    the card, the peak's dtype), with the terms that do not depend on them (transfers, compile, DoRA);
+    the card, the peak's dtype), with the terms that do not depend on them (transfers, compile);
     None for a step that has no datasheet peak."""
     from reportgen.estimate.lengths import padded_length
     from reportgen.estimate.memory import effective_attention
@@ -272,7 +272,7 @@ def time_sample(model, gpu, setup: TrainingSetup, measured_step_s: float, label:
         return None
     from reportgen.estimate.dispatch import host_dispatch
 
-    extra = t.parts["transfer"] + t.parts["compile"] + t.parts["dora"]
+    extra = t.parts["transfer"] + t.parts["compile"]  # DoRA's kernels are in the inventory (parts["dora"] reports them)
     return {"work": step_work(model, setup, effective_attention(model, setup)[0]), "gpu": gpu,
             "host_factor": host_dispatch(gpu).factor,
             "dtype": peak_dtype(setup, gpu)[0], "layers": model.num_layers, "extra": extra,

@@ -23,6 +23,9 @@ where ``x`` is the adapter's input (cast to the adapter dtype by ``Linear.forwar
   checkpointing;
 * with ``lora_dropout > 0`` the base output is recomputed from the dropped-out input,
   ``F.linear(dropout(x), W)``, whose input gradient keeps ``W`` in the matmul's dtype.
+
+This module holds the memory terms; the kernels, FLOPs and bytes DoRA adds to a step (its time) are
+counted with the rest of the step's inventory, ``work.dora_weight_work`` and ``work.dora_combine``.
 """
 
 from __future__ import annotations
@@ -179,38 +182,7 @@ def layer_forward_transient_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dt
                 for lin in adapted_linears(model, setup)), default=0)
 
 
-def extra_flops_per_forward(model: ModelSpec, setup: TrainingSetup) -> float:
-    """FLOPs DoRA adds per forward of the whole model, independent of the tokens: per adapted linear
-    ``lora_A(eye(in))`` (``2 in^2 r``) and ``lora_B`` on it (``2 in r out``), the product ``B A``
-    (``get_lora_weight``), plus the norm's ``3 out in`` (scale, add, square-and-sum), elementwise.
-    Llama 3.1 8B r16 all-linear: 32 x 17,431,527,424 = 557,808,877,568 (down_proj alone 8,631,877,632
-    per layer: 2 x 16 x 14336 x 18432 + 3 x 14336 x 4096)."""
-    r = setup.lora_rank
-    per_layer = sum(2 * r * lin.in_features * (lin.in_features + lin.out_features)
-                    + 3 * lin.in_features * lin.out_features for lin in adapted_linears(model, setup))
-    return float(model.num_layers * per_layer)
-
-
-def extra_bytes_per_forward(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> float:
-    """HBM bytes DoRA's weight-sized work moves per forward of the whole model (memory-bound
-    elementwise kernels), per adapted linear: the identity written (``in^2 a``) and cast (read
-    ``a``, write ``c``) under autocast; ``lora_B``'s ``in x out`` output written and cast to ``x``'s
-    dtype (read, write); the weight read and cast (read its storage or, for 4-bit, the dequantized
-    copy, write ``x``'s dtype); ``scale *`` (read, write), ``+`` (read two, write), the norm (read):
-    ``out x in x (3 mm_out + w + 8 x_b)`` roughly, ``mm_out`` the matmul's output dtype. QLoRA's
-    dequantization itself is ``work.dequant_bytes_per_weight`` per adapted weight per forward."""
-    a, c = dt.adapter, dt.compute
-    mm_out = c if dt.autocast else a
-    total = 0
-    for lin in adapted_linears(model, setup):
-        i, o = lin.in_features, lin.out_features
-        x_b = dora_input_bytes(model, lin, dt)
-        w = 2 * c if dt.quantized else dt.base  # read the dequantized copy (written, read back)
-        eye = i * i * (a + ((a + c) if dt.autocast and a != c else 0))
-        total += eye + o * i * (2 * mm_out + w + 8 * x_b)
-    return float(model.num_layers * total)
-
-
 def adapted_weight_params(model: ModelSpec, setup: TrainingSetup) -> int:
-    """Weights DoRA reads in full each forward (its ``W``): ``sum(out x in)`` over adapted linears."""
+    """Weights DoRA reads in full each forward (its ``W``): ``sum(out x in)`` over adapted linears, per
+    token the FLOPs/2 of the base GEMM that DoRA with dropout runs again (``time.flops_per_token``)."""
     return model.num_layers * sum(lin.weight_params for lin in adapted_linears(model, setup))

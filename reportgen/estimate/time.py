@@ -46,7 +46,8 @@ all of it), and checkpointing's recomputed forward is included.
 ``memory`` (memory-bound kernels), ``launch`` (the per-kernel device time), ``host`` (dispatch),
 ``host_exposed`` (what the host adds beyond the device's busy time), ``dequant`` (QLoRA's share of
 ``memory``), ``transfer``, ``compile`` (<= 0: what ``torch.compile`` fuses away, ``fusion.py``),
-``dora``; ``step_s`` = the pipeline of device and host + transfer + compile + dora.
+``dora`` (DoRA's share of ``compute``, ``memory`` and ``launch``: its kernels are in the inventory);
+``step_s`` = the pipeline of device and host + transfer + compile.
 """
 
 from __future__ import annotations
@@ -132,18 +133,22 @@ def flops_per_token(model: ModelSpec, setup: TrainingSetup, attn: Attention) -> 
     backward recomputes the scores), ``3 x`` for eager. Checkpointing adds, to the hardware count
     only, the forward of the decoder layers and their adapters: ``2 (N_layers + N_lora)`` plus the
     kernel's attention forward; not the head, which transformers does not checkpoint
-    (``GradientCheckpointingLayer`` wraps decoder layers)."""
+    (``GradientCheckpointingLayer`` wraps decoder layers). DoRA with dropout: ``4 N_dora`` more (and
+    ``2 N_dora`` recomputed), ``N_dora`` the adapted linears' weights (``dora.adapted_weight_params``)."""
     n = matmul_params_per_token(model)
-    # A and B only: DoRA's magnitudes scale outputs elementwise (their work is in dora_s_per_micro_batch)
+    # A and B only: DoRA's magnitudes scale outputs elementwise (work.dora_combine)
     lora = model.lora_params(setup.lora_rank, setup.lora_targets) if setup.is_peft else 0
     weights = 6 * n if setup.method == Method.full else 4 * n + 6 * lora
+    # DoRA with dropout runs the adapted linears' base GEMM again on the dropped-out input, each way
+    # (``work.dora_combine``): ``2 N_dora`` forward, ``2 N_dora`` for its input's gradient
+    redo = DORA.adapted_weight_params(model, setup) if setup.is_peft and setup.dora and setup.lora_dropout > 0 else 0
     model_flops = weights + 3 * attention_flops_forward(model, setup.seq, None)
     kernel = attention_flops_forward(model, setup.seq, attn)
     # SDPA's backward runs five GEMMs to the forward's two (FlashAttention-2 recomputes the scores),
     # eager's backward two per forward GEMM (``work.attention_core``)
-    hardware = weights + (3.5 if attn == Attention.sdpa else 3.0) * kernel
+    hardware = weights + 4 * redo + (3.5 if attn == Attention.sdpa else 3.0) * kernel
     if setup.grad_ckpt:
-        hardware += 2 * (layer_matmul_params_per_token(model) + lora) + kernel
+        hardware += 2 * (layer_matmul_params_per_token(model) + lora + redo) + kernel
     return hardware, model_flops
 
 
@@ -170,20 +175,34 @@ def dequant_bytes_per_micro_batch(model: ModelSpec, setup: TrainingSetup) -> flo
     return passes * P.quantized_linear_params(model, setup) * dequant_bytes_per_weight(setup)
 
 
-def dora_s_per_micro_batch(model: ModelSpec, setup: TrainingSetup, peak: float, eff: float, bw: float) -> float:
-    """DoRA's weight-sized work per micro-batch, independent of its tokens (``dora.py``): each forward
-    (and the recomputed one under checkpointing) forms ``B A`` through ``lora_B(lora_A(eye))`` at the
-    matmul rate (``dora.extra_flops_per_forward``), runs the memory-bound casts, sum and norm of
-    ``W + scale B A`` (``dora.extra_bytes_per_forward``) and, for QLoRA, dequantizes each adapted
-    4-bit weight once more (``dequant_bytes_per_weight``; peft ``dequantize_module_weight``)."""
+def dora_work_per_micro_batch(model: ModelSpec, setup: TrainingSetup, attn: Attention, seq: int | None = None) -> Work:
+    """What DoRA adds to one micro-batch's forward and backward (the recomputed forward included), beyond
+    LoRA with the same settings: the step's inventory with DoRA less the one without (``work.py``:
+    ``dora_weight_work``, ``dora_combine`` and the 3 module calls per adapted linear; the magnitudes'
+    optimizer work is the optimizer's)."""
     if not (setup.is_peft and setup.dora):
-        return 0.0
-    passes = 2 if setup.grad_ckpt else 1
-    flops = DORA.extra_flops_per_forward(model, setup)
-    moved = DORA.extra_bytes_per_forward(model, setup, dtypes_for(setup))
-    if setup.method == Method.qlora:
-        moved += DORA.adapted_weight_params(model, setup) * dequant_bytes_per_weight(setup)
-    return passes * (flops / (peak * eff) + moved / bw)
+        return Work()
+    with_dora = step_work(model, setup, attn, seq)
+    plain = step_work(model, setup.model_copy(update={"dora": False}), attn, seq)
+    return (with_dora.forward + with_dora.backward) + (plain.forward + plain.backward) * -1
+
+
+def dora_s_per_micro_batch(model: ModelSpec, setup: TrainingSetup, attn: Attention, peak: float, eff: float,
+                           bw: float, kernel_device_s: float, seq: int | None = None) -> float:
+    """The device seconds DoRA adds per micro-batch (``dora_work_per_micro_batch``): its GEMM FLOPs at
+    ``peak x eff``, its memory-bound bytes at ``bw`` and ``kernel_device_s`` per kernel. The step prices
+    the same kernels inside the pipeline (``parts["dora"]`` only reports this share; the host's
+    dispatch of them is in ``parts["host"]``).
+
+    Llama 3.1 8B r16 all-linear, LoRA bf16-mixed, one sequence of 2048, no checkpointing: per layer
+    the weight-sized forward (``12 in^2 + 6 in r + 2 r out + 38 in out + 20 out`` bytes per linear,
+    11,968,126,976), the combination's 38 bytes per output value forward and 78 (+ 12 per ``out``)
+    backward over LoRA's, 2048 x 43,008 values (3,347,054,592 and 6,870,786,048), 28 kernels per
+    linear; the first layer's q, k and v (their input, the embedding's output, needs no gradient)
+    26 bytes per value and 4 kernels fewer: 709,623,808,000 bytes and 6,260 kernels, 0.4049 s at
+    2e12 B/s and 8 us a kernel (``tests/test_dora.py``), no GEMM above the ridge at rank 16."""
+    w = dora_work_per_micro_batch(model, setup, attn, seq)
+    return w.matmul_flops / (peak * eff) + w.bytes / bw + w.kernels * kernel_device_s
 
 
 @dataclass(frozen=True)
@@ -453,8 +472,9 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     parts = {"compute": compute_s, "memory": memory_s, "launch": total.kernels * consts.kernel_device_s,
              "dequant": dequant, "host": host_s, "host_exposed": overlapped - busy, "transfer": transfer,
              "compile": -setup.accum * fused_mb,
-             "dora": setup.accum * dora_s_per_micro_batch(model, setup, peak, eff, bw)}
-    step = overlapped + transfer + parts["compile"] + parts["dora"]
+             "dora": setup.accum * dora_s_per_micro_batch(model, setup, attn, peak, eff, bw, consts.kernel_device_s,
+                                                          seq)}
+    step = overlapped + transfer + parts["compile"]
     tps = real / step
     mfu = model_flops * tps / (peak * setup.gpus)
     hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)
