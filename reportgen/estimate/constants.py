@@ -103,6 +103,8 @@ CACHED_AFTER_RELEASE = 0.5
 #: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9418 from 22 rows, leave-one-out
 #:   12.0 %, since one source's rows do not separate the generations from its loading and transfer
 #:   effects (leave-one-source-out, a generation without any row: 15.5 % GA10x GeForce, 21.3 % Ada GeForce);
+#:   these rows' dispatch priced on the default desktop host (``dispatch.py``, x0.71 the H100 machine's): their
+#:   steps are GPU-bound, so the host moves the fit in the 4th digit only (0.9417 printed, 0.9418 kept);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %.
 MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9418, "ada-geforce": 0.9418,
