@@ -74,6 +74,11 @@ class FsdpParamDtype(str, Enum):
     fp32 = "fp32"
 
 
+class Modeling(str, Enum):
+    transformers = "transformers"
+    torchtune = "torchtune"
+
+
 class KeepOutputs(str, Enum):
     none = "none"
     step = "step"
@@ -270,6 +275,8 @@ class TrainingSetup:
     vllm_importance_sampling_correction: bool = True
     beta: float = 0.0
     fsdp_param_dtype: FsdpParamDtype = FsdpParamDtype.compute
+    modeling: Modeling = Modeling.transformers
+    rope_positions: int | None = None
 
     #: fields ``model_dump`` leaves out while they hold this value: added after result files were
     #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
@@ -278,7 +285,8 @@ class TrainingSetup:
         "save": None, "load": None, "num_generations": 8, "max_completion_length": 512, "max_prompt_length": None,
         "generation_batch_size": None, "generation": Generation.hf, "vllm_gpu_memory_utilization": 0.3,
         "vllm_enable_sleep_mode": False, "vllm_max_model_length": None, "vllm_importance_sampling_correction": True,
-        "beta": 0.0, "fsdp_param_dtype": FsdpParamDtype.compute}
+        "beta": 0.0, "fsdp_param_dtype": FsdpParamDtype.compute, "modeling": Modeling.transformers,
+        "rope_positions": None}
     #: the fields of recipe grpo (TRL GRPOConfig's names; their defaults are TRL 1.16's)
     GRPO_FIELDS: ClassVar[tuple[str, ...]] = (
         "num_generations", "max_completion_length", "max_prompt_length", "generation_batch_size", "generation",
@@ -407,6 +415,14 @@ class TrainingSetup:
                                       "FSDPPrecision: param_dtype float32 under torch.autocast, which caches a 16-bit "
                                       "copy of every gathered weight until the forward ends: one 16-bit copy of the "
                                       "weights beside the fp32 gathered layers; reportgen/estimate/sharding.py)"),
+        "modeling": FieldSpec(Modeling, description="whose model code runs the layers: transformers (its "
+                              "modeling files, the default) or torchtune (the TransformerDecoder its builders make: "
+                              "k and v copied to every query head before SDPA, no attention mask on padded "
+                              "batches, fp32 RoPE caches at the builder's max_seq_len; "
+                              "reportgen/estimate/recipes.py)"),
+        "rope_positions": FieldSpec(int, ge=1, le=16_777_216, optional=True, description="modeling torchtune: "
+                                    "the positions its RoPE caches are built for (the builder's max_seq_len; "
+                                    "default: the model config's max_position_embeddings)"),
         "eval_batch": FieldSpec(int, ge=1, le=4096, optional=True, description="the whole run: evaluation "
                                 "micro-batch per GPU (per_device_eval_batch_size; default: no evaluation phase; "
                                 "reportgen/estimate/run.py)"),
@@ -456,6 +472,15 @@ class TrainingSetup:
             raise SetupError("kbit_prep", f"{self.kbit_prep.value!r} is the mixed-precision recipe (TRL/Trainer "
                              "bf16=True); with precision bf16 or fp32 use 'none'")
         self._check_loss_and_gather()
+        if self.rope_positions is not None and self.modeling != Modeling.torchtune:
+            raise SetupError("rope_positions", "is the length torchtune's RoPE caches are built at: needs modeling "
+                             "torchtune (transformers' model computes its rotations per step)")
+        if self.modeling == Modeling.torchtune and self.attn != Attention.sdpa:
+            raise SetupError("modeling", "torchtune's attention is SDPA (its recipes read no attention setting): "
+                             f"attn {self.attn.value} is transformers'")
+        if self.modeling == Modeling.torchtune and self.recipe != Recipe.loop:
+            raise SetupError("modeling", "torchtune's model runs in torchtune's own recipes (recipe loop); "
+                             f"{self.recipe.value} runs transformers' models")
         if self.recipe != Recipe.loop:
             self._check_trainer()
         if self.recipe == Recipe.trl_sft:
@@ -729,6 +754,8 @@ class TrainingSetup:
             parts.append("compile")
         if self.fsdp_param_dtype == FsdpParamDtype.fp32:
             parts.append("fsdp-fp32-gather")
+        if self.modeling != Modeling.transformers:
+            parts.append(f"{self.modeling.value}-modeling")
         if self.recipe != Recipe.loop:
             parts.append(self.recipe.value)
         if self.recipe == Recipe.grpo:

@@ -64,12 +64,16 @@ def test_every_setup_flag_reaches_the_setup(capsys):
     default = TrainingSetup().model_dump(mode="json")
     # every field has a flag, tested here (recipe below: trl-sft refuses a fused loss and kept outputs; seq_padded
     # below: it needs padding longest, the packed rows here have none; recipe grpo's fields in tests/test_grpo.py)
-    # fsdp_param_dtype below: fp32 gathers need a full fine-tune under FSDP with mixed precision
-    assert (set(expected) | {"recipe", "seq_padded", "fsdp_param_dtype"} | set(TrainingSetup.GRPO_FIELDS)
-            == set(TrainingSetup.model_fields))
+    # fsdp_param_dtype below: fp32 gathers need a full fine-tune under FSDP with mixed precision; modeling and
+    # rope_positions below: torchtune's attention is SDPA
+    assert (set(expected) | {"recipe", "seq_padded", "fsdp_param_dtype", "modeling", "rope_positions"}
+            | set(TrainingSetup.GRPO_FIELDS) == set(TrainingSetup.model_fields))
     # ... with a value that is not its default (optimizer_in_backward excludes accumulation and offload,
     # frozen_dtype fp32 pure bf16: both are checked below)
     assert all(expected[k] != default.get(k) for k in expected if k not in ("optimizer_in_backward", "frozen_dtype"))
+    d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--modeling", "torchtune",
+                 "--rope-positions", "4096")
+    assert (d["setup"]["modeling"], d["setup"]["rope_positions"]) == ("torchtune", 4096)
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--frozen-dtype", "fp32")
     assert d["setup"]["frozen_dtype"] == "fp32"
     d = run_json(capsys, "--model", "llama-3.2-1b", "--gpu", "a100-80gb", "--method", "lora", "--recipe", "trl-sft")

@@ -58,7 +58,8 @@ def test_the_lora_single_device_config_field_by_field():
         "method": "lora", "precision": "bf16", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
         "lora_targets": "q,v,o,gate,up,down", "dora": False, "batch": 2, "accum": 8, "seq": 2048,
         "padding": "longest", "grad_ckpt": True, "act_offload": True, "compile": True,
-        "loss": "chunked-compiled", "optimizer": "adamw", "attn": "sdpa"}}
+        "loss": "chunked-compiled", "optimizer": "adamw", "attn": "sdpa", "modeling": "torchtune",
+        "rope_positions": 131072}}
     assert not t.unknown and not t.approximated
     assert t.not_modelled == [("optimizer.fused", table.row("torchtune", "optimizer.fused").note)]
     assert {"optimizer.lr", "checkpointer.output_dir", "profiler.enabled", "seed"} <= set(t.ignored)
@@ -75,7 +76,8 @@ def test_the_qlora_config():
     assert s.model_dump(mode="json") == {**DEFAULTS, **{
         "method": "qlora", "quant": "nf4", "double_quant": True, "kbit_prep": "none", "quant_head": False,
         "precision": "bf16", "lora_rank": 16, "lora_alpha": 32, "lora_targets": "q,v,o,gate,up,down", "batch": 1,
-        "accum": 8, "seq": 2048, "padding": "packed", "grad_ckpt": True, "loss": "chunked"}}
+        "accum": 8, "seq": 2048, "padding": "packed", "grad_ckpt": True, "loss": "chunked", "modeling": "torchtune",
+        "rope_positions": 131072}}
     assert [k for k, _ in t.approximated] == ["model._component_"]
 
 
@@ -83,7 +85,8 @@ def test_a_full_finetune_with_the_optimizer_in_backward(tmp_path):
     s = setup_from(translate_file(_write(tmp_path, FULL)))
     assert s.model_dump(mode="json") == {**DEFAULTS, **{
         "method": "full", "precision": "bf16", "optimizer": "paged-adamw-8bit", "optimizer_in_backward": True,
-        "batch": 4, "seq": 1024, "padding": "packed", "loss": "chunked"}}
+        "batch": 4, "seq": 1024, "padding": "packed", "loss": "chunked", "modeling": "torchtune",
+        "rope_positions": 131072}}
 
 
 def test_the_distributed_recipe_shards_with_fsdp(tmp_path):

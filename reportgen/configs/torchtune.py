@@ -44,7 +44,9 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   are padded to their longest sample (the recipes' ``collate_fn`` default, ``padded_collate_sft``); the
   tokenizer's ``max_seq_len`` truncates, and null (torchtune's own configs' default) leaves the longest sample
   to the data: then ``--seq`` must be given;
-* the recipes do not read attention settings: torchtune's attention is SDPA (attn sdpa).
+* the recipes do not read attention settings: torchtune's attention is SDPA (attn sdpa); the model is
+  torchtune's own ``TransformerDecoder`` (modeling torchtune: k and v copied to every head, no mask on padded
+  batches, fp32 RoPE caches; ``estimate/recipes.py``).
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ def translate(r: Reader) -> Translation:
         t.set("optimizer_in_backward", bool(r.boolean("optimizer_in_bwd", False)), "optimizer_in_bwd")
     t.set("attn", "sdpa", "model._component_")
     t.set("recipe", "loop", "model._component_")
+    t.set("modeling", "torchtune", "model._component_")
     _loss(r, t)
     _optimizer(r, t)
     _distributed(r, t)
@@ -176,6 +179,9 @@ def _model(r: Reader, t: Translation) -> str:
         t.model_missing = f"{r.where(key)}: {key}: {name}: reportgen has no catalog model with this builder's shapes"
         return value
     t.model = CATALOG[base]
+    positions = table.schema()["torchtune"]["shapes"].get(value, {}).get("max_seq_len")
+    if positions:  # its RoPE caches are built at the builder's max_seq_len (estimate/recipes.py)
+        t.set("rope_positions", positions, key)
     if base in SAME_SHAPES:
         t.approx(key, f"{SAME_SHAPES[base]} has the shapes of the catalog's {t.model}")
     return value

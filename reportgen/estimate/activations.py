@@ -43,9 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reportgen.estimate import dora, fusion, ops
+from reportgen.estimate import recipes as RC
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import FP32_WEIGHTED_NORM, GEMMA_NORM, Linear, ModelSpec
-from reportgen.setup import Attention, TrainingSetup
+from reportgen.setup import Attention, Modeling, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ def _attention_core(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: At
     elif attn == Attention.sdpa:
         # q, k, v (GQA heads kept unless transformers repeated them, ``sdpa_kv_repeated``), output,
         # logsumexp (fp32 per query head)
-        kv_heads = nq if sdpa_kv_repeated(model, masked) else nkv
+        kv_heads = nq if sdpa_kv_repeated(model, masked, setup) else nkv
         per_token += c * hd * (nq + 2 * kv_heads) + c * nq * hd + 4 * nq
         if masked:
             # SDPA turns the boolean mask into an additive one in the query's dtype at every call
@@ -356,6 +357,8 @@ def sdpa_masked_layers(model: ModelSpec, setup: TrainingSetup) -> int:
     masks every layer, and a sequence at least as long as the sliding window masks the
     sliding-window layers (Phi-3 mini: window 2,047, every layer; Gemma 3: five layers in six).
     Packed data (no padding, ``position_ids`` restart) passes no mask here."""
+    if setup.modeling is Modeling.torchtune:  # no mask on its padded batches (recipes.py)
+        return 0
     if setup.seq_mean is not None and setup.padding.value != "packed":
         return model.num_layers
     if model.sliding_window and setup.seq >= model.sliding_window:
@@ -363,11 +366,13 @@ def sdpa_masked_layers(model: ModelSpec, setup: TrainingSetup) -> int:
     return 0
 
 
-def sdpa_kv_repeated(model: ModelSpec, masked: bool) -> bool:
+def sdpa_kv_repeated(model: ModelSpec, masked: bool, setup: TrainingSetup | None = None) -> bool:
     """transformers hands SDPA k and v repeated to all query heads (``repeat_kv``, new tensors) instead
     of passing ``enable_gqa`` when there is a mask or a head dimension above 256
-    (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``)."""
-    return model.num_kv_heads != model.num_heads and (masked or model.head_dim > 256)
+    (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``); torchtune's attention always does
+    (``recipes.kv_expanded``)."""
+    return model.num_kv_heads != model.num_heads and (masked or model.head_dim > 256 or (
+        setup is not None and setup.modeling is Modeling.torchtune))
 
 
 def sdpa_kernel(model: ModelSpec, setup: TrainingSetup, c: int, masked: bool | None = None) -> str:
@@ -394,7 +399,8 @@ def sdpa_kernel(model: ModelSpec, setup: TrainingSetup, c: int, masked: bool | N
         masked = sdpa_masked_layers(model, setup) > 0
     if c == 2 and not masked and model.head_dim <= 256:
         return "flash"
-    if c == 4 and not masked and model.num_kv_heads != model.num_heads and model.head_dim <= 256:
+    if c == 4 and not masked and model.num_kv_heads != model.num_heads and model.head_dim <= 256 and not (
+            RC.kv_expanded(model, setup)):  # torchtune's k and v come at every head: the efficient kernel takes them
         return "math"
     return "efficient"
 

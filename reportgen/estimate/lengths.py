@@ -180,9 +180,10 @@ def reserved_growth(model, setup: TrainingSetup, gpu, lengths, steps: int = GROW
     allocator keeps the blocks of the largest step it has run (``torch.cuda.max_memory_reserved`` grows and
     does not come back without ``empty_cache``), so the reserve follows the longest micro-batch seen so far.
     The median longest sample of the first optimizer step (its ``batch x accum`` samples: the reserve after
-    it follows its longest micro-batch) and of the ``batch x accum x steps`` samples by ``steps``, each priced as a step of that length (``memory.estimate_memory``). The fragmentation that
-    blocks of many sizes add on top is not in this formula: ``reportgen trace --lengths`` replays the steps
-    through the traced allocator (``trace/multistep.py``) and prints the two side by side."""
+    it follows its longest micro-batch) and of the ``batch x accum x steps`` samples by ``steps``, each priced
+    as a step of that length (``memory.estimate_memory``). The fragmentation that blocks of many sizes add on
+    top is not in this formula: ``reportgen trace --lengths`` replays the steps through the traced allocator
+    (``trace/multistep.py``) and prints the two side by side."""
     from reportgen.estimate.memory import estimate_memory
 
     out = {}

@@ -156,7 +156,7 @@ def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, a
         # output, two ``s x s`` tensors per head in the input dtype, then dq, dk, dv at all heads
         work += setup.batch * nq * setup.seq * setup.seq * 2 * c + t * c * hd * 3 * nq
     elif attn == Attention.sdpa:
-        kv = nq if act.sdpa_kv_repeated(model, act.sdpa_masked_layers(model, setup) > 0) else nkv
+        kv = nq if act.sdpa_kv_repeated(model, act.sdpa_masked_layers(model, setup) > 0, setup) else nkv
         work += t * (c * hd * (nq + 2 * kv) + 4 * nq * hd)
     else:
         work += setup.batch * nq * setup.seq * setup.seq * (4 + c)

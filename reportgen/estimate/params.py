@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 
 from reportgen.estimate import dora
+from reportgen.estimate import recipes as RC
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import ModelSpec
-from reportgen.setup import Method, Optimizer, TrainingSetup
+from reportgen.setup import Method, Modeling, Optimizer, TrainingSetup
 
 #: bitsandbytes 4-bit blocksize (``bitsandbytes/functional.py`` ``quantize_4bit`` default, CUDA)
 BNB_4BIT_BLOCKSIZE = 64
@@ -49,14 +50,15 @@ def weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
     full / lora: ``P x bytes(base dtype)``. qlora: the packed 4-bit linears (two values per byte,
     ``Params4bit``) plus everything else (embeddings, norms, head, biases) in the base dtype, the
     embeddings and an unquantized head in their own dtype where the recipe gives them one
-    (``dtypes.py``: TRL's cast back to bf16).
+    (``dtypes.py``: TRL's cast back to bf16). torchtune's model adds its RoPE caches (buffers,
+    ``recipes.rope_cache_bytes``).
     """
     embed = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
     q = quantized_linear_params(model, setup) if setup.method == Method.qlora else 0
     if head_quantized(model, setup):
         embed -= model.vocab_size * model.hidden_size  # the head is among the 4-bit weights
     return q // 2 + (model.total_params - q - embed) * dt.base + embed * dt.embed_bytes + vision_weights_bytes(
-        model, setup, dt)
+        model, setup, dt) + (RC.rope_cache_bytes(model, setup) if setup.modeling is not Modeling.transformers else 0)
 
 
 def vision_weights_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:

@@ -45,6 +45,16 @@ TRL 1.16.0's ``SFTTrainer`` on top of it. Term by term, from their source:
   outputs die before the backward: ``keep_outputs`` none) and ``zero_grad`` sets gradients to None.
   Packing and padding-free batches are ``padding``/``seq_mean`` (``lengths.py``), for every recipe.
 
+* **torchtune's model** (``setup.modeling`` torchtune: the ``TransformerDecoder`` torchtune 0.6.1's builders
+  make, run by its own recipes, whose loop is the harness's). Three differences from transformers' modeling,
+  each from torchtune's source: its attention copies k and v to every query head before SDPA
+  (``modules/attention.py`` ``MultiHeadAttention.forward``: ``k.unsqueeze(2).expand(...).flatten(1, 2)``),
+  which SDPA saves (``kv_expanded``); its padded batches carry no attention mask
+  (``data/_collate.py`` ``padded_collate_sft`` returns tokens and labels only; the causal kernel runs,
+  padding is ignored by the loss's -100 labels); and its RoPE caches are fp32 buffers built at the
+  builder's ``max_seq_len`` (``rope_cache_bytes``). Traced against torchtune's own recipe on meta
+  (``reportgen trace --recipe torchtune``, ``trace/torchtune_recipe.py``).
+
 Torch-free, like the rest of the estimator.
 """
 
@@ -53,7 +63,7 @@ from __future__ import annotations
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.estimate.logits import LogitsMemory
 from reportgen.model import ModelSpec
-from reportgen.setup import Method, Recipe, TrainingSetup
+from reportgen.setup import Method, Modeling, Recipe, TrainingSetup
 
 #: ``trl/kernels/chunked_logprob.py`` ``TOKEN_CHUNK_SIZE``: tokens per tile
 TRL_TOKEN_CHUNK = 4096
@@ -135,3 +145,35 @@ def trl_head_backward_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, 
 
 __all__ = ["TRL_ACCUMULATORS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK", "fused_head", "trl_head_backward_bytes",
            "trl_head_memory", "trl_scored_tokens"]
+
+
+def kv_expanded(model: ModelSpec, setup: TrainingSetup) -> bool:
+    """torchtune's attention hands SDPA k and v copied to all query heads (module docstring), so a
+    grouped-query model saves them at ``num_heads``, as transformers' ``repeat_kv`` does under a mask."""
+    return setup.modeling == Modeling.torchtune and model.num_kv_heads != model.num_heads
+
+
+#: model types (the Hub config's) whose torchtune builders make one RoPE module per attention layer
+#: (``models/qwen2/_component_builders.py``: ``qwen2`` / ``lora_qwen2`` build ``Qwen2RotaryPositionalEmbeddings``
+#: inside the per-layer loop); the others build one and share it (``models/llama3_2/_component_builders.py``)
+ROPE_PER_LAYER_MODEL_TYPES = ("qwen2",)
+
+
+def rope_cache_bytes(model: ModelSpec, setup: TrainingSetup) -> int:
+    """The RoPE buffers torchtune's model keeps on the GPU (0 under transformers, whose ``inv_freq`` is a few
+    hundred bytes). ``RotaryPositionalEmbeddings`` / ``Llama3ScaledRoPE.build_rope_cache``
+    (``modules/position_embeddings.py``, ``models/llama3_1/_position_embeddings.py``): ``theta`` of
+    ``head_dim / 2`` fp32 values (``.float()``) and ``cache = stack([cos, sin], -1)`` of
+    ``max_seq_len x head_dim / 2 x 2`` fp32; ``Qwen2RotaryPositionalEmbeddings``
+    (``models/qwen2/_positional_embeddings.py``): ``cat([cos, sin], -1)`` of ``freqs = cat([idx_theta, idx_theta])``,
+    ``max_seq_len x 2 head_dim`` fp32, one per layer (``ROPE_PER_LAYER_MODEL_TYPES``). ``max_seq_len`` is the
+    builder's (``setup.rope_positions``, which ``configs/torchtune.py`` reads from the builder's source: Llama 3.2
+    131,072; Qwen2.5 7B base 131,072, instruct 32,768), else the model config's ``max_position_embeddings``.
+    Worked example (``tests/test_torchtune_modeling.py``): Llama 3.2 1B, head_dim 64: 32 x 4 + 131,072 x 64 x 4 = 33,554,560 bytes."""
+    if setup.modeling != Modeling.torchtune:
+        return 0
+    hd, positions = model.head_dim, setup.rope_positions or model.max_position_embeddings
+    theta = hd // 2 * 4
+    if model.model_type in ROPE_PER_LAYER_MODEL_TYPES:
+        return model.num_layers * (theta + positions * 2 * hd * 4)
+    return theta + positions * hd * 4

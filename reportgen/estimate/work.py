@@ -59,7 +59,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from reportgen.estimate import params as P
-from reportgen.estimate.activations import sdpa_kernel
+from reportgen.estimate.activations import sdpa_kernel, sdpa_kv_repeated, sdpa_masked_layers
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.model import Linear, ModelSpec
 from reportgen.setup import Attention, Method, Optimizer, TrainingSetup
@@ -456,8 +456,14 @@ def attention_core(model: ModelSpec, setup: TrainingSetup, attn: Attention, batc
         # backward: the gradients of q and k come back in SDPA's (batch, heads, seq, dim) layout and are
         # copied to the projections' (batch, seq, heads, dim) layout (``clone``)
         clones = t * (model.q_dim + model.kv_dim) * 2 * c
-        return (Work(kernels=1 + cast, views=4, attention_flops=f, bytes=cbytes),
-                Work(kernels=3 + cast, views=3, attention_flops=2.5 * f, bytes=cbytes + clones))
+        # k and v copied to every query head before the kernel (transformers' ``repeat_kv`` under a mask,
+        # torchtune's ``expand(...).flatten``: ``activations.sdpa_kv_repeated``): two copies forward, and
+        # backward the two sums of their gradients over each group's heads back to k and v
+        rep = 2 if model.num_kv_heads != nq and sdpa_kv_repeated(model, sdpa_masked_layers(model, setup) > 0,
+                                                                 setup) else 0
+        rbytes = t * (model.kv_dim + model.q_dim) * c * 2 if rep else 0
+        return (Work(kernels=1 + cast + rep, views=4, attention_flops=f, bytes=cbytes + rbytes),
+                Work(kernels=3 + cast + rep, views=3, attention_flops=2.5 * f, bytes=cbytes + clones + rbytes))
     rep = 2 if model.num_kv_heads != nq else 0  # repeat_kv: expand + clone of k and v
     rbytes = t * model.q_dim * c * 2 * (model.num_kv_heads / nq + 1) if rep else 0
     heads = batch * nq

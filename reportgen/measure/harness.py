@@ -169,6 +169,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1, *, c
     if setup.fsdp_param_dtype.value != "compute":
         raise SetupNotSupported("fsdp_param_dtype=fp32 (Lightning's FSDP gather under autocast) is modelled by the "
                                 "estimator but not run by the harness, whose FSDP gathers in the compute dtype")
+    if setup.modeling.value != "transformers":
+        raise SetupNotSupported("modeling=torchtune (torchtune's own model) is modelled by the estimator and traced by "
+                                "reportgen trace --recipe torchtune; the harness builds transformers' models")
     if setup.loss.value == "fused" and device != "cuda":
         raise SetupNotSupported("loss='fused' uses Liger-Kernel's Triton kernels, which need a CUDA device")
     if setup.recipe.value != "loop" and setup.gpus > 1:

@@ -153,37 +153,14 @@ def grpo_agreement(traced: dict[str, int], traced_peak: int, estimated: dict[str
     return {"phases": out, "tolerance": TOLERANCE, "agrees": abs(out["peak"]["gap"]) <= TOLERANCE}
 
 
-def torchtune_kv_expansion_bytes(spec, setup) -> int:
-    """Bytes of k and v that torchtune 0.6.1's attention keeps beyond transformers' at the end of the forward:
-    ``MultiHeadAttention.forward`` (``torchtune/modules/attention.py``) expands k and v to every query head
-    (``k.unsqueeze(2).expand(...).flatten(1, 2)``, a copy) before SDPA, which saves them for its backward, where
-    transformers passes the ``num_kv_heads`` tensors with ``enable_gqa`` (``integrations/sdpa_attention.py``
-    ``use_gqa_in_sdpa``; what the estimate counts). Without checkpointing every layer keeps them:
-    ``layers x 2 x batch x seq x (heads - kv_heads) x head_dim x element bytes``; with it no layer's saved
-    tensors outlive its forward (0 here). Worked example (``tests/test_trace_torchtune.py``): Llama 3.2 1B,
-    batch 4 x 2,048 tokens, bf16: 16 x 2 x 8,192 x 24 x 64 x 2 = 805,306,368 bytes (0.75 GiB)."""
-    if setup.grad_ckpt or spec.num_kv_heads == spec.num_heads:
-        return 0
-    element = 4 if setup.precision.value == "fp32" else 2
-    return (spec.num_layers * 2 * setup.batch * setup.seq * (spec.num_heads - spec.num_kv_heads) * spec.head_dim
-            * element)
-
-
-def torchtune_agreement(traced: dict, estimated: dict, status: str, kv_expansion: int = 0, buffers: int = 0) -> dict:
+def torchtune_agreement(traced: dict, estimated: dict, status: str) -> dict:
     """torchtune's own recipe traced (``trace/torchtune_recipe.py``) beside ``reportgen estimate --from`` the same
-    file (``MemoryEstimate.as_dict``): peak allocated, peak reserved and the card's total, each gap
-    ``estimate / trace - 1``, judged against ``TOLERANCE`` on peak allocated as the other recipes are; ``status``
-    says how the recipe's numbers are got (``torchtune_recipe.recipe_status``). Two parts of torchtune's step the
-    estimate (transformers' model) does not count, named beside the gap: ``kv_expansion``
-    (``torchtune_kv_expansion_bytes``) and ``buffers``, the model's buffers alive at the traced peak (the RoPE
-    caches torchtune builds at ``max_seq_len``: one per model for Llama 3.x, one per layer in ``lora_qwen2``'s
-    ``lora_qwen2_self_attention``, ``torchtune/models/qwen2/_component_builders.py``); ``explained_gap`` is the
-    peak-allocated gap with both added to the estimate."""
+    file (``MemoryEstimate.as_dict``, with ``modeling`` torchtune: its attention's k/v copies, no mask on padded
+    batches and its RoPE caches, ``estimate/recipes.py``): peak allocated, peak reserved and the card's total, each
+    gap ``estimate / trace - 1``, judged against ``TOLERANCE`` on peak allocated as the other recipes are; ``status``
+    says how the recipe's numbers are got (``torchtune_recipe.recipe_status``)."""
     rows = {k: {"traced": traced[k], "estimated": estimated[k],
                 "gap": estimated[k] / traced[k] - 1 if traced[k] else None}
             for k in ("peak_allocated", "peak_reserved", "device_total")}
-    peak = traced["peak_allocated"]
     return {"recipe": "lora_finetune_single_device", "status": status, "memory": rows, "tolerance": TOLERANCE,
-            "agrees": rows["peak_allocated"]["gap"] is not None and abs(rows["peak_allocated"]["gap"]) <= TOLERANCE,
-            "kv_expansion": kv_expansion, "buffers": buffers,
-            "explained_gap": (estimated["peak_allocated"] + kv_expansion + buffers) / peak - 1 if peak else None}
+            "agrees": rows["peak_allocated"]["gap"] is not None and abs(rows["peak_allocated"]["gap"]) <= TOLERANCE}

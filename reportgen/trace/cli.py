@@ -116,7 +116,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_traceable(setup)
     from reportgen.trace.runner import check_recipe_traced
 
-    check_recipe_traced(setup)
+    check_recipe_traced(setup, torchtune_recipe=torchtune)
     if args.warmup < 1:
         raise UserError("--warmup: must be 1 or more (the optimizer states appear in the first step)")
     from reportgen.trace.quiet import quiet_libraries

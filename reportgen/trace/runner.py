@@ -103,9 +103,14 @@ def trace_sweep(sweep: Sweep, results_dir: Path, force: bool = False,
     return stats
 
 
-def check_recipe_traced(setup) -> None:
+def check_recipe_traced(setup, torchtune_recipe: bool = False) -> None:
     """Refuse the losses the tracer does not run (chunked-compiled, no-upcast: they would be traced as the standard
-    loss), and recipe grpo's vLLM generation (``trace/grpo.check_grpo_traced``)."""
+    loss), torchtune's model outside torchtune's own recipe (the loop traces transformers' model), and recipe grpo's
+    vLLM generation (``trace/grpo.check_grpo_traced``)."""
+    if setup.modeling.value == "torchtune" and not torchtune_recipe:
+        raise UserError("reportgen trace: modeling=torchtune is torchtune's own model; the harness's loop traces "
+                        "transformers' model", hint="reportgen trace --recipe torchtune --from YOUR_TORCHTUNE.yaml "
+                        "runs torchtune's recipe and model")
     if setup.loss.value in ("chunked-compiled", "no-upcast") or setup.fsdp_param_dtype.value != "compute":
         what = (f"loss={setup.loss.value}" if setup.loss.value in ("chunked-compiled", "no-upcast")
                 else "fsdp_param_dtype=fp32")

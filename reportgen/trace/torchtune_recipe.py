@@ -496,7 +496,7 @@ def torchtune_dict(spec, gpu, setup: TrainingSetup, d: dict) -> dict:
 
     from reportgen.estimate import estimate
     from reportgen.fingerprint import trace_hash
-    from reportgen.trace.agreement import torchtune_agreement, torchtune_kv_expansion_bytes
+    from reportgen.trace.agreement import torchtune_agreement
 
     env = dict(d.get("environment") or {})
     for pkg in ("torchtune", "torchao"):
@@ -504,8 +504,7 @@ def torchtune_dict(spec, gpu, setup: TrainingSetup, d: dict) -> dict:
             env[pkg] = version(pkg)
         except PackageNotFoundError:
             env[pkg] = None
-    est = estimate(spec, gpu, setup, reverse=False)
+    # the traced step is torchtune's model, so the estimate prices it (``setup.modeling``, as --from sets it)
+    est = estimate(spec, gpu, setup.model_copy(update={"modeling": "torchtune"}), reverse=False)
     return {**d, "trace_hash": trace_hash("torchtune"), "environment": env,
-            "torchtune": torchtune_agreement(d["memory"], est.memory.as_dict(), recipe_status(setup),
-                                             torchtune_kv_expansion_bytes(spec, setup),
-                                             d["at_peak"].get("buffers", 0))}
+            "torchtune": torchtune_agreement(d["memory"], est.memory.as_dict(), recipe_status(setup))}

@@ -142,11 +142,5 @@ def print_torchtune_agreement(g: dict, console: Console | None = None) -> None:
     verdict = "[green]agrees[/]" if g["agrees"] else "[red]disagrees[/]"
     console.print(f"the estimate {verdict} with torchtune's traced recipe (tolerance {100 * g['tolerance']:.0f}% of "
                   f"peak allocated); this recipe's numbers: {g['status']}", highlight=False)
-    parts = [f"{gib(g['kv_expansion'])} GiB of k and v its attention copies to every query head before SDPA "
-             "(trace/agreement.torchtune_kv_expansion_bytes)"] if g["kv_expansion"] else []
-    if g["buffers"]:
-        parts.append(f"{gib(g['buffers'])} GiB of model buffers (its RoPE caches at max_seq_len)")
-    if parts:
-        console.print(f"torchtune's step holds what the estimate (transformers' model) does not count: "
-                      f"{'; '.join(parts)}; the estimate with them: {100 * g['explained_gap']:+.1f}% of the trace",
-                      highlight=False)
+    console.print("the estimate prices torchtune's own model (modeling torchtune: k and v copied to every query head, "
+                  "no mask on padded batches, its RoPE caches; estimate/recipes.py)", highlight=False)
