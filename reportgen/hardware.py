@@ -40,6 +40,8 @@ class GpuSpec:
     #: GPUs that share the NVLink domain (8 on an HGX board, 2 for bridged pairs); None: PCIe, any number
     peer_link_gpus: int | None = None
     peer_link_source: str = field(default="", compare=False)
+    #: False where the driver gives no GPU peer-to-peer over PCIe (GeForce): NCCL goes through host memory
+    peer_p2p: bool = True
     #: L2 cache in bytes (the architecture whitepaper's KB figure, binary), 0 where not in the catalog
     l2_cache_bytes: int = 0
     #: memory a user set for the card (``--gpu-memory``, ``card@SIZE``), replacing the catalog's
@@ -137,6 +139,7 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         peer_link_gbs=entry.get("peer_link_gbs"),
         peer_link_gpus=entry.get("peer_link_gpus"),
         peer_link_source=entry.get("peer_link_source") or "",
+        peer_p2p=bool(entry.get("peer_p2p", True)),
         l2_cache_bytes=int(float(entry.get("l2_cache_mb") or 0) * MIB),
         default_host=entry.get("default_host") or "server",
         sources=tuple(entry.get("sources", ())),

@@ -50,7 +50,7 @@ def cache_limited(doc: dict) -> bool:
 
 #: catalog keys of a GPU that only the time model reads (its pricing of a stored inventory is redone with
 #: today's rates whenever a trace is read, ``traced_time``): adding or changing them leaves traces current
-TIME_ONLY_GPU_KEYS = frozenset({"l2_cache_mb", "l2_cache_source", "default_host"})
+TIME_ONLY_GPU_KEYS = frozenset({"l2_cache_mb", "l2_cache_source", "default_host", "peer_p2p"})
 
 
 def inputs_hash(case: dict) -> str:

@@ -104,3 +104,42 @@ def test_no_shard_all_reduces_every_micro_batch_and_ddp_once_per_step():
     assert four.total_s == pytest.approx(4 * ar) and one.total_s == pytest.approx(ar)
     assert four.exposed_s == pytest.approx(4 * one.exposed_s)
     assert C.communication(L2, full(2, "ddp", accum=4), h100, 1.0).total_s == pytest.approx(ar)
+
+
+def test_cards_without_p2p_go_through_host_memory_at_the_published_rate():
+    """GeForce cards have no GPU peer-to-peer (gpus.yaml ``peer_p2p: false``), so NCCL stages through host
+    memory: the published bidirectional P2P=Disabled copies of RTX 4090s on PCIe 4.0 x16 have a median of
+    25.91 GB/s both ways, 12.955 GB/s per direction, 0.405 of the 32 GB/s datasheet figure. Worked example:
+    two RTX 4090s all-gather Llama-2-7B's 13,476,306,944 bf16 bytes: each card receives the other's half,
+    6,738,153,472 bytes at 12.955 GB/s = 0.5201 s (at the former 0.8 of 32 GB/s it was 0.2632 s).
+    A card with P2P (RTX A6000, same PCIe 4.0 x16) keeps PEER_LINK_EFFICIENCY, and so does a ring across
+    nodes (InfiniBand)."""
+    g4090, a6000 = catalog.load_gpu("rtx-4090"), catalog.load_gpu("rtx-a6000")
+    assert C.SHM_LINK_EFFICIENCY == pytest.approx(25.91 / 2 / 32)
+    assert not g4090.peer_p2p and a6000.peer_p2p
+    assert C.link_efficiency(g4090, 2) == C.SHM_LINK_EFFICIENCY
+    assert C.link_efficiency(a6000, 2) == C.PEER_LINK_EFFICIENCY == C.link_efficiency(g4090, 16)
+    W = C.gathered_weight_bytes(L2, TrainingSetup(method="lora", precision="bf16"))
+    bw = C.link_for(g4090, 2)[1] * 1e9 * C.link_efficiency(g4090, 2)
+    assert bw == pytest.approx(12.955e9)
+    assert C.all_gather_s(W, 2, bw) == pytest.approx(0.5201, abs=1e-4)
+
+
+def test_every_geforce_card_is_marked_without_p2p():
+    """Every GeForce card in the catalog says it has no peer-to-peer; no data-center or workstation card does."""
+    for key in catalog.gpu_names():
+        g = catalog.load_gpu(key)
+        assert g.peer_p2p == (not g.is_consumer), key
+
+
+def test_fsdp_step_on_two_geforce_cards_prices_the_host_staged_link():
+    """The step's collectives on two RTX 4090s are those at SHM_LINK_EFFICIENCY: FSDP full fine-tuning of
+    Llama-2-7B moves (2 all-gathers + 1 reduce-scatter) per micro-batch, total = that bytes-over-rate sum,
+    and the note says the data goes through host memory."""
+    g4090 = catalog.load_gpu("rtx-4090")
+    setup = full(2, "fsdp")
+    c = C.communication(L2, setup, g4090, 1.0)
+    bw = 32e9 * C.SHM_LINK_EFFICIENCY
+    W, G = C.gathered_weight_bytes(L2, setup), C.gradient_reduce_bytes(L2, setup)
+    assert c.total_s == pytest.approx(2 * C.all_gather_s(W, 2, bw) + C.reduce_scatter_s(G, 2, bw))
+    assert any("through host memory" in n for n in c.notes)

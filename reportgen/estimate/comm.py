@@ -22,6 +22,7 @@ the step are exposed; ZeRO-3 overlaps like FSDP.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from reportgen.estimate import params as P
@@ -34,6 +35,23 @@ from reportgen.setup import Method, Sharding, TrainingSetup
 #: fraction of the link's datasheet bandwidth NCCL's ring collectives reach. ASSUMED 0.8, like
 #: ``HOST_LINK_EFFICIENCY`` (nccl-tests report bus bandwidths of 75-90% of NVLink's per-direction figure).
 PEER_LINK_EFFICIENCY = 0.8
+#: Cards without GPU peer-to-peer (``gpus.yaml`` ``peer_p2p: false``: GeForce in NVIDIA's driver) move NCCL's
+#: data through host memory (its SHM transport: the sender GPU writes into pinned host memory over its PCIe
+#: link, the receiver reads it over its own). A two-card ring sends both ways at once, so the rate that
+#: bounds it is a concurrent both-ways host-staged copy: CUDA's ``p2pBandwidthLatencyTest``
+#: "Bidirectional P2P=Disabled Bandwidth Matrix" (GB/s, both directions summed), published for RTX 4090s on
+#: PCIe 4.0 x16 slots: tinygrad/open-gpu-kernel-modules issue 6 (3 cards, "All slots are running GEN
+#: 4@16x": 25.76 25.91 25.95 25.60 26.15 25.68) and NVIDIA/nccl issue 814 (6 cards, topology
+#: ``link_speed="16.0 GT/s PCIe" link_width="16"``; GPU0's row: 21.12 to its PHB neighbour, 30.53, 29.85).
+#: They are the measurements, copied; not fitted to any step time.
+SHM_BIDIR_MEASURED_GBS = (25.76, 25.91, 25.95, 25.60, 26.15, 25.68, 21.12, 30.53, 29.85)
+#: the datasheet per-direction figure of those cards' link (PCIe 4.0 x16, ``gpus.yaml`` ``rtx-4090``)
+SHM_MEASURED_LINK_GBS = 32.0
+#: fraction of the PCIe link's datasheet bandwidth per direction that collectives through host memory reach:
+#: the median of ``SHM_BIDIR_MEASURED_GBS`` halved (per direction) over ``SHM_MEASURED_LINK_GBS``
+#: (25.91 / 2 / 32 = 0.405). Applied to every generation's PCIe figure (Gen5 is assumed to scale alike: no
+#: published Gen5 host-staged figure was found) and to the catalog's lane count (x8 cards: half).
+SHM_LINK_EFFICIENCY = statistics.median(SHM_BIDIR_MEASURED_GBS) / 2 / SHM_MEASURED_LINK_GBS
 #: network bandwidth per GPU between nodes, GB/s per direction: one 400 Gb/s InfiniBand NDR adapter
 #: per GPU (NVIDIA DGX H100 user guide: eight ConnectX-7 "400 Gb/s" compute-fabric ports for 8 GPUs).
 INTERNODE_GBS_PER_GPU = 50.0
@@ -61,6 +79,15 @@ def link_for(gpu: GpuSpec, group: int) -> tuple[str, float | None]:
     if gpu.peer_link_gbs and (gpu.peer_link_gpus is None or group <= gpu.peer_link_gpus):
         return gpu.peer_link, gpu.peer_link_gbs
     return gpu.host_link, gpu.host_link_gbs
+
+
+def link_efficiency(gpu: GpuSpec, group: int) -> float:
+    """Fraction of ``link_for``'s datasheet figure the ring reaches: ``SHM_LINK_EFFICIENCY`` inside one
+    machine of cards without peer-to-peer (``gpu.peer_p2p`` false: NCCL's data goes through host memory),
+    else ``PEER_LINK_EFFICIENCY`` (NVLink, PCIe P2P, and the network between nodes)."""
+    if group <= SH.NODE_GPUS and not gpu.peer_p2p:
+        return SHM_LINK_EFFICIENCY
+    return PEER_LINK_EFFICIENCY
 
 
 def ring_all_reduce_s(nbytes: float, n: int, bytes_per_s: float) -> float:
@@ -132,11 +159,13 @@ def communication(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, compute_
     if n <= 1:
         return Communication("", None, 0.0, 0.0)
     group = SH.shard_group_size(setup)
-    label, gbs = link_for(gpu, group if setup.sharding != Sharding.ddp else n)
+    ring = group if setup.sharding != Sharding.ddp else n
+    label, gbs = link_for(gpu, ring)
     if not gbs:
         return Communication(label or "unknown", None, 0.0, 0.0,
                              [f"{gpu.name}: no link bandwidth in the catalog; communication not estimated"])
-    bw = gbs * 1e9 * PEER_LINK_EFFICIENCY
+    eff = link_efficiency(gpu, ring)
+    bw = gbs * 1e9 * eff
     comp = compute_mb_s or 0.0
     fwd, bwd = comp * forward_share(setup), comp * (1 - forward_share(setup))
     W, G, L = gathered_weight_bytes(model, setup), gradient_reduce_bytes(model, setup), model.num_layers
@@ -164,6 +193,7 @@ def communication(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, compute_
         total = exposed = reduces * rs + ag
         notes.append(f"{s.value}: DeepSpeed's overlap_comm is false by default for stages 1 and 2, so the "
                      "gradient reduction and the parameter all-gather add to the step")
-    notes.append(f"collectives over {label} ({gbs:g} GB/s per direction): {total:.3f} s per step, "
-                 f"{exposed:.3f} s not hidden by compute")
+    via = " through host memory (no GPU peer-to-peer)" if eff == SHM_LINK_EFFICIENCY else ""
+    notes.append(f"collectives over {label}{via} ({gbs:g} GB/s per direction at {eff:.0%}): {total:.3f} s per "
+                 f"step, {exposed:.3f} s not hidden by compute")
     return Communication(label, gbs, total, exposed, notes)
