@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,8 +44,22 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too: ``add_subparsers`` makes them of this class) with a did-you-mean
+    on an invalid choice, as the catalogs' names have (``difflib``)."""
+
+    def error(self, message: str):
+        m = re.match(r"argument (\S+): invalid choice: '?([^']*?)'? \(choose from (.*)\)$", message)
+        if m:
+            choices = [c.strip().strip("'") for c in m.group(3).split(",")]
+            close = difflib.get_close_matches(m.group(2), choices, n=2, cutoff=0.6)
+            if close:
+                message += "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reportgen", description=__doc__)
+    parser = Parser(prog="reportgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"reportgen {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -187,3 +187,20 @@ def test_an_output_path_that_cannot_be_written_is_named(capsys):
     assert main(["compare-published", "--out", "/proc/reportgen-test/out.json"]) == 2
     err = capsys.readouterr().err
     assert "error: cannot use /proc/reportgen-test/out.json" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["estimat"], "did you mean 'estimate'?"),
+    (["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "lor"], "did you mean 'lora' or 'qlora'?"),
+    (["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--modeling", "torchtun"], "did you mean 'torchtune'?"),
+])
+def test_a_misspelled_choice_gets_the_closest_ones(capsys, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_choice_like_none_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "xyzzy"])
+    assert "did you mean" not in capsys.readouterr().err
