@@ -34,7 +34,7 @@ from pathlib import Path
 from reportgen import catalog, cli, flags
 from reportgen.flags import DEFAULT_TRAIN_TOKENS
 from reportgen.estimate.memory import TOTALS  # keys of the ``memory`` object that are not terms
-from reportgen.estimate.run import PHASE_LABELS, PHASES
+from reportgen.estimate.run import PHASE_LABELS, PHASES, RUN_ONLY_PHASES
 from reportgen.errors import UserError
 from reportgen.setup import TrainingSetup
 from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
@@ -223,15 +223,17 @@ def _run_rows(run: dict | None, deciding: str) -> list[dict]:
     return rows
 
 
-def _grpo_rows(g: dict | None) -> list[dict]:
+def _grpo_rows(g: dict | None, verdict_phase: str | None = None) -> list[dict]:
     """Recipe grpo (``estimate/grpo.py``): each phase's device memory and seconds per optimizer step, the
-    phases that decide the verdict and the time, and the largest num_generations that fits."""
+    phases that decide the verdict (unless a phase of the run around the step does: ``verdict_phase``) and the
+    time, and the largest num_generations that fits."""
     if not g:
         return []
     rows = []
+    step_decides = verdict_phase not in RUN_ONLY_PHASES
     for name, secs in g["times"].items():
         mem = g["phases"].get(name)
-        marks = [w for w, on in (("decides the verdict", name == g["peak_phase"]),
+        marks = [w for w, on in (("decides the verdict", step_decides and name == g["peak_phase"]),
                                  ("dominates the time", name == g["time_phase"])) if on]
         rows.append(_row(f"grpo.{name}", name, "-" if mem is None else f"{gib(mem)} GiB",
                          f"{seconds(secs) if secs else '-'} per step" + (f"; {', '.join(marks)}" if marks else "")))
@@ -313,7 +315,8 @@ def view(d: dict) -> dict:
             {"id": "totals", "title": "Totals and fit", "rows": totals},
             {"id": "run", "title": "The whole run: each phase's peak on one GPU and in the node's host RAM",
              "rows": _run_rows(d.get("run"), d.get("verdict_phase", "train"))},
-            {"id": "grpo", "title": "GRPO: each phase of the step (recipe grpo)", "rows": _grpo_rows(d.get("grpo"))},
+            {"id": "grpo", "title": "GRPO: each phase of the step (recipe grpo)",
+             "rows": _grpo_rows(d.get("grpo"), d.get("verdict_phase"))},
             {"id": "time", "title": "Time (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows},
             {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
                                         "the whole error band within the card)", "rows": reverse},

@@ -452,5 +452,10 @@ def test_the_answer_shows_the_runs_phases_and_grpos():
     grpo = view_of("--recipe", "grpo", "--method", "lora", "--batch", "8", "--grad-ckpt")
     rows = {r["key"]: r for r in grpo["grpo"]["rows"]}
     assert {"grpo.generation", "grpo.policy-step", "grpo.max_num_generations"} <= set(rows)
-    assert "decides the verdict" in rows["grpo.policy-step"]["note"] and "run" not in grpo
+    assert "decides the verdict" in rows["grpo.policy-step"]["note"]
+    # the run around the GRPO step: load, the step, the adapter's save (run.py)
+    assert [r["key"] for r in grpo["run"]["rows"]] == ["run.load", "run.train", "run.save", "run.not_counted"]
+    ev = view_of("--recipe", "grpo", "--method", "lora", "--batch", "8", "--grad-ckpt", "--eval-batch", "256",
+                 "--eval-generate", "4096")
+    assert not any("decides the verdict" in r["note"] for r in ev["grpo"]["rows"])  # evaluation decides
     assert "reverse" in sft and "reverse" not in grpo  # a GRPO batch holds whole prompt groups: no batch search

@@ -353,6 +353,22 @@ def test_the_verdict_names_generation_when_it_asks_the_most():
     assert plain.grpo["peak_phase"] == "policy-step" and plain.judgement.phase == "train"
 
 
+def test_a_grpo_run_has_its_load_evaluation_and_save_phases_and_the_largest_decides():
+    """The whole run (run.py) around a GRPO step: load, the step, evaluation and the adapter's save, each with its
+    demand; 256 evaluation samples generating 4,096 tokens hold a KV cache larger than the step, so evaluation
+    decides and the verdict says so; without evaluation the step does."""
+    m, g = catalog.load_model("llama-3.2-1b"), catalog.load_gpu("h100-sxm")
+    s = TrainingSetup(recipe="grpo", method="lora", batch=8, save="adapter")
+    step = estimate(m, g, s, reverse=False)
+    assert set(step.run.phases) == {"load", "train", "save"} and step.run.deciding == "train"
+    assert step.run.phases["train"].gpu_demand == step.memory.card_demand
+    assert step.run.phases["save"].host_terms["adapter_copy"] > 0
+    ev = estimate(m, g, s.model_copy(update={"eval_batch": 256, "eval_generate": 4096}), reverse=False)
+    assert ev.run.deciding == "eval" and ev.judgement.phase == "eval"
+    assert ev.judgement.demand == ev.run.phases["eval"].gpu_demand > step.memory.card_demand
+    assert " GiB at evaluation" in ev.judgement.text()
+
+
 @pytest.mark.parametrize("command", [["trace", "--generation", "vllm-colocate"], ["measure", "--device", "cpu"]])
 def test_a_grpo_step_is_never_traced_or_measured_as_an_sft_step(command, capsys):
     """The harness runs SFT steps and the tracer runs TRL's GRPOTrainer step with transformers' generate only

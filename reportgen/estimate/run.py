@@ -68,6 +68,8 @@ from reportgen.setup import FSDP_PARAM_SHARDING, Load, Method, Save, Sharding, T
 MAX_SHARD_BYTES = 50 * 10**9
 PHASES = ("load", "train", "eval", "save")
 #: the phases as the terminal's table and the calculator name them
+#: the run's phases around the training step (a GRPO step names its own phases: generation, scoring, policy step)
+RUN_ONLY_PHASES = ("load", "eval", "save")
 PHASE_LABELS = {"load": "load (from_pretrained)", "train": "train step", "eval": "evaluation", "save": "checkpoint save"}
 NOT_COUNTED = ("the process's own memory (Python, torch, CUDA libraries), dataloader workers, the optimizer's "
                "checkpoint and the page cache of the checkpoint files")

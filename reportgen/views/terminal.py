@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reportgen.estimate.run import NOT_COUNTED, PHASE_LABELS
+from reportgen.estimate.run import NOT_COUNTED, PHASE_LABELS, RUN_ONLY_PHASES
 from reportgen.format import GIB, TERM_LABELS, demand_note, gib, money, pct, rate, seconds
 
 
@@ -112,15 +112,19 @@ def _print_grpo(est, console: Console, style: str) -> None:
                   title_justify="left")
     for col in ("phase", "device GiB (nvidia-smi)", "s per optimizer step"):
         table.add_column(col, justify="left" if col == "phase" else "right")
+    step_decides = est.judgement.phase not in RUN_ONLY_PHASES  # else the run's load, evaluation or save does
     for phase, secs in g["times"].items():
         mem = g["phases"].get(phase)
-        mark = " [bold]<- decides the verdict[/]" if phase == g["peak_phase"] else ""
+        mark = " [bold]<- decides the verdict[/]" if step_decides and phase == g["peak_phase"] else ""
         slow = " [bold]<- dominates the time[/]" if phase == g["time_phase"] else ""
         table.add_row(phase + mark + slow, "-" if mem is None else gib(mem), seconds(secs) if secs else "-")
     console.print(table)
     n = g.get("max_num_generations")
     c = g.get("max_completion_length")
-    console.print(f"[{style}]verdict decided by the {g['peak_phase']} phase[/]; the step's time is mostly "
+    decided = (f"verdict decided by the {g['peak_phase']} phase" if step_decides else
+               f"the step's peak is its {g['peak_phase']} phase, the verdict the run's "
+               f"{PHASE_LABELS[est.judgement.phase]}")
+    console.print(f"[{style}]{decided}[/]; the step's time is mostly "
                   f"{g['time_phase'] or '-'}; largest num_generations that fits: "
                   f"[bold]{'none fits' if n is None else n}[/]; longest completion that fits: "
                   f"[bold]{'none fits' if c is None else f'{c:,}'}[/]", highlight=False)
