@@ -205,7 +205,7 @@ BAD = [
     ("batch0.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: 0\n",
      "batch0.yaml:2: per_device_train_batch_size: must be at least 1 (got 0)"),
     ("arabic.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: \"\u0664\"\n",
-     "arabic.yaml:2: per_device_train_batch_size: must be a whole number (got '\u0664')"),
+     "arabic.yaml:2: per_device_train_batch_size: must be a whole number, 0 or more, in digits (got '\u0664')"),
     ("ds-true.yml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed:\n  zero_optimization:\n    stage: true\n",
      "zero_optimization.stage must be 0, 1, 2 or 3 (got True)"),
 ]

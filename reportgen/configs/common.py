@@ -141,7 +141,7 @@ class Reader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"[0-9]+", str(value)):
-            raise self.error(key, f"must be a whole number (got {value!r})")
+            raise self.error(key, f"must be a whole number, 0 or more, in digits (got {value!r})")
         if minimum is not None and int(value) < minimum:
             raise self.error(key, f"must be at least {minimum} (got {value!r})")
         return int(value)
