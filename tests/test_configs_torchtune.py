@@ -197,3 +197,20 @@ def test_every_torchtune_row_is_a_key_of_its_schema():
     assert tt["keys"]["dataset.packed"] is False and tt["keys"]["enable_activation_checkpointing"] is False
     assert tt["builders"]["torchtune.models.llama3_1.qlora_llama3_1_8b"]["quantize_base"] is True
     assert "compile" in tt["required"]["lora_finetune_single_device"]
+
+
+@pytest.mark.parametrize("builder, model", [("phi3.lora_phi3_mini", "phi-3-mini"), ("phi4.qlora_phi4_14b", "phi-4")])
+def test_phi_builders_train_the_hf_models_fused_modules(tmp_path, capsys, builder, model):
+    """torchtune's phi3/phi4 builders (``models/phi3/_component_builders.py`` ``lora_phi3``: separate q/k/v_proj,
+    MLP w1/w2/w3) read as the HF Phi-3 model's modules (fused ``qkv_proj`` and ``gate_up_proj``, ``down_proj``):
+    ``apply_lora_to_mlp`` is gate_up and down, not gate/up/down (which phi-3 does not have): the shipped
+    ``phi3/mini_lora_single_device.yaml`` (q, v, output_proj and the MLP) is estimated."""
+    path = _write(tmp_path, LORA.read_text().replace("llama3_1.lora_llama3_1_8b", builder))
+    t = translate_file(path)
+    assert t.model == model and setup_from(t).lora_targets == "q,v,o,gate_up,down"
+    assert any("fused" in why for _, why in t.approximated)
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["lora_targets"] == "q,v,o,gate_up,down"
+    every = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", builder).replace(
+        "lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']", "lora_attn_modules: [q_proj, k_proj, v_proj, output_proj]")
+    assert setup_from(translate_file(_write(tmp_path, every))).lora_targets == "all-linear"

@@ -26,7 +26,12 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   ``double_quantize_scalers``) always quantizes its scalers to int8 again: modelled as bitsandbytes' NF4 with double
   quantization. Nothing is prepared for k-bit training (kbit_prep none);
 * LoRA targets: ``lora_attn_modules`` (q_proj, k_proj, v_proj, output_proj), ``apply_lora_to_mlp`` (w1, w2, w3:
-  gate, down, up), ``apply_lora_to_output`` (the head); the builders' defaults are rank 8, alpha 16, dropout 0,
+  gate, down, up), ``apply_lora_to_output`` (the head). The phi3 and phi4 builders (``models/phi3/
+  _component_builders.py`` ``lora_phi3``, which ``phi4/_model_builders.py`` builds on) keep q_proj, k_proj, v_proj
+  and the MLP's w1, w2, w3 apart, while the HF Phi-3 model they load (transformers ``models/phi3/modeling_phi3.py``:
+  ``Phi3Attention.qkv_proj``, ``Phi3MLP.gate_up_proj``, ``down_proj``) fuses them: q, k or v is read as its
+  ``qkv_proj`` (``model.py`` ``lora_selection``) and ``apply_lora_to_mlp`` as ``gate_up_proj`` and ``down_proj``
+  (approximated: one adapter per fused module, not one per torchtune projection); the builders' defaults are rank 8, alpha 16, dropout 0,
   no DoRA (``_model_builders.py``), but the LoRA recipes read ``model.lora_rank``, ``lora_alpha``,
   ``lora_attn_modules`` and ``apply_lora_to_mlp`` without a default (``cfg_model.lora_rank``): a file without
   them stops the recipe, and is refused here;
@@ -69,6 +74,8 @@ SAME_SHAPES = {"llama3_8b": "Llama 3 8B", "llama3_70b": "Llama 3 70B", "qwen2_5_
                "qwen2_5_14b_instruct": "Qwen2.5 14B Instruct", "qwen2_7b": "Qwen2 7B"}
 #: torchtune's module names -> the setup's lora_targets names
 ATTN = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
+#: the builders' packages whose HF model fuses q/k/v and gate/up (phi4's builders call phi3's component builders)
+FUSED = ("torchtune.models.phi3.", "torchtune.models.phi4.")
 LOSSES = {"torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked", "torch.nn.CrossEntropyLoss": "standard"}
 OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
               "bitsandbytes.optim.AdamW": "adamw", "bitsandbytes.optim.PagedAdamW": "paged-adamw",
@@ -200,7 +207,7 @@ def _method(r: Reader, t: Translation, builder: str) -> str:
     t.set("lora_dropout", r.number("model.lora_dropout", defaults.get("lora_dropout", 0.0)), "model.lora_dropout")
     if r.boolean("model.use_dora", defaults.get("use_dora", False)):
         t.set("dora", True, "model.use_dora")
-    _targets(r, t)
+    _targets(r, t, builder.startswith(FUSED))
     if method == "qlora":
         t.set("quant", "nf4", "model.quantize_base")
         t.set("double_quant", True, "model.quantize_base")
@@ -211,23 +218,26 @@ def _method(r: Reader, t: Translation, builder: str) -> str:
     return method
 
 
-def _targets(r: Reader, t: Translation) -> None:
+def _targets(r: Reader, t: Translation, fused: bool) -> None:
+    """The adapters as the HF model's modules: a phi builder's MLP is the fused gate_up_proj and down_proj."""
     key = "model.lora_attn_modules"
     value = r.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) and v in ATTN for v in value):
         raise r.error(key, f"must be a list of q_proj, k_proj, v_proj, output_proj (got {value!r})")
     mlp = r.as_boolean("model.apply_lora_to_mlp", r.get("model.apply_lora_to_mlp"), strings=False)
     head = r.boolean("model.apply_lora_to_output", False)
-    names = [ATTN[m] for m in ATTN if m in value] + (["gate", "up", "down"] if mlp else [])
-    if len(names) == 7:
+    names = [ATTN[m] for m in ATTN if m in value]
+    if mlp:
+        names += ["gate_up", "down"] if fused else ["gate", "up", "down"]
+    if len(names) == len(ATTN) + (2 if fused else 3):
         names = ["all-linear"]
     if not names:
         raise r.error(key, "no adapters: an empty lora_attn_modules without apply_lora_to_mlp trains nothing",
                       hint="e.g. lora_attn_modules: [q_proj, v_proj]")
     t.set("lora_targets", ",".join(names + (["lm_head"] if head else [])), key)
-    if t.model in ("phi-3-mini", "phi-4") and set(value) & {"q_proj", "k_proj", "v_proj"}:
-        t.approx(key, "torchtune's Phi builders keep q_proj, k_proj and v_proj apart; the catalog model's adapters "
-                 "sit on its fused qkv_proj")
+    if fused and (set(value) & {"q_proj", "k_proj", "v_proj"} or mlp):
+        t.approx(key, "torchtune's Phi builders keep q_proj, k_proj, v_proj and the MLP's w1, w2, w3 apart; the HF "
+                 "model's adapters sit on its fused qkv_proj and gate_up_proj")
 
 
 def _precision(r: Reader, t: Translation, method: str) -> None:
