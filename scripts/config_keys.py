@@ -253,6 +253,15 @@ def _public(tree: ast.Module) -> dict[str, dict]:
     return out
 
 
+def _aliases(module: str, tree: ast.Module) -> dict[str, str]:
+    """``name = other`` of a builder imported from another ``_model_builders`` (``llama3_3/_model_builders.py``:
+    ``lora_llama3_3_70b = lora_llama3_1_70b``): each alias -> the builder it names."""
+    imported = {a.asname or a.name: f"{n.module.removesuffix('._model_builders')}.{a.name}" for n in tree.body
+                if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("._model_builders") for a in n.names}
+    return {f"{module}.{t.id}": imported[n.value.id] for n in tree.body if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Name) and n.value.id in imported for t in n.targets if isinstance(t, ast.Name)}
+
+
 def _builders(module: str, text: str) -> tuple[dict, dict]:
     """A ``_model_builders.py``'s builders (arguments and defaults; ``partial(f, k=v)`` over f's) and the
     literal shapes each plain builder passes to its component builder."""
@@ -295,7 +304,7 @@ def torchtune_keys(wheel: Path) -> dict:
         files = {n: z.read(n).decode() for n in z.namelist() if n.endswith(".py")}
     version = re.search(r"torchtune-([0-9][^-]*)-", wheel.name).group(1)
     recipes = {name: recipe_keys(files[f"recipes/{name}.py"]) for name in TORCHTUNE_RECIPES}
-    builders, shapes, tokenizers = {}, {}, {}
+    builders, shapes, tokenizers, aliases = {}, {}, {}, {}
     for name, text in sorted(files.items()):
         m = re.fullmatch(r"torchtune/models/([a-z0-9_]+)/_model_builders\.py", name)
         if m:
@@ -303,6 +312,12 @@ def torchtune_keys(wheel: Path) -> dict:
             for k, v in b.items():
                 (tokenizers if k.endswith("tokenizer") or k.endswith("transform") else builders)[k] = v
             shapes.update({k: v for k, v in s.items() if k in builders})
+            aliases.update(_aliases(f"torchtune.models.{m.group(1)}", ast.parse(text)))
+    for alias, target in aliases.items():  # the aliased builder's arguments and shapes, under the alias's name
+        if target in builders:
+            builders[alias] = builders[target]
+            if target in shapes:
+                shapes[alias] = shapes[target]
     sections: dict[str, dict] = {"model": builders, "tokenizer": tokenizers}
     groups = {"dataset": r"torchtune/datasets/_[a-z_]+\.py", "loss": r"torchtune/modules/loss/[a-z_]+\.py",
               "checkpointer": r"torchtune/training/checkpointing/_checkpointer\.py",

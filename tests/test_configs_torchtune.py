@@ -214,3 +214,16 @@ def test_phi_builders_train_the_hf_models_fused_modules(tmp_path, capsys, builde
     every = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", builder).replace(
         "lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']", "lora_attn_modules: [q_proj, k_proj, v_proj, output_proj]")
     assert setup_from(translate_file(_write(tmp_path, every))).lora_targets == "all-linear"
+
+
+@pytest.mark.parametrize("builder", ["llama3_3_70b", "lora_llama3_3_70b", "qlora_llama3_3_70b"])
+def test_the_llama3_3_builders_are_llama3_1s(tmp_path, builder):
+    """``llama3_3/_model_builders.py`` assigns llama3_1's builders (``lora_llama3_3_70b = lora_llama3_1_70b``): keys.json
+    holds them with llama3_1's arguments and shapes, and the shipped llama3_3 configs read as Llama 3.1 70B."""
+    tt = table.schema()["torchtune"]
+    name = f"torchtune.models.llama3_3.{builder}"
+    assert tt["builders"][name] == tt["builders"][name.replace("3_3", "3_1")]
+    assert tt["shapes"][name] == tt["shapes"][name.replace("3_3", "3_1")]
+    text = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", f"llama3_3.{builder}")
+    t = translate_file(_write(tmp_path, text))
+    assert t.model == "llama-3.1-70b" and any("Llama 3.3 70B" in why for _, why in t.approximated)

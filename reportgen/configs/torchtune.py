@@ -64,13 +64,14 @@ from reportgen.configs.common import Reader, Translation, finish
 #: another checkpoint of the same shapes (``tests/test_configs_torchtune.py`` checks the shapes against keys.json)
 CATALOG = {"llama2_7b": "llama-2-7b", "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b",
            "llama3_1_8b": "llama-3.1-8b", "llama3_1_70b": "llama-3.1-70b", "llama3_2_1b": "llama-3.2-1b",
-           "llama3_2_3b": "llama-3.2-3b", "llama3_8b": "llama-3.1-8b", "llama3_70b": "llama-3.1-70b",
+           "llama3_2_3b": "llama-3.2-3b", "llama3_8b": "llama-3.1-8b", "llama3_70b": "llama-3.1-70b", "llama3_3_70b": "llama-3.1-70b",
            "gemma_2b": "gemma-2b", "gemma_7b": "gemma-7b", "gemma2_9b": "gemma-2-9b",
            "qwen2_5_7b_base": "qwen2.5-7b", "qwen2_5_7b_instruct": "qwen2.5-7b", "qwen2_5_14b_base": "qwen2.5-14b",
            "qwen2_5_14b_instruct": "qwen2.5-14b", "qwen2_7b": "qwen2.5-7b", "phi3_mini": "phi-3-mini",
            "phi4_14b": "phi-4"}
 #: the same shapes under another checkpoint's name
-SAME_SHAPES = {"llama3_8b": "Llama 3 8B", "llama3_70b": "Llama 3 70B", "qwen2_5_7b_instruct": "Qwen2.5 7B Instruct",
+SAME_SHAPES = {"llama3_8b": "Llama 3 8B", "llama3_70b": "Llama 3 70B", "llama3_3_70b": "Llama 3.3 70B",
+               "qwen2_5_7b_instruct": "Qwen2.5 7B Instruct",
                "qwen2_5_14b_instruct": "Qwen2.5 14B Instruct", "qwen2_7b": "Qwen2 7B"}
 #: torchtune's module names -> the setup's lora_targets names
 ATTN = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
