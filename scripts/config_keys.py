@@ -28,7 +28,8 @@ value), read from the tools themselves.
   with their defaults and, for the plain builders, the literal shapes they pass: ``vocab_size``, ``num_layers``,
   ...), tokenizers, datasets (``torchtune/datasets/``), losses (``torchtune/modules/loss/``), checkpointers,
   metric loggers, LR schedulers and the profiler (``torchtune/training/``); an optimizer's arguments are
-  ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel).
+  ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel); ``downloads``: the Hub ids the
+  wheel's shipped configs (``recipes/configs/**.yaml``) download for each builder (their ``tune download`` line).
   ``pip download torchtune==0.6.1 --no-deps``.
 
 * unsloth: the keyword arguments of ``FastLanguageModel.from_pretrained`` (``unsloth/models/loader.py``) and of
@@ -299,9 +300,23 @@ def _torch_optimizers() -> tuple[str, dict]:
     return torch.__version__, out
 
 
+def _downloads(configs: dict[str, str]) -> dict[str, list[str]]:
+    """The Hub ids the wheel's own configs (``recipes/configs/**.yaml``) download for each model builder (their
+    ``tune download ORG/NAME`` comment), keyed by the plain builder (``lora_``/``qlora_`` dropped)."""
+    out: dict[str, set] = {}
+    for text in configs.values():
+        hub = re.search(r"tune download ([A-Za-z0-9][\w.-]*/[\w.-]+)", text)
+        model = re.search(r"^model:\s*\n\s+_component_:\s*(torchtune\.models\.[\w.]+)", text, re.M)
+        if hub and model:
+            module, name = model.group(1).rsplit(".", 1)
+            out.setdefault(f"{module}.{re.sub(r'^q?lora_', '', name)}", set()).add(hub.group(1))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def torchtune_keys(wheel: Path) -> dict:
     with zipfile.ZipFile(wheel) as z:
         files = {n: z.read(n).decode() for n in z.namelist() if n.endswith(".py")}
+        configs = {n: z.read(n).decode() for n in z.namelist() if re.fullmatch(r"recipes/configs/.+\.yaml", n)}
     version = re.search(r"torchtune-([0-9][^-]*)-", wheel.name).group(1)
     recipes = {name: recipe_keys(files[f"recipes/{name}.py"]) for name in TORCHTUNE_RECIPES}
     builders, shapes, tokenizers, aliases = {}, {}, {}, {}
@@ -345,6 +360,7 @@ def torchtune_keys(wheel: Path) -> dict:
             "recipes": {name: sorted(reads) for name, reads in recipes.items()},
             "required": {name: sorted(k for k, v in reads.items() if v["required"]) for name, reads in recipes.items()},
             "builders": dict(sorted(builders.items())), "shapes": dict(sorted(shapes.items())),
+            "downloads": _downloads(configs),
             "components": {s: sorted(c) for s, c in sections.items() if s != "model"}}
 
 

@@ -227,3 +227,54 @@ def test_the_llama3_3_builders_are_llama3_1s(tmp_path, builder):
     text = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", f"llama3_3.{builder}")
     t = translate_file(_write(tmp_path, text))
     assert t.model == "llama-3.1-70b" and any("Llama 3.3 70B" in why for _, why in t.approximated)
+
+
+GEMMA2_2B = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", "gemma2.lora_gemma2_2b")
+
+
+def _gemma2(tmp_path, config: dict | None, name: str = "gemma-2-2b") -> Path:
+    """The LoRA config on lora_gemma2_2b, its FullModelHFCheckpointer's checkpoint_dir a folder as ``tune download``
+    leaves it (its config.json; none: the folder is not on this machine)."""
+    folder = tmp_path / name
+    if config is not None:
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+    return _write(tmp_path, GEMMA2_2B.replace("checkpoint_dir: /tmp/Meta-Llama-3.1-8B-Instruct/",
+                                              f"checkpoint_dir: {folder}/"))
+
+
+def _gemma2_2b_config() -> dict:
+    """Gemma 2's config.json (the catalog's gemma-2-9b) with the shapes torchtune's gemma2_2b builder passes
+    (keys.json, read from the wheel)."""
+    shapes = table.schema()["torchtune"]["shapes"]["torchtune.models.gemma2.gemma2_2b"]
+    config = json.loads((Path(catalog.__file__).parent / "models" / "gemma-2-9b.json").read_text())
+    return {**config, "hidden_size": shapes["embed_dim"], "num_hidden_layers": shapes["num_layers"],
+            "num_attention_heads": shapes["num_heads"], "num_key_value_heads": shapes["num_kv_heads"],
+            "intermediate_size": shapes["intermediate_dim"], "head_dim": shapes["head_dim"]}
+
+
+def test_a_builder_without_a_catalog_model_names_the_checkpoint_to_give(tmp_path, capsys):
+    """The shipped gemma2/2B_lora_single_device.yaml: no catalog model has lora_gemma2_2b's shapes and its
+    checkpoint_dir is not on this machine: exit 2, naming the Hub id torchtune's own configs download for it."""
+    path = _gemma2(tmp_path, None)
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert "lora_gemma2_2b: reportgen has no catalog model" in err and "--model google/gemma-2-2b" in err
+    assert "Traceback" not in err
+
+
+def test_a_builder_without_a_catalog_model_reads_its_hf_checkpoints_config(tmp_path, capsys):
+    """FullModelHFCheckpointer reads checkpoint_dir/config.json (torchtune ``training/checkpointing/_checkpointer.py``):
+    where that folder is on this machine, its config.json is the model, its shapes checked against the builder's."""
+    path = _gemma2(tmp_path, _gemma2_2b_config())
+    t = translate_file(path)
+    assert t.model == str(tmp_path / "gemma-2-2b" / "config.json")
+    assert "checkpointer.checkpoint_dir" in t.honoured
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["lora_targets"] == "q,v,o,gate,up,down"
+    wrong = {**_gemma2_2b_config(), "num_hidden_layers": 42}
+    path = _gemma2(tmp_path, wrong, "gemma-2-9b-layers")
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"checkpointer.checkpoint_dir: .*num_hidden_layers 42.* lora_gemma2_2b .*26", err), err
+    assert "Traceback" not in err

@@ -55,6 +55,7 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from reportgen.configs import table
@@ -83,6 +84,12 @@ OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.
               "bitsandbytes.optim.PagedAdamW32bit": "paged-adamw", "bitsandbytes.optim.AdamW8bit": "adamw-8bit",
               "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit", "torchao.optim.AdamW8bit": "adamw-8bit",
               "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit"}
+HF_CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"
+#: a builder's literal shapes (keys.json ``shapes``) -> the config.json field and the ModelSpec attribute
+SHAPES = {"vocab_size": ("vocab_size", "vocab_size"), "num_layers": ("num_hidden_layers", "num_layers"),
+          "embed_dim": ("hidden_size", "hidden_size"), "num_heads": ("num_attention_heads", "num_heads"),
+          "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+          "intermediate_dim": ("intermediate_size", "intermediate_size")}
 CPU_OFFLOAD = ("torchao.optim.CPUOffloadOptimizer", "torchao.prototype.low_bit_optim.CPUOffloadOptimizer")
 #: keys only the distributed recipes read (keys.json "recipes")
 DISTRIBUTED = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers", "ac_mode", "ac_option",
@@ -180,13 +187,47 @@ def _model(r: Reader, t: Translation) -> str:
                       + "or pass --model ORG/NAME (a Hub id or config.json) with --method")
     name = value.rsplit(".", 1)[1]
     base = re.sub(r"^q?lora_", "", name)
-    if base not in CATALOG:  # --model beside the file gives it (flags.py refuses the file alone with this)
-        t.model_missing = f"{r.where(key)}: {key}: {name}: reportgen has no catalog model with this builder's shapes"
+    if base not in CATALOG:  # its HF checkpoint's config.json, or --model beside the file (flags.py refuses without)
+        _checkpoint_model(r, t, name, f"{value.rsplit('.', 1)[0]}.{base}")
         return value
     t.model = CATALOG[base]
     if base in SAME_SHAPES:
         t.approx(key, f"{SAME_SHAPES[base]} has the shapes of the catalog's {t.model}")
     return value
+
+
+def _checkpoint_model(r: Reader, t: Translation, name: str, plain: str) -> None:
+    """A builder no catalog model stands for: the HF checkpoint torchtune loads into it, where it is on this machine
+    (``FullModelHFCheckpointer`` reads ``checkpoint_dir/config.json``, relative to the working directory:
+    ``training/checkpointing/_checkpointer.py``), its shapes checked against the builder's (keys.json ``shapes``);
+    otherwise the refusal names the Hub ids torchtune's own configs download for the builder (keys.json ``downloads``,
+    their ``tune download`` line) for ``--model``."""
+    key, folder = "checkpointer.checkpoint_dir", r.get("checkpointer.checkpoint_dir")
+    config = Path(folder.strip()) / "config.json" if isinstance(folder, str) and folder.strip() else None
+    if r.get("checkpointer._component_") == HF_CHECKPOINTER and config is not None and config.is_file():
+        from reportgen import catalog
+        from reportgen.errors import UserError
+
+        try:
+            spec = catalog.load_model(str(config))
+        except UserError as exc:
+            raise r.error(key, f"{config}: {exc.message}", hint=exc.hint) from None
+        shapes = table.schema()["torchtune"]["shapes"].get(plain, {})
+        for ours, (theirs, field) in SHAPES.items():
+            if shapes.get(ours) is not None and shapes[ours] != getattr(spec, field):
+                raise r.error(key, f"{config} has {theirs} {getattr(spec, field)}, but {name} builds {ours} "
+                              f"{shapes[ours]}: torchtune cannot load this checkpoint into it",
+                              hint="point checkpoint_dir at the builder's checkpoint, or pass --model")
+        t.model = str(config)
+        relative = "" if config.is_absolute() else " (relative to the working directory, as torchtune opens it)"
+        t.read_from.append((key, f"{config}{relative}: {name} has no catalog model, its checkpoint's config is read"))
+        return
+    hubs = table.schema()["torchtune"].get("downloads", {}).get(plain, [])
+    then = (f"; torchtune's own configs train {' or '.join(hubs)} with it: pass --model {hubs[0]} (or its local "
+            "config.json)" if hubs else "")
+    t.model_missing = (f"{r.where('model._component_')}: model._component_: {name}: reportgen has no catalog model "
+                       f"with this builder's shapes, and no {key}/config.json of a FullModelHFCheckpointer on this "
+                       f"machine{then}")
 
 
 def _method(r: Reader, t: Translation, builder: str) -> str:
