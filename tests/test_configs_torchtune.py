@@ -278,3 +278,22 @@ def test_a_builder_without_a_catalog_model_reads_its_hf_checkpoints_config(tmp_p
     err = capsys.readouterr().err
     assert re.search(r"checkpointer.checkpoint_dir: .*num_hidden_layers 42.* lora_gemma2_2b .*26", err), err
     assert "Traceback" not in err
+
+
+def test_a_missing_checkpoint_folder_is_not_reported_as_read(tmp_path):
+    """Where checkpoint_dir holds no config.json, the key did nothing: it is listed as ignored, not honoured."""
+    t = translate_file(_gemma2(tmp_path, None))
+    assert t.model is None and "checkpointer.checkpoint_dir" in t.ignored and not t.read_from
+
+
+def test_torchtunes_vision_builders_are_refused_even_with_model(tmp_path, capsys):
+    """llama3_2_vision's builders are torchtune's DeepFusionModel (``models/llama3_2_vision/_component_builders.py``:
+    a CLIP image encoder, fusion cross-attention layers, ``decoder_trainable``/``encoder_trainable``/
+    ``fusion_trainable``): a text model given as --model would be a silently wrong estimate, so exit 2."""
+    text = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", "llama3_2_vision.lora_llama3_2_vision_11b")
+    path = _write(tmp_path, text.replace("  lora_rank:", "  encoder_trainable: lora\n  lora_rank:", 1))
+    for extra in ([], ["--model", "llama-3.1-8b"]):
+        assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "model._component_: lora_llama3_2_vision_11b: a vision-language model" in err
+        assert "Traceback" not in err

@@ -355,7 +355,8 @@ ROWS: tuple[Row, ...] = (
     _r("torchtune", "model._component_", HONOURED, "model, method, recipe", "the model builder: a catalog model of "
        "its shapes (Llama 2, 3, 3.1, 3.2, 3.3, Gemma, Gemma 2 9B, Qwen2.5 7B/14B, Phi-3 mini, Phi-4; Llama 3, 3.3 and "
        "Qwen2 7B approximated by the catalog model of the same shapes), another builder its HF checkpoint's "
-       "config.json (checkpointer.checkpoint_dir) or refused, naming the Hub id to pass as --model; a lora_*/"
+       "config.json (checkpointer.checkpoint_dir) or refused, naming the Hub id to pass as --model; the Llama 3.2 "
+       "Vision builders (image encoder and fusion layers) refused; a lora_*/"
        "qlora_* builder runs a LoRA recipe, any other a full one; torchtune's own loop (recipe loop, logits freed "
        "before backward)"),
     _r("torchtune", "model.quantize_base", APPROXIMATED, "method, quant, double_quant, kbit_prep", "true (the "

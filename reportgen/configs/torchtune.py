@@ -11,6 +11,10 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   ``training.set_default_dtype(self._dtype)`` and train without autocast: ``dtype: bf16`` is pure bf16 (precision
   bf16; ``validate_expected_param_dtype`` checks the LoRA adapters are in that dtype too), ``fp32`` is fp32, and
   ``fp16`` is refused by each recipe (``ValueError``); ``training/precision.py`` ``get_dtype``: null is fp32;
+* the model: a builder a catalog model has the shapes of (``CATALOG``); another builder is the config.json of the
+  HF checkpoint ``FullModelHFCheckpointer`` loads into it (``checkpointer.checkpoint_dir``), where that folder is
+  on this machine, else ``--model`` (the refusal names the Hub id torchtune's own configs download for it); the
+  llama3_2_vision builders (a ``DeepFusionModel``: image encoder and fusion layers) are refused;
 * which recipe: a LoRA builder (``lora_*``/``qlora_*``, with ``lora_rank``) runs a LoRA recipe, any other builder
   a full one; a key only the distributed recipes read (``fsdp_cpu_offload``, ``fsdp_reshard_after_forward``,
   ``custom_sharded_layers``, ``ac_mode``, ``tensor_parallel_dim``, ...) makes it a distributed run, which shards
@@ -84,6 +88,9 @@ OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.
               "bitsandbytes.optim.PagedAdamW32bit": "paged-adamw", "bitsandbytes.optim.AdamW8bit": "adamw-8bit",
               "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit", "torchao.optim.AdamW8bit": "adamw-8bit",
               "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit"}
+#: builders of a vision-language model (``models/llama3_2_vision/_model_builders.py`` returns a ``DeepFusionModel``,
+#: the only ``modules/model_fusion`` model among torchtune 0.6.1's builders)
+VISION = ("torchtune.models.llama3_2_vision.",)
 HF_CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"
 #: a builder's literal shapes (keys.json ``shapes``) -> the config.json field and the ModelSpec attribute
 SHAPES = {"vocab_size": ("vocab_size", "vocab_size"), "num_layers": ("num_hidden_layers", "num_layers"),
@@ -187,6 +194,11 @@ def _model(r: Reader, t: Translation) -> str:
                       + "or pass --model ORG/NAME (a Hub id or config.json) with --method")
     name = value.rsplit(".", 1)[1]
     base = re.sub(r"^q?lora_", "", name)
+    if value.startswith(VISION):
+        raise r.error(key, f"{name}: a vision-language model (torchtune's DeepFusionModel: a CLIP image encoder and "
+                      "fusion cross-attention layers, trained per decoder_trainable/encoder_trainable/"
+                      "fusion_trainable): not modelled, with or without --model",
+                      hint="estimate a text model's config (e.g. torchtune's llama3_1 or llama3_2 builders)")
     if base not in CATALOG:  # its HF checkpoint's config.json, or --model beside the file (flags.py refuses without)
         _checkpoint_model(r, t, name, f"{value.rsplit('.', 1)[0]}.{base}")
         return value
@@ -202,9 +214,10 @@ def _checkpoint_model(r: Reader, t: Translation, name: str, plain: str) -> None:
     ``training/checkpointing/_checkpointer.py``), its shapes checked against the builder's (keys.json ``shapes``);
     otherwise the refusal names the Hub ids torchtune's own configs download for the builder (keys.json ``downloads``,
     their ``tune download`` line) for ``--model``."""
-    key, folder = "checkpointer.checkpoint_dir", r.get("checkpointer.checkpoint_dir")
+    key, folder = "checkpointer.checkpoint_dir", r.doc.get("checkpointer.checkpoint_dir")  # read only where used
     config = Path(folder.strip()) / "config.json" if isinstance(folder, str) and folder.strip() else None
-    if r.get("checkpointer._component_") == HF_CHECKPOINTER and config is not None and config.is_file():
+    if r.doc.get("checkpointer._component_") == HF_CHECKPOINTER and config is not None and config.is_file():
+        r.get(key)
         from reportgen import catalog
         from reportgen.errors import UserError
 
