@@ -28,7 +28,8 @@ value), read from the tools themselves.
   with their defaults and, for the plain builders, the literal shapes they pass: ``vocab_size``, ``num_layers``,
   ...), tokenizers, datasets (``torchtune/datasets/``), losses (``torchtune/modules/loss/``), checkpointers,
   metric loggers, LR schedulers and the profiler (``torchtune/training/``); an optimizer's arguments are
-  ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel).
+  ``torch.optim``'s (the installed torch, by ``inspect``: torch is not in the wheel); ``downloads``: the Hub ids the
+  wheel's shipped configs (``recipes/configs/**.yaml``) download for each builder (their ``tune download`` line).
   ``pip download torchtune==0.6.1 --no-deps``.
 
 * unsloth: the keyword arguments of ``FastLanguageModel.from_pretrained`` (``unsloth/models/loader.py``) and of
@@ -253,6 +254,15 @@ def _public(tree: ast.Module) -> dict[str, dict]:
     return out
 
 
+def _aliases(module: str, tree: ast.Module) -> dict[str, str]:
+    """``name = other`` of a builder imported from another ``_model_builders`` (``llama3_3/_model_builders.py``:
+    ``lora_llama3_3_70b = lora_llama3_1_70b``): each alias -> the builder it names."""
+    imported = {a.asname or a.name: f"{n.module.removesuffix('._model_builders')}.{a.name}" for n in tree.body
+                if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("._model_builders") for a in n.names}
+    return {f"{module}.{t.id}": imported[n.value.id] for n in tree.body if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Name) and n.value.id in imported for t in n.targets if isinstance(t, ast.Name)}
+
+
 def _builders(module: str, text: str) -> tuple[dict, dict]:
     """A ``_model_builders.py``'s builders (arguments and defaults; ``partial(f, k=v)`` over f's) and the
     literal shapes each plain builder passes to its component builder."""
@@ -290,12 +300,26 @@ def _torch_optimizers() -> tuple[str, dict]:
     return torch.__version__, out
 
 
+def _downloads(configs: dict[str, str]) -> dict[str, list[str]]:
+    """The Hub ids the wheel's own configs (``recipes/configs/**.yaml``) download for each model builder (their
+    ``tune download ORG/NAME`` comment), keyed by the plain builder (``lora_``/``qlora_`` dropped)."""
+    out: dict[str, set] = {}
+    for text in configs.values():
+        hub = re.search(r"tune download ([A-Za-z0-9][\w.-]*/[\w.-]+)", text)
+        model = re.search(r"^model:\s*\n\s+_component_:\s*(torchtune\.models\.[\w.]+)", text, re.M)
+        if hub and model:
+            module, name = model.group(1).rsplit(".", 1)
+            out.setdefault(f"{module}.{re.sub(r'^q?lora_', '', name)}", set()).add(hub.group(1))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def torchtune_keys(wheel: Path) -> dict:
     with zipfile.ZipFile(wheel) as z:
         files = {n: z.read(n).decode() for n in z.namelist() if n.endswith(".py")}
+        configs = {n: z.read(n).decode() for n in z.namelist() if re.fullmatch(r"recipes/configs/.+\.yaml", n)}
     version = re.search(r"torchtune-([0-9][^-]*)-", wheel.name).group(1)
     recipes = {name: recipe_keys(files[f"recipes/{name}.py"]) for name in TORCHTUNE_RECIPES}
-    builders, shapes, tokenizers = {}, {}, {}
+    builders, shapes, tokenizers, aliases = {}, {}, {}, {}
     for name, text in sorted(files.items()):
         m = re.fullmatch(r"torchtune/models/([a-z0-9_]+)/_model_builders\.py", name)
         if m:
@@ -303,6 +327,12 @@ def torchtune_keys(wheel: Path) -> dict:
             for k, v in b.items():
                 (tokenizers if k.endswith("tokenizer") or k.endswith("transform") else builders)[k] = v
             shapes.update({k: v for k, v in s.items() if k in builders})
+            aliases.update(_aliases(f"torchtune.models.{m.group(1)}", ast.parse(text)))
+    for alias, target in aliases.items():  # the aliased builder's arguments and shapes, under the alias's name
+        if target in builders:
+            builders[alias] = builders[target]
+            if target in shapes:
+                shapes[alias] = shapes[target]
     sections: dict[str, dict] = {"model": builders, "tokenizer": tokenizers}
     groups = {"dataset": r"torchtune/datasets/_[a-z_]+\.py", "loss": r"torchtune/modules/loss/[a-z_]+\.py",
               "checkpointer": r"torchtune/training/checkpointing/_checkpointer\.py",
@@ -330,6 +360,7 @@ def torchtune_keys(wheel: Path) -> dict:
             "recipes": {name: sorted(reads) for name, reads in recipes.items()},
             "required": {name: sorted(k for k, v in reads.items() if v["required"]) for name, reads in recipes.items()},
             "builders": dict(sorted(builders.items())), "shapes": dict(sorted(shapes.items())),
+            "downloads": _downloads(configs),
             "components": {s: sorted(c) for s, c in sections.items() if s != "model"}}
 
 

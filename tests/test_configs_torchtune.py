@@ -200,3 +200,103 @@ def test_every_torchtune_row_is_a_key_of_its_schema():
     assert tt["keys"]["dataset.packed"] is False and tt["keys"]["enable_activation_checkpointing"] is False
     assert tt["builders"]["torchtune.models.llama3_1.qlora_llama3_1_8b"]["quantize_base"] is True
     assert "compile" in tt["required"]["lora_finetune_single_device"]
+
+
+@pytest.mark.parametrize("builder, model", [("phi3.lora_phi3_mini", "phi-3-mini"), ("phi4.qlora_phi4_14b", "phi-4")])
+def test_phi_builders_train_the_hf_models_fused_modules(tmp_path, capsys, builder, model):
+    """torchtune's phi3/phi4 builders (``models/phi3/_component_builders.py`` ``lora_phi3``: separate q/k/v_proj,
+    MLP w1/w2/w3) read as the HF Phi-3 model's modules (fused ``qkv_proj`` and ``gate_up_proj``, ``down_proj``):
+    ``apply_lora_to_mlp`` is gate_up and down, not gate/up/down (which phi-3 does not have): the shipped
+    ``phi3/mini_lora_single_device.yaml`` (q, v, output_proj and the MLP) is estimated."""
+    path = _write(tmp_path, LORA.read_text().replace("llama3_1.lora_llama3_1_8b", builder))
+    t = translate_file(path)
+    assert t.model == model and setup_from(t).lora_targets == "q,v,o,gate_up,down"
+    assert any("fused" in why for _, why in t.approximated)
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["lora_targets"] == "q,v,o,gate_up,down"
+    every = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", builder).replace(
+        "lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']", "lora_attn_modules: [q_proj, k_proj, v_proj, output_proj]")
+    assert setup_from(translate_file(_write(tmp_path, every))).lora_targets == "all-linear"
+
+
+@pytest.mark.parametrize("builder", ["llama3_3_70b", "lora_llama3_3_70b", "qlora_llama3_3_70b"])
+def test_the_llama3_3_builders_are_llama3_1s(tmp_path, builder):
+    """``llama3_3/_model_builders.py`` assigns llama3_1's builders (``lora_llama3_3_70b = lora_llama3_1_70b``): keys.json
+    holds them with llama3_1's arguments and shapes, and the shipped llama3_3 configs read as Llama 3.1 70B."""
+    tt = table.schema()["torchtune"]
+    name = f"torchtune.models.llama3_3.{builder}"
+    assert tt["builders"][name] == tt["builders"][name.replace("3_3", "3_1")]
+    assert tt["shapes"][name] == tt["shapes"][name.replace("3_3", "3_1")]
+    text = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", f"llama3_3.{builder}")
+    t = translate_file(_write(tmp_path, text))
+    assert t.model == "llama-3.1-70b" and any("Llama 3.3 70B" in why for _, why in t.approximated)
+
+
+GEMMA2_2B = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", "gemma2.lora_gemma2_2b")
+
+
+def _gemma2(tmp_path, config: dict | None, name: str = "gemma-2-2b") -> Path:
+    """The LoRA config on lora_gemma2_2b, its FullModelHFCheckpointer's checkpoint_dir a folder as ``tune download``
+    leaves it (its config.json; none: the folder is not on this machine)."""
+    folder = tmp_path / name
+    if config is not None:
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+    return _write(tmp_path, GEMMA2_2B.replace("checkpoint_dir: /tmp/Meta-Llama-3.1-8B-Instruct/",
+                                              f"checkpoint_dir: {folder}/"))
+
+
+def _gemma2_2b_config() -> dict:
+    """Gemma 2's config.json (the catalog's gemma-2-9b) with the shapes torchtune's gemma2_2b builder passes
+    (keys.json, read from the wheel)."""
+    shapes = table.schema()["torchtune"]["shapes"]["torchtune.models.gemma2.gemma2_2b"]
+    config = json.loads((Path(catalog.__file__).parent / "models" / "gemma-2-9b.json").read_text())
+    return {**config, "hidden_size": shapes["embed_dim"], "num_hidden_layers": shapes["num_layers"],
+            "num_attention_heads": shapes["num_heads"], "num_key_value_heads": shapes["num_kv_heads"],
+            "intermediate_size": shapes["intermediate_dim"], "head_dim": shapes["head_dim"]}
+
+
+def test_a_builder_without_a_catalog_model_names_the_checkpoint_to_give(tmp_path, capsys):
+    """The shipped gemma2/2B_lora_single_device.yaml: no catalog model has lora_gemma2_2b's shapes and its
+    checkpoint_dir is not on this machine: exit 2, naming the Hub id torchtune's own configs download for it."""
+    path = _gemma2(tmp_path, None)
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert "lora_gemma2_2b: reportgen has no catalog model" in err and "--model google/gemma-2-2b" in err
+    assert "Traceback" not in err
+
+
+def test_a_builder_without_a_catalog_model_reads_its_hf_checkpoints_config(tmp_path, capsys):
+    """FullModelHFCheckpointer reads checkpoint_dir/config.json (torchtune ``training/checkpointing/_checkpointer.py``):
+    where that folder is on this machine, its config.json is the model, its shapes checked against the builder's."""
+    path = _gemma2(tmp_path, _gemma2_2b_config())
+    t = translate_file(path)
+    assert t.model == str(tmp_path / "gemma-2-2b" / "config.json")
+    assert "checkpointer.checkpoint_dir" in t.honoured
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["lora_targets"] == "q,v,o,gate,up,down"
+    wrong = {**_gemma2_2b_config(), "num_hidden_layers": 42}
+    path = _gemma2(tmp_path, wrong, "gemma-2-9b-layers")
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"checkpointer.checkpoint_dir: .*num_hidden_layers 42.* lora_gemma2_2b .*26", err), err
+    assert "Traceback" not in err
+
+
+def test_a_missing_checkpoint_folder_is_not_reported_as_read(tmp_path):
+    """Where checkpoint_dir holds no config.json, the key did nothing: it is listed as ignored, not honoured."""
+    t = translate_file(_gemma2(tmp_path, None))
+    assert t.model is None and "checkpointer.checkpoint_dir" in t.ignored and not t.read_from
+
+
+def test_torchtunes_vision_builders_are_refused_even_with_model(tmp_path, capsys):
+    """llama3_2_vision's builders are torchtune's DeepFusionModel (``models/llama3_2_vision/_component_builders.py``:
+    a CLIP image encoder, fusion cross-attention layers, ``decoder_trainable``/``encoder_trainable``/
+    ``fusion_trainable``): a text model given as --model would be a silently wrong estimate, so exit 2."""
+    text = LORA.read_text().replace("llama3_1.lora_llama3_1_8b", "llama3_2_vision.lora_llama3_2_vision_11b")
+    path = _write(tmp_path, text.replace("  lora_rank:", "  encoder_trainable: lora\n  lora_rank:", 1))
+    for extra in ([], ["--model", "llama-3.1-8b"]):
+        assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "model._component_: lora_llama3_2_vision_11b: a vision-language model" in err
+        assert "Traceback" not in err

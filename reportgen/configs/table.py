@@ -353,8 +353,10 @@ ROWS: tuple[Row, ...] = (
        "backend is modelled as inductor; NO: none"),
     # ----- torchtune (tune run RECIPE --config FILE; sections read as section.key) ----------------------
     _r("torchtune", "model._component_", HONOURED, "model, method, recipe", "the model builder: a catalog model of "
-       "its shapes (Llama 2, 3, 3.1, 3.2, Gemma, Gemma 2 9B, Qwen2.5 7B/14B, Phi-3 mini, Phi-4; Llama 3 and Qwen2 7B "
-       "approximated by the catalog model of the same shapes), another builder refused (pass --model); a lora_*/"
+       "its shapes (Llama 2, 3, 3.1, 3.2, 3.3, Gemma, Gemma 2 9B, Qwen2.5 7B/14B, Phi-3 mini, Phi-4; Llama 3, 3.3 and "
+       "Qwen2 7B approximated by the catalog model of the same shapes), another builder its HF checkpoint's "
+       "config.json (checkpointer.checkpoint_dir) or refused, naming the Hub id to pass as --model; the Llama 3.2 "
+       "Vision builders (image encoder and fusion layers) refused; a lora_*/"
        "qlora_* builder runs a LoRA recipe, any other a full one; torchtune's own loop (recipe loop, logits freed "
        "before backward)"),
     _r("torchtune", "model.quantize_base", APPROXIMATED, "method, quant, double_quant, kbit_prep", "true (the "
@@ -367,7 +369,11 @@ ROWS: tuple[Row, ...] = (
     _r("torchtune", "model.lora_dropout", HONOURED, "lora_dropout", "the builders' default 0.0"),
     _r("torchtune", "model.lora_attn_modules", HONOURED, "lora_targets", "q_proj, k_proj, v_proj, output_proj (q, "
        "k, v, o); with apply_lora_to_mlp every linear of the decoder layers is all-linear"),
-    _r("torchtune", "model.apply_lora_to_mlp", HONOURED, "lora_targets", "w1, w2, w3 (gate, down, up)"),
+    _r("torchtune", "model.apply_lora_to_mlp", HONOURED, "lora_targets", "w1, w2, w3 (gate, down, up); the phi3 and "
+       "phi4 builders' w1, w2, w3 are the HF model's fused gate_up_proj and down_proj"),
+    _r("torchtune", "checkpointer.checkpoint_dir", HONOURED, "model", "read only for a builder without a catalog "
+       "model: a FullModelHFCheckpointer's folder holding config.json (as tune download leaves it) is the model, "
+       "its shapes checked against the builder's"),
     _r("torchtune", "model.apply_lora_to_output", HONOURED, "lora_targets", "an adapter on the output projection "
        "(lm_head)"),
     _r("torchtune", "model.use_dora", HONOURED, "dora", "DoRA"),

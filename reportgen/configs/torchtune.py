@@ -11,6 +11,10 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   ``training.set_default_dtype(self._dtype)`` and train without autocast: ``dtype: bf16`` is pure bf16 (precision
   bf16; ``validate_expected_param_dtype`` checks the LoRA adapters are in that dtype too), ``fp32`` is fp32, and
   ``fp16`` is refused by each recipe (``ValueError``); ``training/precision.py`` ``get_dtype``: null is fp32;
+* the model: a builder a catalog model has the shapes of (``CATALOG``); another builder is the config.json of the
+  HF checkpoint ``FullModelHFCheckpointer`` loads into it (``checkpointer.checkpoint_dir``), where that folder is
+  on this machine, else ``--model`` (the refusal names the Hub id torchtune's own configs download for it); the
+  llama3_2_vision builders (a ``DeepFusionModel``: image encoder and fusion layers) are refused;
 * which recipe: a LoRA builder (``lora_*``/``qlora_*``, with ``lora_rank``) runs a LoRA recipe, any other builder
   a full one; a key only the distributed recipes read (``fsdp_cpu_offload``, ``fsdp_reshard_after_forward``,
   ``custom_sharded_layers``, ``ac_mode``, ``tensor_parallel_dim``, ...) makes it a distributed run, which shards
@@ -26,7 +30,12 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
   ``double_quantize_scalers``) always quantizes its scalers to int8 again: modelled as bitsandbytes' NF4 with double
   quantization. Nothing is prepared for k-bit training (kbit_prep none);
 * LoRA targets: ``lora_attn_modules`` (q_proj, k_proj, v_proj, output_proj), ``apply_lora_to_mlp`` (w1, w2, w3:
-  gate, down, up), ``apply_lora_to_output`` (the head); the builders' defaults are rank 8, alpha 16, dropout 0,
+  gate, down, up), ``apply_lora_to_output`` (the head). The phi3 and phi4 builders (``models/phi3/
+  _component_builders.py`` ``lora_phi3``, which ``phi4/_model_builders.py`` builds on) keep q_proj, k_proj, v_proj
+  and the MLP's w1, w2, w3 apart, while the HF Phi-3 model they load (transformers ``models/phi3/modeling_phi3.py``:
+  ``Phi3Attention.qkv_proj``, ``Phi3MLP.gate_up_proj``, ``down_proj``) fuses them: q, k or v is read as its
+  ``qkv_proj`` (``model.py`` ``lora_selection``) and ``apply_lora_to_mlp`` as ``gate_up_proj`` and ``down_proj``
+  (approximated: one adapter per fused module, not one per torchtune projection); the builders' defaults are rank 8, alpha 16, dropout 0,
   no DoRA (``_model_builders.py``), but the LoRA recipes read ``model.lora_rank``, ``lora_alpha``,
   ``lora_attn_modules`` and ``apply_lora_to_mlp`` without a default (``cfg_model.lora_rank``): a file without
   them stops the recipe, and is refused here;
@@ -52,6 +61,7 @@ refused. What torchtune 0.6.1 does with each key, from its source (the wheel shi
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from reportgen.configs import table
@@ -61,22 +71,34 @@ from reportgen.configs.common import Reader, Translation, finish
 #: another checkpoint of the same shapes (``tests/test_configs_torchtune.py`` checks the shapes against keys.json)
 CATALOG = {"llama2_7b": "llama-2-7b", "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b",
            "llama3_1_8b": "llama-3.1-8b", "llama3_1_70b": "llama-3.1-70b", "llama3_2_1b": "llama-3.2-1b",
-           "llama3_2_3b": "llama-3.2-3b", "llama3_8b": "llama-3.1-8b", "llama3_70b": "llama-3.1-70b",
+           "llama3_2_3b": "llama-3.2-3b", "llama3_8b": "llama-3.1-8b", "llama3_70b": "llama-3.1-70b", "llama3_3_70b": "llama-3.1-70b",
            "gemma_2b": "gemma-2b", "gemma_7b": "gemma-7b", "gemma2_9b": "gemma-2-9b",
            "qwen2_5_7b_base": "qwen2.5-7b", "qwen2_5_7b_instruct": "qwen2.5-7b", "qwen2_5_14b_base": "qwen2.5-14b",
            "qwen2_5_14b_instruct": "qwen2.5-14b", "qwen2_7b": "qwen2.5-7b", "phi3_mini": "phi-3-mini",
            "phi4_14b": "phi-4"}
 #: the same shapes under another checkpoint's name
-SAME_SHAPES = {"llama3_8b": "Llama 3 8B", "llama3_70b": "Llama 3 70B", "qwen2_5_7b_instruct": "Qwen2.5 7B Instruct",
+SAME_SHAPES = {"llama3_8b": "Llama 3 8B", "llama3_70b": "Llama 3 70B", "llama3_3_70b": "Llama 3.3 70B",
+               "qwen2_5_7b_instruct": "Qwen2.5 7B Instruct",
                "qwen2_5_14b_instruct": "Qwen2.5 14B Instruct", "qwen2_7b": "Qwen2 7B"}
 #: torchtune's module names -> the setup's lora_targets names
 ATTN = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
+#: the builders' packages whose HF model fuses q/k/v and gate/up (phi4's builders call phi3's component builders)
+FUSED = ("torchtune.models.phi3.", "torchtune.models.phi4.")
 LOSSES = {"torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked", "torch.nn.CrossEntropyLoss": "standard"}
 OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
               "bitsandbytes.optim.AdamW": "adamw", "bitsandbytes.optim.PagedAdamW": "paged-adamw",
               "bitsandbytes.optim.PagedAdamW32bit": "paged-adamw", "bitsandbytes.optim.AdamW8bit": "adamw-8bit",
               "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit", "torchao.optim.AdamW8bit": "adamw-8bit",
               "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit"}
+#: builders of a vision-language model (``models/llama3_2_vision/_model_builders.py`` returns a ``DeepFusionModel``,
+#: the only ``modules/model_fusion`` model among torchtune 0.6.1's builders)
+VISION = ("torchtune.models.llama3_2_vision.",)
+HF_CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"
+#: a builder's literal shapes (keys.json ``shapes``) -> the config.json field and the ModelSpec attribute
+SHAPES = {"vocab_size": ("vocab_size", "vocab_size"), "num_layers": ("num_hidden_layers", "num_layers"),
+          "embed_dim": ("hidden_size", "hidden_size"), "num_heads": ("num_attention_heads", "num_heads"),
+          "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+          "intermediate_dim": ("intermediate_size", "intermediate_size")}
 CPU_OFFLOAD = ("torchao.optim.CPUOffloadOptimizer", "torchao.prototype.low_bit_optim.CPUOffloadOptimizer")
 #: keys only the distributed recipes read (keys.json "recipes")
 DISTRIBUTED = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers", "ac_mode", "ac_option",
@@ -175,8 +197,13 @@ def _model(r: Reader, t: Translation) -> str:
                       + "or pass --model ORG/NAME (a Hub id or config.json) with --method")
     name = value.rsplit(".", 1)[1]
     base = re.sub(r"^q?lora_", "", name)
-    if base not in CATALOG:  # --model beside the file gives it (flags.py refuses the file alone with this)
-        t.model_missing = f"{r.where(key)}: {key}: {name}: reportgen has no catalog model with this builder's shapes"
+    if value.startswith(VISION):
+        raise r.error(key, f"{name}: a vision-language model (torchtune's DeepFusionModel: a CLIP image encoder and "
+                      "fusion cross-attention layers, trained per decoder_trainable/encoder_trainable/"
+                      "fusion_trainable): not modelled, with or without --model",
+                      hint="estimate a text model's config (e.g. torchtune's llama3_1 or llama3_2 builders)")
+    if base not in CATALOG:  # its HF checkpoint's config.json, or --model beside the file (flags.py refuses without)
+        _checkpoint_model(r, t, name, f"{value.rsplit('.', 1)[0]}.{base}")
         return value
     t.model = CATALOG[base]
     positions = table.schema()["torchtune"]["shapes"].get(value, {}).get("max_seq_len")
@@ -185,6 +212,41 @@ def _model(r: Reader, t: Translation) -> str:
     if base in SAME_SHAPES:
         t.approx(key, f"{SAME_SHAPES[base]} has the shapes of the catalog's {t.model}")
     return value
+
+
+def _checkpoint_model(r: Reader, t: Translation, name: str, plain: str) -> None:
+    """A builder no catalog model stands for: the HF checkpoint torchtune loads into it, where it is on this machine
+    (``FullModelHFCheckpointer`` reads ``checkpoint_dir/config.json``, relative to the working directory:
+    ``training/checkpointing/_checkpointer.py``), its shapes checked against the builder's (keys.json ``shapes``);
+    otherwise the refusal names the Hub ids torchtune's own configs download for the builder (keys.json ``downloads``,
+    their ``tune download`` line) for ``--model``."""
+    key, folder = "checkpointer.checkpoint_dir", r.doc.get("checkpointer.checkpoint_dir")  # read only where used
+    config = Path(folder.strip()) / "config.json" if isinstance(folder, str) and folder.strip() else None
+    if r.doc.get("checkpointer._component_") == HF_CHECKPOINTER and config is not None and config.is_file():
+        r.get(key)
+        from reportgen import catalog
+        from reportgen.errors import UserError
+
+        try:
+            spec = catalog.load_model(str(config))
+        except UserError as exc:
+            raise r.error(key, f"{config}: {exc.message}", hint=exc.hint) from None
+        shapes = table.schema()["torchtune"]["shapes"].get(plain, {})
+        for ours, (theirs, field) in SHAPES.items():
+            if shapes.get(ours) is not None and shapes[ours] != getattr(spec, field):
+                raise r.error(key, f"{config} has {theirs} {getattr(spec, field)}, but {name} builds {ours} "
+                              f"{shapes[ours]}: torchtune cannot load this checkpoint into it",
+                              hint="point checkpoint_dir at the builder's checkpoint, or pass --model")
+        t.model = str(config)
+        relative = "" if config.is_absolute() else " (relative to the working directory, as torchtune opens it)"
+        t.read_from.append((key, f"{config}{relative}: {name} has no catalog model, its checkpoint's config is read"))
+        return
+    hubs = table.schema()["torchtune"].get("downloads", {}).get(plain, [])
+    then = (f"; torchtune's own configs train {' or '.join(hubs)} with it: pass --model {hubs[0]} (or its local "
+            "config.json)" if hubs else "")
+    t.model_missing = (f"{r.where('model._component_')}: model._component_: {name}: reportgen has no catalog model "
+                       f"with this builder's shapes, and no {key}/config.json of a FullModelHFCheckpointer on this "
+                       f"machine{then}")
 
 
 def _method(r: Reader, t: Translation, builder: str) -> str:
@@ -206,7 +268,7 @@ def _method(r: Reader, t: Translation, builder: str) -> str:
     t.set("lora_dropout", r.number("model.lora_dropout", defaults.get("lora_dropout", 0.0)), "model.lora_dropout")
     if r.boolean("model.use_dora", defaults.get("use_dora", False)):
         t.set("dora", True, "model.use_dora")
-    _targets(r, t)
+    _targets(r, t, builder.startswith(FUSED))
     if method == "qlora":
         t.set("quant", "nf4", "model.quantize_base")
         t.set("double_quant", True, "model.quantize_base")
@@ -217,23 +279,26 @@ def _method(r: Reader, t: Translation, builder: str) -> str:
     return method
 
 
-def _targets(r: Reader, t: Translation) -> None:
+def _targets(r: Reader, t: Translation, fused: bool) -> None:
+    """The adapters as the HF model's modules: a phi builder's MLP is the fused gate_up_proj and down_proj."""
     key = "model.lora_attn_modules"
     value = r.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) and v in ATTN for v in value):
         raise r.error(key, f"must be a list of q_proj, k_proj, v_proj, output_proj (got {value!r})")
     mlp = r.as_boolean("model.apply_lora_to_mlp", r.get("model.apply_lora_to_mlp"), strings=False)
     head = r.boolean("model.apply_lora_to_output", False)
-    names = [ATTN[m] for m in ATTN if m in value] + (["gate", "up", "down"] if mlp else [])
-    if len(names) == 7:
+    names = [ATTN[m] for m in ATTN if m in value]
+    if mlp:
+        names += ["gate_up", "down"] if fused else ["gate", "up", "down"]
+    if len(names) == len(ATTN) + (2 if fused else 3):
         names = ["all-linear"]
     if not names:
         raise r.error(key, "no adapters: an empty lora_attn_modules without apply_lora_to_mlp trains nothing",
                       hint="e.g. lora_attn_modules: [q_proj, v_proj]")
     t.set("lora_targets", ",".join(names + (["lm_head"] if head else [])), key)
-    if t.model in ("phi-3-mini", "phi-4") and set(value) & {"q_proj", "k_proj", "v_proj"}:
-        t.approx(key, "torchtune's Phi builders keep q_proj, k_proj and v_proj apart; the catalog model's adapters "
-                 "sit on its fused qkv_proj")
+    if fused and (set(value) & {"q_proj", "k_proj", "v_proj"} or mlp):
+        t.approx(key, "torchtune's Phi builders keep q_proj, k_proj, v_proj and the MLP's w1, w2, w3 apart; the HF "
+                 "model's adapters sit on its fused qkv_proj and gate_up_proj")
 
 
 def _precision(r: Reader, t: Translation, method: str) -> None:
