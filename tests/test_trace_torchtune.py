@@ -79,6 +79,12 @@ def test_lora_targets_beside_the_file_become_torchtunes_modules():
     assert _targets(TrainingSetup(method="lora", lora_targets="all-linear")) == (
         ["q_proj", "k_proj", "v_proj", "output_proj"], True, False)
     assert _targets(TrainingSetup(method="lora", lora_targets="o,gate,up,down,lm_head")) == (["output_proj"], True, True)
+    # a phi3/phi4 file reads as HF Phi-3's fused modules (configs/torchtune.py): refused with the reason, not a hint
+    # to write gate,up,down
+    from reportgen.errors import UserError
+
+    with pytest.raises(UserError, match="fused qkv_proj and gate_up_proj"):
+        _targets(TrainingSetup(method="lora", lora_targets="q,v,o,gate_up,down"))
 
 
 def test_agreement_gaps_are_estimate_over_trace():

@@ -202,13 +202,13 @@ def _model(r: Reader, t: Translation) -> str:
                       "fusion cross-attention layers, trained per decoder_trainable/encoder_trainable/"
                       "fusion_trainable): not modelled, with or without --model",
                       hint="estimate a text model's config (e.g. torchtune's llama3_1 or llama3_2 builders)")
+    positions = table.schema()["torchtune"]["shapes"].get(value, {}).get("max_seq_len")
+    if positions:  # its RoPE caches are built at the builder's max_seq_len (estimate/recipes.py)
+        t.set("rope_positions", positions, key)
     if base not in CATALOG:  # its HF checkpoint's config.json, or --model beside the file (flags.py refuses without)
         _checkpoint_model(r, t, name, f"{value.rsplit('.', 1)[0]}.{base}")
         return value
     t.model = CATALOG[base]
-    positions = table.schema()["torchtune"]["shapes"].get(value, {}).get("max_seq_len")
-    if positions:  # its RoPE caches are built at the builder's max_seq_len (estimate/recipes.py)
-        t.set("rope_positions", positions, key)
     if base in SAME_SHAPES:
         t.approx(key, f"{SAME_SHAPES[base]} has the shapes of the catalog's {t.model}")
     return value

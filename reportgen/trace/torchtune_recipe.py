@@ -257,6 +257,10 @@ ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
 def _targets(setup: TrainingSetup) -> tuple[list[str], bool, bool]:
     """``--lora-targets`` as torchtune's ``lora_attn_modules``, ``apply_lora_to_mlp``, ``apply_lora_to_output``."""
     names = set(setup.lora_targets.split(","))
+    if names & {"qkv", "gate_up"}:  # configs/torchtune.py: phi3/phi4 builders read as HF Phi-3's fused modules
+        raise UserError(f"--lora-targets {setup.lora_targets}: a Phi-3/Phi-4 builder's adapters are estimated on HF "
+                        "Phi-3's fused qkv_proj and gate_up_proj, which torchtune's model keeps apart: its recipe is "
+                        "not traced", hint="reportgen estimate --from the file estimates it (approximated)")
     if "all-linear" in names:
         names |= {*ATTN, "gate", "up", "down"}
     mlp = names & {"gate", "up", "down"}
