@@ -195,6 +195,20 @@ def _tps(n: dict | None) -> str:
     return "-" if n is None else rate(n["tokens_per_s"])
 
 
+def _print_walk_notes(doc: dict, console) -> None:
+    """What the walk's numbers rest on, before its table: the context limit, a GPU profile, the host's dispatch."""
+    from rich.markup import escape
+
+    if doc.get("context_note"):
+        console.print(f"[bold yellow]warning:[/] {doc['context_note']}", highlight=False)
+    if doc.get("gpu_profile"):
+        console.print(f"note: the tokens/s use your card's profile ({escape(doc['gpu_profile'])}) instead of the "
+                      "datasheet's rates", highlight=False, soft_wrap=True)
+    if doc.get("host_dispatch_note"):
+        console.print(f"note: the tokens/s assume {escape(doc['host_dispatch_note'])}", highlight=False,
+                      soft_wrap=True)
+
+
 def print_walk(doc: dict, console=None, measured_text: str | None = None) -> None:
     """The walk as a table and its verdict; ``measured_text``: the measured QLoRA/LoRA ratio to cite
     beside the walk's estimated one (``measured.ratio_text``)."""
@@ -209,18 +223,7 @@ def print_walk(doc: dict, console=None, measured_text: str | None = None) -> Non
                   f"{doc['seq']:,} tokens: what to turn on first", highlight=False)
     console.print("[dim]every number is an estimate (reportgen estimate); GiB = 2^30 bytes; memory is the device "
                   "total, what nvidia-smi would show[/]", highlight=False)
-    if doc.get("context_note"):
-        console.print(f"[bold yellow]warning:[/] {doc['context_note']}", highlight=False)
-    if doc.get("gpu_profile"):
-        from rich.markup import escape
-
-        console.print(f"note: the tokens/s use your card's profile ({escape(doc['gpu_profile'])}) instead of the "
-                      "datasheet's rates", highlight=False, soft_wrap=True)
-    if doc.get("host_dispatch_note"):
-        from rich.markup import escape
-
-        console.print(f"note: the tokens/s assume {escape(doc['host_dispatch_note'])}", highlight=False,
-                      soft_wrap=True)
+    _print_walk_notes(doc, console)
     table = Table(title_justify="left")
     for col, just in (("#", "right"), ("step", "left"), ("setup evaluated", "left"), ("GiB (est.)", "right"),
                       ("tokens/s (est.)", "right"), ("result", "left")):

@@ -410,6 +410,16 @@ def _exposed_transfer_s(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, no
     return transfer
 
 
+def _bound(by: dict[str, float], host_s: float, busy: float, kernels: float, notes: list[str]) -> str:
+    """What bounds the step: the host when its dispatch outlasts the device's work (said in ``notes``); else the
+    larger of the device's two kinds of kernel time, or the exposed transfers when they are larger still."""
+    if host_s > busy:
+        notes.append(f"the host's dispatch of {kernels:,.0f} kernels per step ({host_s * 1e3:,.0f} ms) outlasts "
+                     f"the GPU's {busy * 1e3:,.0f} ms of work: larger micro-batches cost little more per step")
+        return "host"
+    return max(by, key=lambda k: by[k])
+
+
 def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int = 0,
                   logits_bytes: int = 0, train_tokens: int = 100_000_000,
                   matmul_efficiency: float | None = None, offloaded_bytes: int = 0,
@@ -478,13 +488,8 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     tps = real / step
     mfu = model_flops * tps / (peak * setup.gpus)
     hfu = executed * (setup.tokens_per_step * scale / step) / (peak * setup.gpus)
-    # host: the host's dispatch outlasts the device's work; else the larger of the device's two kinds of
-    # kernel time, or the exposed transfers when they are larger still
-    by = {"compute": compute_s, "memory": memory_s + parts["launch"], "transfer": transfer}
-    bound = "host" if host_s > busy else max(by, key=lambda k: by[k])
-    if bound == "host":
-        notes.append(f"the host's dispatch of {total.kernels:,.0f} kernels per step ({host_s * 1e3:,.0f} ms) outlasts "
-                     f"the GPU's {busy * 1e3:,.0f} ms of work: larger micro-batches cost little more per step")
+    bound = _bound({"compute": compute_s, "memory": memory_s + parts["launch"], "transfer": transfer}, host_s, busy,
+                   total.kernels, notes)
     hours = train_tokens / tps / 3600 if tps else None
     dollars = (hours * gpu.price_usd_per_hour * setup.gpus
                if hours is not None and gpu.price_usd_per_hour is not None else None)
