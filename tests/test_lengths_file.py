@@ -132,3 +132,26 @@ def test_the_reserve_follows_the_longest_micro_batch_seen_so_far(tmp_path, capsy
     assert accum["lengths"]["reserved_growth"]["first"]["longest"] == 4000
     packed = _estimate(capsys, "--lengths", str(path), "--padding", "packed")
     assert "reserved_growth" not in packed["lengths"]  # packed rows are all seq long: no growth
+
+
+def test_grouping_by_length_pads_as_transformers_length_grouped_sampler(tmp_path, capsys):
+    """``group_by_length`` (transformers' ``get_length_grouped_indices``): mega-batches of sorted samples, each
+    micro-batch padded to its longest. Worked example: 10, 10, 10, 100 in pairs -> 55 tokens per row; on a skewed set
+    it pads far less than random micro-batches and never below the mean; the estimate says what it would save."""
+    from reportgen.datalengths import Lengths
+    from reportgen.estimate.lengths import grouped_padded_length
+
+    assert grouped_padded_length(Lengths((10, 100), (3, 1)), 1000, 2) == 55
+    skewed = Lengths((64, 512, 2048), (900, 90, 10))
+    grouped = grouped_padded_length(skewed, 4096, 8)
+    assert skewed.mean() < grouped < 0.5 * empirical_longest(skewed.values, skewed.counts, 4096, 8)
+    assert grouped_padded_length(skewed, 256, 8) <= 256  # the cut applies first
+    path = tmp_path / "lengths.txt"
+    path.write_text("64 900\n512 90\n2048 10\n")
+    d = _estimate(capsys, "--lengths", str(path), "--batch", "8", "--method", "lora")
+    waste = d["lengths"]["waste_by_padding"]
+    assert waste["grouped"] < d["lengths"]["padding_waste"] == waste["longest"]
+    main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "lora", "--batch", "8",
+          "--lengths", str(path)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "grouping by length (group_by_length: true" in out and "puts the longest micro-batch first" in out

@@ -106,6 +106,32 @@ def apply_lengths(setup, lengths, seq_given: bool):
                         hint="--seq sets the length samples are cut at") from None
 
 
+#: the most samples ``grouped_padded_length`` arranges (a larger dataset is drawn from, with a fixed seed)
+GROUPED_SAMPLES_MAX = 100_000
+
+
+def grouped_padded_length(lengths, cap: int, batch: int, seed: int = 0) -> float:
+    """The mean padded row length of micro-batches formed by transformers' ``group_by_length``
+    (``trainer_pt_utils.get_length_grouped_indices``, 5.24: the samples randomly permuted, cut into mega-batches
+    of ``min(50, n // (4 batch)) x batch``, each sorted by length, then taken ``batch`` at a time), each padded to
+    its longest sample, samples cut at ``cap``. Its random permutation is ``random.Random(seed)``'s, over at most
+    ``GROUPED_SAMPLES_MAX`` samples (drawn from the histogram beyond that). Worked example
+    (``tests/test_lengths_file.py``): lengths 10, 10, 10 and 100, batch 2: mega-batches of 1 x 2 samples (4 // 8
+    is 0), so whatever the permutation one pair holds the 100: (2 x 100 + 2 x 10) / 4 = 55 tokens per row."""
+    rng = random.Random(seed)
+    if lengths.n <= GROUPED_SAMPLES_MAX:
+        xs = [min(v, cap) for v, c in zip(lengths.values, lengths.counts) for _ in range(c)]
+        rng.shuffle(xs)
+    else:
+        xs = [min(v, cap) for v in rng.choices(lengths.values, weights=lengths.counts, k=GROUPED_SAMPLES_MAX)]
+    mega = max(1, min(len(xs) // (batch * 4), 50)) * batch
+    padded = 0
+    for i in range(0, len(xs), mega):
+        group = sorted(xs[i:i + mega], reverse=True)
+        padded += sum(max(group[j:j + batch]) * len(group[j:j + batch]) for j in range(0, len(group), batch))
+    return padded / len(xs)
+
+
 def dataset_report(lengths, setup: TrainingSetup) -> dict:
     """What a dataset's lengths (``datalengths.Lengths``) mean for the setup: truncation, padding waste
     under its padding and under packing, and the length that would cut only 0.5 % of the samples."""
@@ -114,6 +140,8 @@ def dataset_report(lengths, setup: TrainingSetup) -> dict:
     padded = {"max": float(cap), "packed": mean, "longest": empirical_longest(lengths.values, lengths.counts, cap,
                                                                                setup.batch)}
     p995 = lengths.percentile(0.995)
+    if setup.padding == Padding.longest and setup.batch > 1:  # transformers' group_by_length (grouped_padded_length)
+        padded["grouped"] = grouped_padded_length(lengths, cap, setup.batch)
     return {"samples": lengths.n, "longest": lengths.longest, "mean": mean, "cap": cap,
             "cut_share": lengths.share_over(cap), "padded_length": padded[setup.padding.value],
             "padding_waste": 1 - mean / padded[setup.padding.value], "waste_by_padding": {

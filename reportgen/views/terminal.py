@@ -177,6 +177,12 @@ def print_lengths(r: dict, setup, console: Console | None = None) -> None:
         console.print(f"[yellow]packing[/] (--padding packed) would cut the padding waste from "
                       f"{100 * r['padding_waste']:.0f}% to 0%" + (f" (padding to the longest: {100 * waste['longest']:.0f}%)"
                                                                  if setup.padding.value == "max" else ""), highlight=False)
+    if "grouped" in waste and r["padding_waste"] - waste["grouped"] > 0.05:
+        console.print(f"[yellow]grouping by length[/] (group_by_length: true, transformers' LengthGroupedSampler: "
+                      f"mega-batches of up to 50 micro-batches sorted by length) would cut the padding waste from "
+                      f"{100 * r['padding_waste']:.0f}% to {100 * waste['grouped']:.0f}%, and puts the longest "
+                      "micro-batch first, so a run that would run out of memory does so at its first step",
+                      highlight=False)
     growth = r.get("reserved_growth")
     if growth:
         (first, a), (later, b) = list(growth.items())
