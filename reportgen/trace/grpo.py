@@ -236,26 +236,15 @@ def grpo_trace(setup: TrainingSetup):
     import reportgen.measure.build as B
     import reportgen.measure.optimizers as O
     import reportgen.measure.step as S
-    import reportgen.trace.emulations as E
     import reportgen.trace.step as T
     from reportgen.measure.grpo import make_grpo_trainer
     from reportgen.measure.sft import trainer_optimizer
-    from reportgen.trace.sft import _trl_on_meta
+    from reportgen.trace.sft import _trl_on_meta, emulation_hooks, patched
 
     check_grpo_traced(setup)
-    state: dict = {"applied": []}
-
-    class Applied(E.Applied):  # the trace's own list of emulations, to add this module's to
-        def __init__(self):
-            super().__init__()
-            state["applied"].append(self)
-
-    def use(name: str) -> None:
-        for a in state["applied"]:
-            a.use(name)
-
-    state["use"] = use
-    build, make_optimizer, train_step, register_model = B.build, O.make_optimizer, S.train_step, T.register_model
+    state: dict = {}
+    Applied, use = emulation_hooks(state)
+    build, make_optimizer, register_model = B.build, O.make_optimizer, T.register_model
 
     def built(spec, s, device, **kw):
         out = build(spec, s, device, **kw)
@@ -285,10 +274,6 @@ def grpo_trace(setup: TrainingSetup):
 
     with tempfile.TemporaryDirectory() as out, _trl_on_meta(use), _fixed_length(setup.seq, use), _quiet_trl():
         state["dir"] = out
-        B.build, O.make_optimizer, S.train_step, T.Applied = built, optimizer, grpo_step(state, setup), Applied
-        T.register_model = register
-        try:
+        with patched((B, "build", built), (O, "make_optimizer", optimizer), (S, "train_step", grpo_step(state, setup)),
+                     (T, "Applied", Applied), (T, "register_model", register)):
             yield
-        finally:
-            B.build, O.make_optimizer, S.train_step, T.Applied = build, make_optimizer, train_step, E.Applied
-            T.register_model = register_model

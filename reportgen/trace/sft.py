@@ -108,6 +108,42 @@ def _trl_on_meta(use):
             del CL.triton
 
 
+def emulation_hooks(state: dict):
+    """What a recipe's patches report their emulations through: an ``Applied`` (the trace's own list of
+    emulations, ``trace/emulations.py``) that keeps every instance in ``state["applied"]``, and ``use(name)`` that
+    marks an emulation used on each of them (also ``state["use"]``). Shared by the Trainer, GRPO and torchtune
+    recipe traces."""
+    import reportgen.trace.emulations as E
+
+    state["applied"] = []
+
+    class Applied(E.Applied):  # the trace's own list of emulations, to add the recipe's to
+        def __init__(self):
+            super().__init__()
+            state["applied"].append(self)
+
+    def use(name: str) -> None:
+        for a in state["applied"]:
+            a.use(name)
+
+    state["use"] = use
+    return Applied, use
+
+
+@contextlib.contextmanager
+def patched(*patches):
+    """Set ``(module, attribute, value)`` for the length of a recipe's trace (the harness's build, optimizer and
+    step, the tracer's hooks) and put every original back on exit, also on an error."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 @contextlib.contextmanager
 def recipe_trace(setup: TrainingSetup):
     """Run ``trace_case`` of ``setup`` through its recipe's trainer (nothing for the loop)."""
@@ -120,20 +156,10 @@ def recipe_trace(setup: TrainingSetup):
     import reportgen.measure.optimizers as O
     import reportgen.measure.step as S
     from reportgen.measure.sft import make_trainer, trainer_optimizer
-    import reportgen.trace.emulations as E
     import reportgen.trace.step as T
 
-    state: dict = {"applied": []}
-
-    class Applied(E.Applied):  # the trace's own list of emulations, to add this module's to
-        def __init__(self):
-            super().__init__()
-            state["applied"].append(self)
-
-    def use(name: str) -> None:
-        for a in state["applied"]:
-            a.use(name)
-
+    state: dict = {}
+    Applied, use = emulation_hooks(state)
     build, make_optimizer, train_step = B.build, O.make_optimizer, S.train_step
 
     def built(spec, s, device, **kw):
@@ -158,11 +184,9 @@ def recipe_trace(setup: TrainingSetup):
     with tempfile.TemporaryDirectory() as out, \
             _trl_on_meta(use) if setup.recipe == Recipe.trl_sft else contextlib.nullcontext():
         state["dir"] = out
-        B.build, O.make_optimizer, S.train_step, T.Applied = built, optimizer, step, Applied
-        try:
+        with patched((B, "build", built), (O, "make_optimizer", optimizer), (S, "train_step", step),
+                     (T, "Applied", Applied)):
             yield
-        finally:
-            B.build, O.make_optimizer, S.train_step, T.Applied = build, make_optimizer, train_step, E.Applied
 
 
 def recipe_dict(setup: TrainingSetup, d: dict) -> dict:

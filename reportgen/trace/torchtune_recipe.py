@@ -449,24 +449,13 @@ def torchtune_trace(setup: TrainingSetup, path: Path):
     import reportgen.measure.build as B
     import reportgen.measure.optimizers as O
     import reportgen.measure.step as S
-    import reportgen.trace.emulations as E
     import reportgen.trace.step as T
+    from reportgen.trace.sft import emulation_hooks, patched
 
     check_torchtune_traced(setup)
     cls = import_recipe()
-    state: dict = {"applied": []}
-
-    class Applied(E.Applied):  # the trace's own list of emulations, to add this module's to
-        def __init__(self):
-            super().__init__()
-            state["applied"].append(self)
-
-    def use(name: str) -> None:
-        for a in state["applied"]:
-            a.use(name)
-
-    state["use"] = use
-    build, make_optimizer, train_step = B.build, O.make_optimizer, S.train_step
+    state: dict = {}
+    Applied, use = emulation_hooks(state)
     register_model, wrap_ckpt = T.register_model, T._wrap_checkpointing
 
     def built(spec, s, device, **kw):
@@ -482,14 +471,12 @@ def torchtune_trace(setup: TrainingSetup, path: Path):
 
     with tempfile.TemporaryDirectory() as out, _quiet_torchtune():
         state["dir"] = out
-        B.build, O.make_optimizer, S.train_step, T.Applied = built, lambda p, s, d: state["recipe"]._optimizer, \
-            tt_step(state), Applied
-        T.register_model, T._wrap_checkpointing = register, _wrap_tt_checkpointing(wrap_ckpt)
         try:
-            yield
+            with patched((B, "build", built), (O, "make_optimizer", lambda p, s, d: state["recipe"]._optimizer),
+                         (S, "train_step", tt_step(state)), (T, "Applied", Applied), (T, "register_model", register),
+                         (T, "_wrap_checkpointing", _wrap_tt_checkpointing(wrap_ckpt))):
+                yield
         finally:
-            B.build, O.make_optimizer, S.train_step, T.Applied = build, make_optimizer, train_step, E.Applied
-            T.register_model, T._wrap_checkpointing = register_model, wrap_ckpt
             _ACTIVE.clear()
 
 
