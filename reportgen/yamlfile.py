@@ -113,7 +113,11 @@ def load(path: Path, kind: Kind) -> tuple[yaml.Node | None, object]:
 def parse(path: Path, text: str, kind: Kind) -> tuple[yaml.Node | None, object]:
     """The composed node tree (for line numbers) and the constructed data, checked by
     ``check_nodes`` before anything is constructed; ``(None, None)`` for an empty file."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # checks every character first: a control character is a ReaderError
+    except yaml.reader.ReaderError as exc:
+        raise UserError(f"{path}:{text.count(chr(10), 0, exc.position) + 1}: not valid YAML (the character "
+                        f"U+{exc.character:04X} is not allowed in YAML)") from None
     try:
         node = loader.get_single_node()
         if node is not None:

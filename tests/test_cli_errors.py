@@ -204,3 +204,15 @@ def test_a_choice_like_none_gets_no_guess(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "xyzzy"])
     assert "did you mean" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, line, char", [(b"\x00", 1, "U+0000"), (b"a: 1\n\x01b: 2\n", 2, "U+0001")])
+@pytest.mark.parametrize("command", [["estimate", "--gpu", "rtx-4090", "--from"], ["sweep", "--no-render"]])
+def test_a_control_character_in_a_yaml_file_is_a_message(tmp_path, capsys, content, line, char, command):
+    """PyYAML refuses control characters before it parses (``yaml.reader.ReaderError`` when the loader is made):
+    found by tests/test_properties.py's launch-file property; was a traceback for every YAML file read."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"c.yaml:{line}: not valid YAML (the character {char} is not allowed in YAML)" in err

@@ -347,3 +347,46 @@ def test_no_page_holds_markup_from_a_model_path(work, fast_charts, name):
         assert not [h for h in tags.hrefs if re.sub(r"\s", "", h).lower().startswith("javascript:")], page
     assert shown >= 2  # the home grid and the GPU page at least
 
+
+
+# ----- launch files (``--launch``, configs/launch.py) ---------------------------------------------
+VENDORED = ROOT / "reportgen" / "configs" / "vendored" / "llamafactory" / "examples" / "accelerate"
+LAUNCH_KEYS = sorted(json.loads((ROOT / "reportgen" / "configs" / "keys.json").read_text())["accelerate"]["keys"])
+LF_TRAINING = "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\nbf16: true\n"
+
+
+@st.composite
+def launch_files(draw):
+    """A shipped accelerate config with keys set to anything, dropped, or added (nested ones in their section);
+    now and then bytes or any JSON."""
+    import yaml
+
+    kind = draw(st.sampled_from(["mutated", "mutated", "mutated", "any-json", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=40))
+    if kind == "any-json":
+        return json.dumps(draw(JSON)).encode()
+    doc = yaml.safe_load((VENDORED / draw(st.sampled_from(sorted(p.name for p in VENDORED.iterdir())))).read_text())
+    for key in draw(st.lists(st.sampled_from(LAUNCH_KEYS), max_size=4, unique=True)):
+        section, _, leaf = key.rpartition(".")
+        where = doc.setdefault(section, {}) if section else doc
+        if not isinstance(where, dict):
+            continue
+        if draw(st.integers(0, 4)) == 0:
+            where.pop(leaf, None)
+        else:
+            where[leaf] = draw(st.one_of(JSON, st.sampled_from(["FSDP", "DEEPSPEED", "MULTI_GPU", "NO", "bf16", "fp16",
+                                                                 "FULL_SHARD", "SHARD_GRAD_OP", True, 2, 8])))
+    return yaml.safe_dump(doc, allow_unicode=True).encode()
+
+
+@examples(40)
+@given(content=launch_files(), command=st.sampled_from(["estimate", "estimate", "advise"]))
+def test_any_launch_file_exits_0_or_2(work, content, command):
+    cwd = work / "launch"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "lf.yaml").write_text(LF_TRAINING)
+    (cwd / "launch.yaml").write_bytes(content)
+    code, text = run([command, "--from", "lf.yaml", "--launch", "launch.yaml", "--gpu", "rtx-4090"], cwd)
+    assert_clean(code, text)
+    assert files_under(cwd) == {"lf.yaml", "launch.yaml"}
