@@ -87,28 +87,6 @@ class _MetaAccelerator:
         return getattr(self._accelerator, name)
 
 
-def _host_reads_mode(use):
-    """``_local_scalar_dense`` as ``sft._dispatch_mode``; a copy of a meta tensor to the CPU: zeros there."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class HostReads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            if t is not None and t.device.type == "meta":
-                if func is torch.ops.aten._local_scalar_dense.default:
-                    return True if t.dtype == torch.bool else 1 if not t.is_floating_point() else 1.0
-                device = kwargs.get("device")
-                if func is torch.ops.aten._to_copy.default and device is not None and \
-                        torch.device(device).type == "cpu":
-                    use("host_reads_of_meta")
-                    return torch.zeros(t.shape, dtype=kwargs.get("dtype") or t.dtype, device="cpu")
-            return func(*args, **kwargs)
-
-    return HostReads()
-
-
 @contextlib.contextmanager
 def _fixed_length(total: int, use):
     """transformers' stop check answers "stop" at ``total`` tokens (``fixed_length_generation``)."""
@@ -196,6 +174,8 @@ def grpo_step(state: dict, setup: TrainingSetup):
     def step(model, optimizer, batches, accum, autocast, scaler=None, last_loss=None, mark=None, **_):
         from torch.fx.experimental import _config as fx_config
 
+        from reportgen.trace.sft import _dispatch_mode
+
         recipe, use = state["recipe"], state["use"]
         trainer = recipe.trainer
         use("data_dependent_scalars")
@@ -210,7 +190,7 @@ def grpo_step(state: dict, setup: TrainingSetup):
         trainer._step = 0  # each traced step generates (module docstring)
         trainer.current_gradient_accumulation_steps = accum  # Trainer's loop sets it per optimizer step
         rows = recipe.generation_batch(setup)
-        with _host_reads_mode(use), fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        with _dispatch_mode(use), fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             for _ in range(accum):
                 mark("forward")
                 loss = trainer.training_step(model, rows, None)

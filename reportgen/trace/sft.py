@@ -42,7 +42,10 @@ for _e in (Emulation("trl_compact_tiles", "TRL's fused LM head takes its CUDA pa
     EMULATIONS.setdefault(_e.name, _e)
 
 
-def _dispatch_mode():
+def _dispatch_mode(host_reads=None):
+    """A data-dependent scalar of a meta tensor (``.item()``, ``_local_scalar_dense``) is 1 (True for a bool);
+    with ``host_reads`` (the trace's ``use``, GRPO's scoring on the host), a copy of a meta tensor to the CPU is
+    zeros there, reported as the ``host_reads_of_meta`` emulation."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -53,6 +56,11 @@ def _dispatch_mode():
             if t is not None and t.device.type == "meta":
                 if func is torch.ops.aten._local_scalar_dense.default:
                     return True if t.dtype == torch.bool else 1 if not t.is_floating_point() else 1.0
+                device = kwargs.get("device")
+                if host_reads is not None and func is torch.ops.aten._to_copy.default and device is not None \
+                        and torch.device(device).type == "cpu":
+                    host_reads("host_reads_of_meta")
+                    return torch.zeros(t.shape, dtype=kwargs.get("dtype") or t.dtype, device="cpu")
             return func(*args, **kwargs)
 
     return DataDependent()
