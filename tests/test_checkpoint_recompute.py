@@ -24,27 +24,11 @@ def _counted(method: str, mixed: bool, ckpt: bool, layers: int) -> tuple[tuple[i
     """(kernels, bytes) of the forward and the backward of a tiny Llama step on the CPU, each ATen op
     classified as the tracer classifies it (``trace/work.py``)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._runtime_estimation import get_num_bytes
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from reportgen.trace.work import NO_KERNEL, VIEW_PACKETS, _gemm_dims, _tensors
+    from tests.op_count import op_counter
 
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.kernels, self.bytes = 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            name = func.overloadpacket.__name__
-            if getattr(func, "is_view", False) or name in VIEW_PACKETS or name in NO_KERNEL or name == "_unsafe_view":
-                return out
-            self.kernels += 1
-            dims = _gemm_dims(name, args)
-            if dims is None or not work.gemm_is_compute_bound(*dims, _tensors(out)[0].element_size()):
-                self.bytes += sum(get_num_bytes(x) for x in _tensors((args, kwargs)) + _tensors(out))
-            return out
+    Count = op_counter(gemm_flops=True)
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **TINY))

@@ -192,24 +192,10 @@ def _dispatched(dora: bool, mixed: bool, dropout: float, input_grad: bool) -> tu
     kernel; bytes read and written, ``torch.utils._runtime_estimation.get_num_bytes``)."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._runtime_estimation import get_num_bytes
 
-    from reportgen.trace.work import NO_KERNEL, VIEW_PACKETS, _tensors
+    from tests.op_count import op_counter
 
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.kernels, self.bytes = 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            name = func.overloadpacket.__name__
-            if not (getattr(func, "is_view", False) or name in VIEW_PACKETS or name in NO_KERNEL
-                    or name == "_unsafe_view"):
-                self.kernels += 1
-                self.bytes += sum(get_num_bytes(x) for x in _tensors((args, kwargs)) + _tensors(out))
-            return out
+    Count = op_counter()
 
     n_in, n_out, r, t = SMALL
     torch.manual_seed(0)
