@@ -43,7 +43,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reportgen.estimate import dora, fusion, ops
-from reportgen.estimate import recipes as RC
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import FP32_WEIGHTED_NORM, GEMMA_NORM, Linear, ModelSpec
 from reportgen.setup import Attention, Modeling, TrainingSetup
@@ -370,7 +369,7 @@ def sdpa_kv_repeated(model: ModelSpec, masked: bool, setup: TrainingSetup | None
     """transformers hands SDPA k and v repeated to all query heads (``repeat_kv``, new tensors) instead
     of passing ``enable_gqa`` when there is a mask or a head dimension above 256
     (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``); torchtune's attention always does
-    (``recipes.kv_expanded``)."""
+    (``modules/attention.py`` ``MultiHeadAttention.forward``, ``recipes.py``)."""
     return model.num_kv_heads != model.num_heads and (masked or model.head_dim > 256 or (
         setup is not None and setup.modeling is Modeling.torchtune))
 
@@ -399,9 +398,8 @@ def sdpa_kernel(model: ModelSpec, setup: TrainingSetup, c: int, masked: bool | N
         masked = sdpa_masked_layers(model, setup) > 0
     if c == 2 and not masked and model.head_dim <= 256:
         return "flash"
-    if c == 4 and not masked and model.num_kv_heads != model.num_heads and model.head_dim <= 256 and not (
-            RC.kv_expanded(model, setup)):  # torchtune's k and v come at every head: the efficient kernel takes them
-        return "math"
+    if c == 4 and model.num_kv_heads != model.num_heads and not sdpa_kv_repeated(model, masked, setup):
+        return "math"  # k and v at fewer heads than q (repeated ones, transformers' or torchtune's, go efficient)
     return "efficient"
 
 

@@ -49,7 +49,7 @@ TRL 1.16.0's ``SFTTrainer`` on top of it. Term by term, from their source:
   make, run by its own recipes, whose loop is the harness's). Three differences from transformers' modeling,
   each from torchtune's source: its attention copies k and v to every query head before SDPA
   (``modules/attention.py`` ``MultiHeadAttention.forward``: ``k.unsqueeze(2).expand(...).flatten(1, 2)``),
-  which SDPA saves (``kv_expanded``); its padded batches carry no attention mask
+  which SDPA saves (``activations.sdpa_kv_repeated``); its padded batches carry no attention mask
   (``data/_collate.py`` ``padded_collate_sft`` returns tokens and labels only; the causal kernel runs,
   padding is ignored by the loss's -100 labels); and its RoPE caches are fp32 buffers built at the
   builder's ``max_seq_len`` (``rope_cache_bytes``). Traced against torchtune's own recipe on meta
@@ -145,12 +145,6 @@ def trl_head_backward_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, 
 
 __all__ = ["TRL_ACCUMULATORS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK", "fused_head", "trl_head_backward_bytes",
            "trl_head_memory", "trl_scored_tokens"]
-
-
-def kv_expanded(model: ModelSpec, setup: TrainingSetup) -> bool:
-    """torchtune's attention hands SDPA k and v copied to all query heads (module docstring), so a
-    grouped-query model saves them at ``num_heads``, as transformers' ``repeat_kv`` does under a mask."""
-    return setup.modeling == Modeling.torchtune and model.num_kv_heads != model.num_heads
 
 
 #: model types (the Hub config's) whose torchtune builders make one RoPE module per attention layer
