@@ -250,6 +250,15 @@ def test_a_misspelled_section_key_is_a_warning_with_the_right_name(tmp_path, cap
             and "did you mean fsdp_config.fsdp_offload_params" in err)
 
 
+def test_a_section_key_yaml_reads_as_a_bool_is_a_warning_not_a_traceback(tmp_path, capsys):
+    """``yes:`` inside fsdp_config is the key True to YAML: reported as unknown at its section's line (it was a
+    KeyError looking up its line)."""
+    lf = _write(tmp_path, "lf.yaml", LF_FULL)
+    path = _write(tmp_path, "launch.yaml", FSDP1 + "  yes: 1\n")
+    assert main(["estimate", "--from", str(lf), "--launch", str(path), "--gpu", "h100-sxm", "--format", "json"]) == 0
+    assert "warning: unknown key 'fsdp_config.fsdp_True'" in " ".join(capsys.readouterr().err.split())
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--launch", "x.yaml", "--model", "llama-3.2-1b"], "--launch: needs --from CONFIG"),
     (["--from", "{lf}", "--launch", "{missing}"], "missing.yaml"),

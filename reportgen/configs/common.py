@@ -175,16 +175,22 @@ def read_file(path: str | Path) -> tuple[dict, dict[str, int]]:
         found = "an empty file" if doc is None else f"a {type(doc).__name__}"
         raise ConfigError(f"{path}: a config is a mapping of keys to values, not {found}",
                           hint="e.g. model_name_or_path: meta-llama/Llama-3.2-1B (TRL) or base_model: ... (Axolotl)")
-    lines = {}
+    return {str(k): v for k, v in doc.items()}, key_lines(node)
+
+
+def key_lines(node) -> dict[str, int]:
+    """The line of each top-level key of a YAML mapping's node, and of each key of a section as
+    ``section.key`` (torchtune's components, accelerate's ``fsdp_config``)."""
+    lines: dict[str, int] = {}
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode):
                 lines[k.value] = k.start_mark.line + 1
-                if isinstance(v, yaml.MappingNode):  # a section's keys as section.key (torchtune's components)
+                if isinstance(v, yaml.MappingNode):
                     for kk, _ in v.value:
                         if isinstance(kk, yaml.ScalarNode):
                             lines.setdefault(f"{k.value}.{kk.value}", kk.start_mark.line + 1)
-    return {str(k): v for k, v in doc.items()}, lines
+    return lines
 
 
 # ----- the model -------------------------------------------------------------------------------

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from reportgen import yamlfile
-from reportgen.configs.common import ConfigError, Reader, Translation, finish
+from reportgen.configs.common import ConfigError, Reader, Translation, finish, key_lines
 from reportgen.errors import UserError
 
 LAUNCH_FILE = yamlfile.Kind(noun="launch file", what_it_holds="an accelerate config is a mapping of a few dozen keys "
@@ -71,19 +69,15 @@ def read(path: Path, tool: str) -> tuple[Reader, str | None]:
 
 
 def _flatten(path: Path, doc: dict, node) -> tuple[dict, dict]:
-    lines: dict[str, int] = {}
-    children: dict[str, yaml.Node] = {}
-    for k, v in node.value:
-        lines[str(k.value)] = k.start_mark.line + 1
-        children[str(k.value)] = v
+    """The sections' keys as ``section.key`` with the prefix accelerate adds (``SECTIONS``), each with its line."""
+    lines = key_lines(node)
     flat = {}
     for key, value in doc.items():
         key = str(key)
         if key in SECTIONS and isinstance(value, dict):
-            sub = {str(kk.value): kk.start_mark.line + 1 for kk, _ in children[key].value}
             for k, v in value.items():
                 name = f"{key}.{k if str(k).startswith(SECTIONS[key]) else SECTIONS[key] + str(k)}"
-                flat[name], lines[name] = v, sub[str(k)]
+                flat[name], lines[name] = v, lines.get(f"{key}.{k}", lines[key])  # a key YAML read as a bool
         elif key in SECTIONS and value not in (None, {}):
             raise ConfigError(f"{path}:{lines[key]}: {key}: must be a mapping of its keys (got {value!r})")
         elif key not in SECTIONS:
