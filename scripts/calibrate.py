@@ -38,6 +38,7 @@ script prints; it never edits ``constants.py``. A changed constant cites this sc
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 import sys
@@ -411,23 +412,28 @@ def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None
 
 def published_speed_cases(csv_path: Path) -> list[dict]:
     """``[{"id", "model", "gpu", "setup", "time", "tokens_per_s"}]``: the published rows whose tokens/s the
-    source states or implies (``reportgen.published.speed``), each estimated with its recipe's defaults.
-    Speed counts only for the card that ran it: each row is its own card, as the source names it."""
-    from reportgen.published.mapping import FSDP_QLORA_LIBS, read_rows
+    source states or implies (``reportgen.published.speed``), and the mapped rows of
+    ``consumer_speed.csv`` beside the CSV (``reportgen.published.consumer``), each estimated with its
+    recipe's defaults. Speed counts only for the card that ran it: each row is its own card, as the
+    source names it."""
+    from reportgen.published.consumer import consumer_speed_rows
+    from reportgen.published.mapping import read_rows
     from reportgen.published.speed import SpeedRow, map_speed_row
     from reportgen.estimate.memory import estimate_memory
 
     out = []
-    for raw in read_rows(csv_path):
-        m = map_speed_row(raw)
+    mapped = [(csv_path.name, map_speed_row(raw)) for raw in read_rows(csv_path)] + [
+        ("consumer_speed.csv", m) for m in consumer_speed_rows(csv_path.parent)]
+    for file, m in mapped:
         if not isinstance(m, SpeedRow):
             continue
         model, gpu = catalog.load_model(m.model), catalog.load_gpu(m.gpu)
-        mem = estimate_memory(model, m.setup, gpu, libs=FSDP_QLORA_LIBS)
+        mem = estimate_memory(model, m.setup, gpu, libs=m.libs)
         t = estimate_time(model, m.setup, gpu, mem.terms["activations"], mem.terms["logits"],
                           offloaded_bytes=mem.offloaded_activations)
         out.append({"id": m.row_id, "model": model, "gpu": gpu, "setup": m.setup, "mem": mem, "time": t,
-                    "tokens_per_s": m.published_tokens_per_s, "source": source_of(m.source)})
+                    "libs": m.libs, "tokens_per_s": m.published_tokens_per_s, "source": source_of(m.source),
+                    "file": file})
     return out
 
 
@@ -514,7 +520,9 @@ def main() -> int:
                      Path("data/published_measurements.csv"))
     if "--no-published" not in sys.argv and published.is_file():
         rows = published_speed_cases(published)
-        print(f"{len(rows)} published rows with tokens/s read from {published}")
+        files = collections.Counter(r["file"] for r in rows)
+        print(f"{len(rows)} published rows with tokens/s read from {published.parent}: "
+              + ", ".join(f"{n} from {f}" for f, n in sorted(files.items())))
         fit_efficiency_published(rows)
     if "--no-traced" not in sys.argv:
         free, limited = traced_samples(Path("results"))

@@ -160,6 +160,8 @@ def test_the_validation_page_warns_when_the_comparison_is_stale(tmp_path, capsys
     from reportgen.report.pages import _published
 
     shutil.copy(CSV, tmp_path / CSV.name)
+    for beside in ("consumer_speed.csv", "consumer_speed_setups.yaml"):  # their rows join the speed table
+        shutil.copy(CSV.parent / beside, tmp_path / beside)
     shutil.copy("data/published_comparison.json", tmp_path / "published_comparison.json")
     stored = _published(tmp_path / "published_comparison.json")
     assert capsys.readouterr().err == ""  # the committed pair is current
@@ -168,6 +170,13 @@ def test_the_validation_page_warns_when_the_comparison_is_stale(tmp_path, capsys
     err = capsys.readouterr().err
     assert "published_comparison.json was computed by other code, catalog entries or published rows" in err
     assert "run `reportgen compare-published`" in err
+    (tmp_path / CSV.name).write_text(CSV.read_text(encoding="utf-8"), encoding="utf-8")  # current again
+    _published(tmp_path / "published_comparison.json")
+    assert capsys.readouterr().err == ""
+    mapping = tmp_path / "consumer_speed_setups.yaml"  # a changed consumer-speed mapping is stale too
+    mapping.write_text(mapping.read_text(encoding="utf-8") + "# edited\n", encoding="utf-8")
+    _published(tmp_path / "published_comparison.json")
+    assert "run `reportgen compare-published`" in capsys.readouterr().err
     # a truncated copy: a warning, and the page goes without the comparison (no traceback)
     (tmp_path / "published_comparison.json").write_text('{"rows": [')
     assert _published(tmp_path / "published_comparison.json") is None

@@ -16,25 +16,32 @@ from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.logits import logits_memory
 from reportgen.estimate.memory import estimate_memory
 from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows
+from reportgen.published.consumer import CSV_NAME as CONSUMER_CSV
+from reportgen.published.consumer import SETUPS_NAME as CONSUMER_SETUPS
+from reportgen.published.consumer import consumer_speed_rows
 from reportgen.published.speed import compare_speed, slowdown_rows
 
 UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MB": 1e6, "MiB": 2**20}
 #: the code and data a comparison is computed by, besides the estimator's (globs relative to the
 #: package): the rows' mapping, this module, the speed comparison and the model configs the mapping
 #: reads (``cli.py`` only prints and writes)
-CODE = ("published/mapping.py", "published/compare.py", "published/speed.py", "published/configs/*.json")
+CODE = ("published/mapping.py", "published/compare.py", "published/speed.py", "published/consumer.py",
+        "published/configs/*.json")
 
 
 def comparison_inputs_hash(csv_path: Path) -> str:
-    """What the whole comparison depends on, hashed: the published rows (the CSV's bytes), the
+    """What the whole comparison depends on, hashed: the published rows (the CSV's bytes, and those of
+    ``consumer_speed.csv`` and its mapping beside it), the
     estimator's code, this folder's code and configs, and every catalog model's config and GPU entry.
     ``data/published_comparison.json`` records it as ``inputs_hash`` (an ``artifacts.Artifact`` of
     kind ``published``): a file of another hash is stale."""
     from reportgen.fingerprint import catalog_entries, estimator_hash, source_hash
     from reportgen.results import short_hash
 
+    beside = {name: (Path(csv_path).parent / name).read_text(encoding="utf-8")
+              for name in (CONSUMER_CSV, CONSUMER_SETUPS) if (Path(csv_path).parent / name).is_file()}
     return short_hash({"rows": Path(csv_path).read_text(encoding="utf-8"), "estimator": estimator_hash(),
-                       "code": source_hash(CODE), **catalog_entries()}, 16)
+                       "code": source_hash(CODE), **catalog_entries(), **beside}, 16)
 
 
 def source_key(source: str) -> str:
@@ -119,7 +126,7 @@ def compare(csv_path: Path) -> dict:
         "median_abs_rel_error": round(statistics.median(abs(r["rel_error"]) for r in rows), 4) if rows else None,
         "median_rel_error": round(statistics.median(r["rel_error"] for r in rows), 4) if rows else None,
         "by_source": {},
-        "speed": compare_speed(raw_rows),
+        "speed": compare_speed(raw_rows, consumer_speed_rows(Path(csv_path).parent)),
     }
     summary["speed"]["qlora_over_lora"] = slowdown_rows(raw_rows)
     speed_multi = [r for r in summary["speed"]["rows"] if r["gpus"] > 1 and r["rel_error"] is not None]

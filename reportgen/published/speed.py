@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from reportgen import catalog
 from reportgen.estimate.memory import estimate_memory
 from reportgen.estimate.time import estimate_time
+from reportgen.estimate.libraries import Libraries
 from reportgen.published.mapping import FSDP_QLORA_LIBS, Unmapped, fsdp_qlora_setup
 from reportgen.setup import TrainingSetup
 
@@ -46,6 +47,7 @@ class SpeedRow:
     published_tokens_per_s: float  # all GPUs together
     derivation: str
     assumptions: list[str] = field(default_factory=list)
+    libs: Libraries = FSDP_QLORA_LIBS  # the library versions the source ran
 
 
 def published_tokens_per_s(row: dict) -> tuple[float, str] | None:
@@ -91,23 +93,26 @@ def map_speed_row(row: dict) -> SpeedRow | Unmapped:
 
 def estimated_tokens_per_s(r: SpeedRow) -> float | None:
     model, gpu = catalog.load_model(r.model), catalog.load_gpu(r.gpu)
-    mem = estimate_memory(model, r.setup, gpu, libs=FSDP_QLORA_LIBS)
+    mem = estimate_memory(model, r.setup, gpu, libs=r.libs)
     t = estimate_time(model, r.setup, gpu, mem.terms["activations"], mem.terms["logits"],
                       offloaded_bytes=mem.offloaded_activations)
     return t.tokens_per_s
 
 
-def compare_speed(rows: list[dict]) -> dict:
+def compare_speed(rows: list[dict], consumer: list | None = None) -> dict:
+    """The published rows' tokens/s against the estimate's; ``consumer``: the mapped rows of
+    ``data/consumer_speed.csv`` (``consumer.consumer_speed_rows``), compared the same way."""
     out, unmapped = [], []
-    for raw in rows:
-        m = map_speed_row(raw)
+    items = [(raw, map_speed_row(raw)) for raw in rows] + [(None, m) for m in consumer or []]
+    for raw, m in items:
         if isinstance(m, Unmapped):
-            if any((raw.get(k) or "").strip() for k in ("tokens_per_s", "samples_per_s", "step_time_s")) \
+            if raw is None or any((raw.get(k) or "").strip() for k in ("tokens_per_s", "samples_per_s", "step_time_s")) \
                     or "Time" in raw.get("notes", "") or "runtime" in raw.get("notes", ""):
                 unmapped.append({"id": m.row_id, "reason": m.reason})
             continue
         est = estimated_tokens_per_s(m)
-        out.append({"id": m.row_id, "model": raw["model"], "technique": raw["technique"], "gpu": m.gpu,
+        out.append({"id": m.row_id, "source": m.source, "model": raw["model"] if raw else m.model,
+                    "technique": raw["technique"] if raw else m.setup.short(), "gpu": m.gpu,
                     "gpus": m.setup.gpus, "batch": m.setup.batch, "seq": m.setup.seq,
                     "published_tokens_per_s": round(m.published_tokens_per_s, 1), "derivation": m.derivation,
                     "estimated_tokens_per_s": None if est is None else round(est, 1),

@@ -1,0 +1,164 @@
+"""Published training speed on consumer and workstation cards (issue 30): ``data/consumer_speed.csv``
+holds each source's figure as published (value, unit, verbatim quote, clock, grade), and
+``data/consumer_speed_setups.yaml`` maps a row to a model, a card and a ``TrainingSetup`` (each field
+from the row's recipe or its framework's default, the defaults named in ``assumptions``), or says why it
+is not compared (``unmapped``). The CSV is the record; this module only reads and divides.
+
+A row's tokens/s follows from its rate by arithmetic, by the kind of rate its mapping names:
+
+* ``step_time``: the value is seconds per optimizer step (a steady progress-bar rate, ``s/it``):
+  tokens/s = ``tokens_per_step`` / value;
+* ``total_time``: the value is a run's time (seconds, minutes, or ``h:mm:ss``) over ``steps`` optimizer
+  steps: tokens/s = ``tokens_per_step`` x steps / seconds;
+* ``tokens_per_s``: the program printed tokens/s (all GPUs, or per GPU with ``per_gpu``);
+* ``samples_per_s``: tokens/s = value x tokens per sample, ``tokens_per_step`` / (batch x accum x GPUs).
+
+``tokens_per_step`` is the CSV's (fixed by packing, padding to a maximum length or synthetic data) and
+must equal the mapped setup's ``batch x seq x accum x gpus``: a mapping that disagrees with its own row
+is an error, not a comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reportgen import userfile, yamlfile
+from reportgen.errors import UserError
+from reportgen.estimate.libraries import CURRENT, Libraries
+from reportgen.published.mapping import Unmapped
+from reportgen.published.speed import SpeedRow
+from reportgen.setup import SetupError, TrainingSetup
+
+CSV_NAME = "consumer_speed.csv"
+SETUPS_NAME = "consumer_speed_setups.yaml"
+#: columns of ``consumer_speed.csv`` read here
+COLUMNS = ("row_id", "url", "gpu", "gpus", "model", "value", "unit", "clock_scope", "grade", "tokens_per_step")
+KIND = yamlfile.Kind("consumer-speed mapping file", "one entry per row id of data/consumer_speed.csv",
+                     "see data/consumer_speed_setups.yaml")
+
+
+class RowMap(BaseModel):
+    """One row's mapping (``consumer_speed_setups.yaml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    unmapped: str | None = None  # why the row is not compared; nothing else is then needed
+    model: str | None = None  # catalog name or a config path under reportgen/published/configs
+    gpu: str | None = None  # catalog name
+    rate: Literal["step_time", "total_time", "tokens_per_s", "samples_per_s"] | None = None
+    steps: int | None = Field(None, ge=1)  # total_time: optimizer steps the time covers
+    per_gpu: bool = False  # tokens_per_s printed per GPU
+    setup: dict = Field(default_factory=dict)
+    libs: dict = Field(default_factory=dict)  # Libraries fields: bitsandbytes, transformers
+    assumptions: list[str] = Field(default_factory=list)
+
+
+def seconds(value: str, unit: str) -> float:
+    """A time as the source wrote it: ``h:mm:ss`` (or ``mm:ss``), else a number in the unit's seconds,
+    minutes or hours (``s``, ``s/it``, ``min``, ``h``). ``ValueError`` when it is neither."""
+    text = value.strip()
+    if ":" in text:
+        parts = [float(p) for p in text.split(":")]
+        if len(parts) > 3:
+            raise ValueError(f"{value!r} is not h:mm:ss")
+        return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    number = float(text)
+    u = unit.strip().lower()
+    return number * (60.0 if u.startswith("min") else 3600.0 if re.match(r"h(ours?)?\b", u) else 1.0)
+
+
+def read_csv(path: Path) -> dict[str, dict]:
+    """``row_id -> row`` of ``consumer_speed.csv``; a ``UserError`` when it is not that file."""
+    try:
+        text = userfile.read_bytes(path, 10_000_000).decode("utf-8")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error, userfile.TooLarge) as exc:
+        raise UserError(f"{path}: cannot be read as a UTF-8 CSV ({exc})") from None
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UserError(f"{path}: not data/consumer_speed.csv; missing columns: {', '.join(missing)}")
+    return {r["row_id"]: r for r in rows}
+
+
+def read_setups(path: Path) -> dict[str, RowMap]:
+    """The mapping file, each entry validated; errors name the file and the row id."""
+    _, data = yamlfile.load(path, KIND)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of row ids to entries", hint=KIND.what_it_holds)
+    out = {}
+    for rid, entry in data.items():
+        try:
+            out[str(rid)] = RowMap.model_validate(entry or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UserError(f"{path}: {rid}: {where}: {first['msg']}") from None
+    return out
+
+
+def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, str]:
+    """(tokens/s over all GPUs, how it follows from the row)."""
+    value, unit = row["value"], row["unit"]
+    tokens = int(row["tokens_per_step"])
+    if m.rate == "step_time":
+        s = seconds(value, unit)
+        return tokens / s, f"{tokens:,} tokens a step / {s:g} s a step"
+    if m.rate == "total_time":
+        s = seconds(value, unit)
+        return tokens * m.steps / s, f"{tokens:,} tokens a step x {m.steps} steps / {s:g} s"
+    if m.rate == "tokens_per_s":
+        n = setup.gpus if m.per_gpu else 1
+        return float(value) * n, f"stated {value} tokens/s" + (f" per GPU x {n} GPUs" if m.per_gpu else "")
+    samples = setup.batch * setup.accum * setup.gpus
+    return float(value) * tokens / samples, f"{value} samples/s x {tokens // samples:,} tokens a sample"
+
+
+def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
+    """One row as a ``SpeedRow`` (or why not); a mapping inconsistent with its row is a ``UserError``."""
+    rid, url = row["row_id"], row["url"]
+    if m.unmapped:
+        return Unmapped(rid, url, m.unmapped)
+    needed = [k for k in ("model", "gpu", "rate") if getattr(m, k) is None] + (
+        ["steps"] if m.rate == "total_time" and m.steps is None else [])
+    if needed:
+        raise UserError(f"{where}: {rid}: missing {', '.join(needed)} (or write `unmapped: why`)")
+    try:
+        setup = TrainingSetup.model_validate(m.setup)
+        libs = Libraries(**{**CURRENT.__dict__, **m.libs})
+    except (SetupError, TypeError) as exc:
+        raise UserError(f"{where}: {rid}: setup or libs not valid ({str(exc).splitlines()[0]})") from None
+    if not re.fullmatch(r"[0-9]+", row["tokens_per_step"].strip()):
+        raise UserError(f"{where}: {rid}: the CSV gives no tokens_per_step; a rate needs it")
+    if int(row["tokens_per_step"]) != setup.tokens_per_step:
+        raise UserError(f"{where}: {rid}: the setup has {setup.tokens_per_step:,} tokens a step "
+                        f"(batch x seq x accum x gpus), the CSV's tokens_per_step {row['tokens_per_step']}")
+    try:
+        rate, how = published_rate(row, m, setup)
+    except ValueError as exc:
+        raise UserError(f"{where}: {rid}: value {row['value']!r} ({row['unit']}): {exc}") from None
+    notes = [f"grade {row['grade']}; clock: {row['clock_scope']}"] + m.assumptions
+    return SpeedRow(rid, url, m.model, m.gpu, setup, rate, how, notes, libs)
+
+
+def consumer_speed_rows(data_dir: Path) -> list[SpeedRow | Unmapped]:
+    """Every row of ``consumer_speed.csv`` with a mapping, as a ``SpeedRow`` or the reason it is not
+    compared; rows without an entry are not compared ("no mapping yet"). An entry for a row id the CSV
+    does not have is an error."""
+    csv_path, map_path = data_dir / CSV_NAME, data_dir / SETUPS_NAME
+    if not csv_path.is_file() or not map_path.is_file():
+        return []
+    rows, maps = read_csv(csv_path), read_setups(map_path)
+    unknown = sorted(set(maps) - set(rows))
+    if unknown:
+        raise UserError(f"{map_path}: row ids not in {csv_path.name}: {', '.join(unknown)}")
+    return [map_entry(row, maps[rid], str(map_path)) if rid in maps else
+            Unmapped(rid, row["url"], "no mapping yet") for rid, row in rows.items()]
+
+
+__all__ = ["RowMap", "consumer_speed_rows", "published_rate", "seconds"]

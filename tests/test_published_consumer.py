@@ -1,0 +1,103 @@
+"""Published speed rows on consumer cards (``data/consumer_speed.csv``) mapped by
+``data/consumer_speed_setups.yaml`` (``reportgen.published.consumer``): the rate follows from the row by
+arithmetic, and a mapping that contradicts its row, or names a row that does not exist, is refused."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from reportgen.errors import UserError
+from reportgen.published.consumer import consumer_speed_rows, read_csv, seconds
+from reportgen.published.mapping import Unmapped
+from reportgen.published.speed import SpeedRow, compare_speed
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+HEADER = list(csv.DictReader(open(DATA / "consumer_speed.csv", encoding="utf-8")).fieldnames)
+
+
+def _write(tmp_path: Path, rows: list[dict], mapping: str) -> Path:
+    with open(tmp_path / "consumer_speed.csv", "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, HEADER)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in HEADER})
+    (tmp_path / "consumer_speed_setups.yaml").write_text(mapping, encoding="utf-8")
+    return tmp_path
+
+
+ROW = {"row_id": "X1", "url": "https://github.com/o/r/issues/1", "gpu": "RTX 4090", "gpus": "1",
+       "model": "meta-llama/Llama-3.2-1B", "value": "2.5", "unit": "s/it", "clock_scope": "tqdm s/it",
+       "grade": "A", "tokens_per_step": "16384"}
+MAP = """X1:
+  model: llama-3.2-1b
+  gpu: rtx-4090
+  rate: step_time
+  setup: {method: lora, batch: 4, seq: 2048, accum: 2, padding: packed}
+  assumptions: [packed to 2048]
+"""
+
+
+def test_times_are_read_in_the_sources_units():
+    assert seconds("03:08:00", "h:mm:ss") == 3 * 3600 + 8 * 60
+    assert seconds("08:04", "mm:ss") == 484
+    assert seconds("24.84", "min") == pytest.approx(1490.4)
+    assert seconds("27", "s/it (one optimizer step)") == 27
+    assert seconds("1.5", "hours") == 5400
+    with pytest.raises(ValueError):
+        seconds("about an hour", "h")
+
+
+def test_a_step_time_gives_tokens_of_the_step_over_its_seconds(tmp_path):
+    [row] = consumer_speed_rows(_write(tmp_path, [ROW], MAP))
+    assert isinstance(row, SpeedRow)
+    assert row.published_tokens_per_s == pytest.approx(16384 / 2.5)
+    assert row.setup.accum == 2 and row.gpu == "rtx-4090"
+    assert any("grade A" in a for a in row.assumptions) and "packed to 2048" in row.assumptions
+
+
+def test_a_total_time_is_divided_by_its_steps_and_samples_by_their_tokens(tmp_path):
+    total = MAP.replace("rate: step_time", "rate: total_time\n  steps: 100")
+    [row] = consumer_speed_rows(_write(tmp_path, [{**ROW, "value": "0:10:00", "unit": "h:mm:ss"}], total))
+    assert row.published_tokens_per_s == pytest.approx(16384 * 100 / 600)
+    samples = MAP.replace("rate: step_time", "rate: samples_per_s")
+    [row] = consumer_speed_rows(_write(tmp_path, [{**ROW, "value": "3.0", "unit": "samples/s"}], samples))
+    assert row.published_tokens_per_s == pytest.approx(3.0 * 2048)
+    per_gpu = MAP.replace("rate: step_time", "rate: tokens_per_s\n  per_gpu: true").replace("accum: 2", "gpus: 2, sharding: ddp")
+    [row] = consumer_speed_rows(_write(tmp_path, [{**ROW, "value": "1000", "unit": "tokens/s/GPU"}], per_gpu))
+    assert row.published_tokens_per_s == pytest.approx(2000)
+
+
+@pytest.mark.parametrize("mapping, words", [
+    (MAP.replace("accum: 2", "accum: 1"), "8,192 tokens a step"),
+    (MAP.replace("  rate: step_time\n", ""), "missing rate"),
+    (MAP.replace("batch: 4", "batch: 0"), "setup or libs not valid"),
+    (MAP + "Y9:\n  unmapped: gone\n", "row ids not in consumer_speed.csv: Y9"),
+    (MAP.replace("rate: step_time", "rate: per_step"), "X1: rate"),
+    (MAP.replace("assumptions:", "asumptions:"), "X1: asumptions"),
+])
+def test_a_mapping_that_contradicts_its_row_is_refused_by_name(tmp_path, mapping, words):
+    with pytest.raises(UserError) as e:
+        consumer_speed_rows(_write(tmp_path, [ROW], mapping))
+    assert words in str(e.value) and "consumer_speed_setups.yaml" in str(e.value)
+
+
+def test_rows_without_an_entry_or_marked_unmapped_say_why(tmp_path):
+    other = {**ROW, "row_id": "X2"}
+    rows = consumer_speed_rows(_write(tmp_path, [ROW, other], "X1:\n  unmapped: int8 base not modelled\n"))
+    assert [(r.row_id, r.reason) for r in rows] == [("X1", "int8 base not modelled"), ("X2", "no mapping yet")]
+
+
+def test_every_committed_row_has_an_entry_and_maps():
+    rows = consumer_speed_rows(DATA)
+    assert {r.row_id for r in rows} == set(read_csv(DATA / "consumer_speed.csv"))
+    assert not [r.row_id for r in rows if isinstance(r, Unmapped) and r.reason == "no mapping yet"]
+
+
+def test_mapped_rows_join_the_published_speed_table(tmp_path):
+    rows = consumer_speed_rows(_write(tmp_path, [ROW], MAP))
+    out = compare_speed([], rows)
+    [r] = out["rows"]
+    assert r["id"] == "X1" and r["source"] == ROW["url"] and r["published_tokens_per_s"] == pytest.approx(6553.6)
+    assert r["estimated_tokens_per_s"] > 0 and r["rel_error"] == pytest.approx(
+        r["estimated_tokens_per_s"] / r["published_tokens_per_s"] - 1, abs=1e-3)
