@@ -10,6 +10,7 @@ measurement is never left next to a stale estimate or without one.
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,35 +41,45 @@ def profile_of(sweep: Sweep, case: Case) -> tuple[str, str] | None:
     return sweep.profiles.get(case.gpu.partition("@")[0])
 
 
-def inputs_hash(case: Case, train_tokens: int, profile: tuple[str, str] | None = None) -> str:
+def inputs_hash(case: Case, train_tokens: int, profile: tuple[str, str] | None = None,
+                host_cpu: str | None = None) -> str:
     model = catalog.load_model(case.model)
     extra = {"gpu_profile": profile[1]} if profile else {}
+    if host_cpu:  # the sweep's ``host_cpu``: its catalog entry prices the dispatch
+        extra["host_cpu"] = dataclasses.asdict(catalog.load_cpu(host_cpu))
     return short_hash({"case": case.as_dict(), "model_config": model.config, "gpu": catalog.gpu_entry(case.gpu),
                        "estimator": estimator_hash(), "train_tokens": train_tokens, **extra}, 16)
 
 
 @lru_cache(maxsize=256)
-def _gpu(gpu: str, profile: tuple[str, str] | None):
-    """The card, priced with the profile when the sweep gives one (keyed by the file's hash too)."""
+def _gpu(gpu: str, profile: tuple[str, str] | None, host_cpu: str | None = None):
+    """The card, on the sweep's ``host_cpu`` when it names one, priced with the profile when the sweep
+    gives one (keyed by the file's hash too; the profile's measured host wins, as on the command line:
+    ``flags.gpu_from_args``)."""
+    card = catalog.load_gpu(gpu)
+    if host_cpu:
+        card = dataclasses.replace(card, host_cpu=catalog.load_cpu(host_cpu))
     if profile is None:
-        return catalog.load_gpu(gpu)
+        return card
     from reportgen.gpu_profile import attach, read_profile
 
-    return attach(catalog.load_gpu(gpu), read_profile(Path(profile[0])))
+    return attach(card, read_profile(Path(profile[0])))
 
 
 @lru_cache(maxsize=4096)
-def _reverse(model: str, gpu: str, setup_json: str, which: str, profile: tuple[str, str] | None = None) -> int | None:
+def _reverse(model: str, gpu: str, setup_json: str, which: str, profile: tuple[str, str] | None = None,
+             host_cpu: str | None = None) -> int | None:
     setup = TrainingSetup.model_validate_json(setup_json)
-    m, g = catalog.load_model(model), _gpu(gpu, profile)
+    m, g = catalog.load_model(model), _gpu(gpu, profile, host_cpu)
     return max_batch(m, setup, g) if which == "batch" else max_seq(m, setup, g)
 
 
-def estimate_case(case: Case, train_tokens: int, profile: tuple[str, str] | None = None) -> dict:
+def estimate_case(case: Case, train_tokens: int, profile: tuple[str, str] | None = None,
+                  host_cpu: str | None = None) -> dict:
     """The ``estimate`` block of a result file (reverse searches cached across the sweep: the
     largest batch does not depend on the batch, the longest sequence not on the sequence). Recipe
     grpo: ``max_batch`` and ``max_seq`` are None, ``grpo`` holds GRPO's reverse answers instead."""
-    m, g = catalog.load_model(case.model), _gpu(case.gpu, profile)
+    m, g = catalog.load_model(case.model), _gpu(case.gpu, profile, host_cpu)
     grpo = case.setup.recipe.value == "grpo"
     # recipe grpo: its own reverse answers (the largest num_generations and completion, what to turn down
     # first: ``estimate/grpo.py``) come with the estimate; the batch and length searches do not apply
@@ -79,9 +90,9 @@ def estimate_case(case: Case, train_tokens: int, profile: tuple[str, str] | None
     if grpo:
         return data
     data["max_batch"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={"batch": 1})
-                                                                 .model_dump(mode="json")), "batch", profile)
+                                                                 .model_dump(mode="json")), "batch", profile, host_cpu)
     data["max_seq"] = _reverse(case.model, case.gpu, canonical(case.setup.model_copy(update={
-        "seq": 128, "seq_mean": None}).model_dump(mode="json")), "seq", profile)
+        "seq": 128, "seq_mean": None}).model_dump(mode="json")), "seq", profile, host_cpu)
     return data
 
 
@@ -106,15 +117,18 @@ def new_result(sweep: Sweep, case: Case, ihash: str, in_sweep: bool = True) -> d
     profile = profile_of(sweep, case)
     if profile:
         result["gpu_profile"] = dict(zip(("file", "hash"), profile))
+    if sweep.spec.host_cpu:
+        result["host_cpu"] = sweep.spec.host_cpu
     return result
 
 
 def compute_result(sweep: Sweep, case: Case, ihash: str | None = None, in_sweep: bool = True) -> dict:
     """A new estimate document for one case; a failed estimate is a result (``status: error``)."""
     profile = profile_of(sweep, case)
-    result = new_result(sweep, case, ihash or inputs_hash(case, sweep.spec.train_tokens, profile), in_sweep)
+    host_cpu = sweep.spec.host_cpu
+    result = new_result(sweep, case, ihash or inputs_hash(case, sweep.spec.train_tokens, profile, host_cpu), in_sweep)
     try:
-        result["estimate"] = estimate_case(case, sweep.spec.train_tokens, profile)
+        result["estimate"] = estimate_case(case, sweep.spec.train_tokens, profile, host_cpu)
         result["status"] = "ok"
     except Exception as exc:  # a failed case is a result, not a crash of the sweep
         result["status"] = "error"
@@ -148,7 +162,7 @@ def run_estimates(sweep: Sweep, results_dir: Path, force: bool = False,
     listed = {c.id for c in sweep.cases}
     for case in progress(list(sweep.cases) + orphans):
         artifact = Artifact("estimate", result_path(results_dir, sweep.name, case.id),
-                            inputs_hash(case, sweep.spec.train_tokens, profile_of(sweep, case)))
+                            inputs_hash(case, sweep.spec.train_tokens, profile_of(sweep, case), sweep.spec.host_cpu))
         in_sweep = case.id in listed
         # prepare() set unusable files aside; one that appeared since is only an estimate
         old = artifact.stored(lambda path: store.read_estimate(path)[0])  # a damaged one is recomputed

@@ -99,6 +99,9 @@ class SweepFile(BaseModel):
     train_tokens: int = Field(100_000_000, ge=1, le=10**15)
     #: profiles of real cards (``reportgen profile-gpu``): each card's cases are priced with its profile
     gpu_profiles: list[str] = []
+    #: the host CPU (``reportgen cpus``) every case's dispatch is priced for, as ``--host-cpu``; None: each
+    #: card's default host (a card's ``gpu_profiles`` entry, which measured its own host, wins)
+    host_cpu: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,12 @@ def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> S
         hint = ("measure keys: " + ", ".join(MeasureConfig.model_fields) if loc and loc[0] == "measure"
                 else "top-level keys: " + ", ".join(SweepFile.model_fields))
         raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
+    if spec.host_cpu is not None:
+        try:
+            catalog.load_cpu(spec.host_cpu)
+        except UserError as exc:
+            raise UserError(f"{path}:{_line_of(lines, ('host_cpu',))}: host_cpu: "
+                            f"{exc.message.removeprefix('--host-cpu: ')}", hint=exc.hint) from None
     cases, warnings = _expand(path, spec, lines, max_cases)
     return Sweep(path=path, spec=spec, cases=cases, content_hash=_content_hash(raw), warnings=tuple(warnings),
                  profiles=_profiles(path, spec, lines))

@@ -125,3 +125,42 @@ def test_every_catalog_cpu_has_a_figure_and_its_source():
         assert "PassMark" in c.source or key == "h100-machine", key
     for card in catalog.gpu_names():
         assert catalog.load_gpu(card).default_host in ("desktop", "server", "reference"), card
+
+
+SWEEP = """name: hosted
+{host}grids:
+  - model: llama-3.2-1b
+    gpu: rtx-4090
+    method: lora
+    batch: 1
+    seq: 512
+"""
+
+
+def _hosted(tmp_path, host: str) -> dict:
+    (tmp_path / "s.yaml").write_text(SWEEP.format(host=host))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--no-render"]) == 0
+    [doc] = [json.loads(p.read_text()) for p in (tmp_path / "r" / "hosted").glob("*.json")]
+    return doc
+
+
+def test_a_sweeps_host_cpu_prices_every_case_on_that_host_and_recomputes_it(tmp_path):
+    """``host_cpu:`` in a sweep file is ``--host-cpu`` for every case: the stored estimate names the host
+    and its dispatch, and naming another host recomputes the case (its inputs changed)."""
+    default = _hosted(tmp_path, "")
+    slow = _hosted(tmp_path, "host_cpu: amd-epyc-7502p\n")
+    assert "host_cpu" not in default and slow["host_cpu"] == "amd-epyc-7502p"
+    assert slow["inputs_hash"] != default["inputs_hash"]
+    assert slow["estimate"]["time"]["host_dispatch"]["cpu"] == "amd-epyc-7502p"
+    assert default["estimate"]["time"]["host_dispatch"]["cpu"] == "amd-ryzen-5-7600x"  # a GeForce's desktop
+    ratio = 4221 / 1894  # PassMark single-thread: the desktop default over the old EPYC (cpus.yaml)
+    assert slow["estimate"]["time"]["parts"]["host"] == pytest.approx(
+        ratio * default["estimate"]["time"]["parts"]["host"], rel=1e-6)
+
+
+def test_a_sweeps_unknown_host_cpu_names_its_line_and_the_close_names(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text(SWEEP.format(host="host_cpu: amd-ryzen-5-7600\n"))
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--no-render"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 's.yaml'}:2: host_cpu: unknown host CPU 'amd-ryzen-5-7600'" in err
+    assert "amd-ryzen-5-7600x" in err and "Traceback" not in err
