@@ -180,6 +180,27 @@ def test_advise_and_sweeps_take_the_launch_file(tmp_path, monkeypatch, capsys):
         load_sweep(tmp_path / "t.yaml")
 
 
+def test_a_launch_precision_decides_where_the_training_config_sets_neither(tmp_path, capsys):
+    """transformers' TrainingArguments autocasts to ACCELERATE_MIXED_PRECISION (what ``accelerate launch``
+    sets from the file's mixed_precision) unless the config sets bf16 or fp16: LLaMA-Factory's full
+    fine-tuning then trains bf16-mixed, not fp32, and its LoRA over bf16 weights (refused alone: fp32
+    adapters without autocast) is bf16-mixed, the launch file's line named as the source."""
+    full = _write(tmp_path, "full.yaml", LF_FULL.replace("bf16: true\n", ""))
+    ddp = _write(tmp_path, "launch.yaml", "distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 2\n")
+    assert setup_from(translate_file(full)).precision.value == "fp32"
+    assert setup_from(launch.apply(ddp, translate_file(full))).precision.value == "bf16-mixed"
+    lora = _write(tmp_path, "lora.yaml", LF_FULL.replace("bf16: true\n", "").replace("full", "lora"))
+    assert main(["estimate", "--from", str(lora), "--gpu", "h100-sxm"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{lora}: bf16: neither bf16 nor fp16" in err and "or pass --precision fp32|fp16-mixed|bf16-mixed|bf16" in err
+    t = launch.apply(ddp, translate_file(lora))
+    assert _fields(setup_from(t), "precision", "frozen_dtype", "gpus") == {
+        "precision": "bf16-mixed", "frozen_dtype": "compute", "gpus": 2}
+    assert t.where(t.sources["precision"]) == f"{ddp}:2"
+    fp16 = _write(tmp_path, "fp16.yaml", "distributed_type: 'NO'\nmixed_precision: fp16\n")
+    assert setup_from(launch.apply(fp16, translate_file(lora))).precision.value == "fp16-mixed"
+
+
 # ----- what contradicts the training config, and bad launch files -----------------------------------------
 CONTRADICTIONS = [
     (LF_DS3, FSDP1, "launch.yaml:2: distributed_type: FSDP contradicts {lf}:7: deepspeed (DeepSpeed): a run uses FSDP "
@@ -193,8 +214,6 @@ CONTRADICTIONS = [
     (LF_DS3, "distributed_type: 'NO'\n", "launch.yaml:1: distributed_type: NO runs one process; {lf}:7: deepspeed "
      "shards over several GPUs"),
     (LF_FULL, FSDP1.replace("bf16", "fp16"), "launch.yaml:3: mixed_precision: fp16 contradicts {lf}:6: bf16 (bf16)"),
-    (LF_FULL.replace("bf16: true\n", ""), FSDP1, "launch.yaml:3: mixed_precision: bf16 makes transformers' Trainer "
-     "autocast to bf16, but"),
 ]
 
 

@@ -10,6 +10,8 @@ becomes of every key; ``reverse.py`` writes a setup as TRL's and Axolotl's keys.
 
 from __future__ import annotations
 
+from enum import Enum
+
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -136,7 +138,9 @@ def setup_from(t: Translation, explicit: dict[str, Any] | None = None, model: st
         values.pop("offload", None) if sources.get("offload") == t.sharding_key else None
     for name, (key, why, hint) in t.needs.items():
         if name not in explicit:
-            raise ConfigError(f"{t.where(key)}: {key}: {why}", hint=f"{hint}, or pass {option(name, 'N')}")
+            kind = TrainingSetup.model_fields[name].annotation
+            value = "|".join(v.value for v in kind) if isinstance(kind, type) and issubclass(kind, Enum) else "N"
+            raise ConfigError(f"{t.where(key)}: {key}: {why}", hint=f"{hint}, or pass {option(name, value)}")
     values.update(explicit)
     if values.get("recipe") == "grpo" and "seq" not in explicit and values.get("max_prompt_length"):
         # a GRPO row is prompt + completion (estimate/grpo.py): a flag changing either moves seq

@@ -54,6 +54,10 @@ class Translation:
     elsewhere: dict = field(default_factory=dict)
     #: the launch file's own translation (``launch.apply``), reported after this file's keys
     launch: Any = None
+    #: a config that sets neither bf16 nor fp16, read by transformers' ``TrainingArguments``: applies the
+    #: autocast dtype ``accelerate launch`` puts in ``ACCELERATE_MIXED_PRECISION`` (``amp``, set by ``key``)
+    #: as the file's reader would have read ``amp: true``; None where the file decided the precision itself
+    autocast_unset: Any = None
 
     def where(self, key: str) -> str:
         if key in self.elsewhere:

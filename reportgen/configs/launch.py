@@ -295,11 +295,16 @@ def _take(lt: Translation, t: Translation, names: tuple[str, ...]) -> None:
 
 
 def _precision(r: Reader, t: Translation) -> None:
-    """``mixed_precision`` against the training config: transformers' ``TrainingArguments`` reads it only where the
-    training config sets neither bf16 nor fp16, so a 16-bit launch over an fp32 training config, or fp16 over bf16,
-    is an error naming both files."""
+    """``mixed_precision`` against the training config: transformers' ``TrainingArguments`` reads it
+    (``ACCELERATE_MIXED_PRECISION``) only where the training config sets neither bf16 nor fp16, and then
+    autocasts to it (``t.autocast_unset``: the training config's reader applies it); where the training
+    config set one, a different launch precision is an error naming both files."""
     mp = str(r.get("mixed_precision") or "no")  # a bare no is YAML's false: the same
     if mp == "no":
+        return
+    if t.autocast_unset is not None:
+        t.autocast_unset(mp, "mixed_precision")
+        t.elsewhere["mixed_precision"] = r.where("mixed_precision")
         return
     precision = str(t.values.get("precision", ""))
     trains = "bf16" if precision.startswith("bf16") else "fp16" if precision.startswith("fp16") else "no"
@@ -314,5 +319,3 @@ def _precision(r: Reader, t: Translation) -> None:
     raise ConfigError(f"{r.where('mixed_precision')}: mixed_precision: {mp} contradicts {t.where(key)}: {key} "
                       f"({trains}); the training config's wins in transformers' TrainingArguments",
                       hint=f"make them agree: mixed_precision: {trains}")
-
-

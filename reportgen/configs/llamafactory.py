@@ -116,7 +116,10 @@ def _targets(r: Reader, t: Translation) -> None:
 
 def _precision(r: Reader, t: Translation, method: str) -> None:
     """The checkpoint's weights (``torch_dtype="auto"``), fp32 trainable parameters unless ``pure_bf16``, and
-    the autocast dtype of ``bf16`` / ``fp16``."""
+    the autocast dtype of ``bf16`` / ``fp16``. With neither, transformers' ``TrainingArguments`` autocasts to
+    what ``accelerate launch`` put in ``ACCELERATE_MIXED_PRECISION`` (``training_args.py``: the environment's
+    value unless bf16 or fp16 is set), so a launch file's ``mixed_precision`` decides (``t.autocast_unset``,
+    ``launch.py``); without one, fp32 adapters over 16-bit weights without autocast are not modelled."""
     weights = DTYPES.get(checkpoint_dtype(t.model), "fp32")
     bf16, fp16 = bool(r.boolean("bf16", False)), bool(r.boolean("fp16", False))
     if bf16 and fp16:
@@ -124,20 +127,28 @@ def _precision(r: Reader, t: Translation, method: str) -> None:
     if r.boolean("pure_bf16", False):
         t.set("precision", "bf16", "pure_bf16")
         return
-    if not (bf16 or fp16):
-        if method == "full" or weights == "fp32":
-            t.set("precision", "fp32", "bf16")
-            return
-        raise r.error("bf16", f"neither bf16 nor fp16: adapters in fp32 over the checkpoint's {weights} weights "
-                      "without autocast is not modelled", hint="bf16: true (or fp16: true on a card without bf16)")
-    amp = "bf16" if bf16 else "fp16"
-    t.set("precision", f"{amp}-mixed", amp)
+    if bf16 or fp16:
+        _autocast(t, method, weights, "bf16" if bf16 else "fp16", "bf16" if bf16 else "fp16")
+        return
+    t.autocast_unset = lambda amp, key: _autocast(t, method, weights, amp, key)
+    if method == "full" or weights == "fp32":
+        t.set("precision", "fp32", "bf16")
+        return
+    t.needs["precision"] = ("bf16", f"neither bf16 nor fp16: adapters in fp32 over the checkpoint's {weights} weights "
+                            "without autocast is not modelled", "bf16: true (or fp16: true on a card without bf16, or "
+                            "an accelerate launch file with mixed_precision: bf16)")
+
+
+def _autocast(t: Translation, method: str, weights: str, amp: str, key: str) -> None:
+    """``amp`` autocast (set by ``key``) over the fp32 trainable parameters LLaMA-Factory keeps."""
+    t.values["precision"], t.sources["precision"] = f"{amp}-mixed", key
+    t.needs.pop("precision", None)
     if method == "lora":
-        t.set("frozen_dtype", "fp32" if weights == "fp32" else "compute", amp)
+        t.set("frozen_dtype", "fp32" if weights == "fp32" else "compute", key)
         if weights not in ("fp32", amp):
-            t.approx(amp, f"{amp} autocast over the checkpoint's {weights} frozen weights: modelled as {amp} weights")
+            t.approx(key, f"{amp} autocast over the checkpoint's {weights} frozen weights: modelled as {amp} weights")
     elif method == "qlora":  # no prepare_model_for_kbit_training: the unquantized weights stay in the checkpoint's
-        t.set("kbit_prep", "none" if weights != "fp32" else "peft", amp)
+        t.set("kbit_prep", "none" if weights != "fp32" else "peft", key)
 
 
 def _attention(r: Reader, t: Translation) -> None:

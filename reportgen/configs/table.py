@@ -306,9 +306,9 @@ ROWS: tuple[Row, ...] = (
        "CPU) are refused; FSDP in one file and DeepSpeed in the other is an error naming both"),
     _r("accelerate", "num_processes", HONOURED, "gpus", "the GPUs of every node together (--gpus overrides it); "
        "unset or -1 (every GPU of the machine) is refused: give it"),
-    _r("accelerate", "mixed_precision", HONOURED, "precision", "must agree with the training config's bf16 / fp16 "
-       "(transformers' TrainingArguments reads it only where both are unset: a 16-bit launch of an fp32 training "
-       "config is refused, write bf16: true there); fp8 is refused"),
+    _r("accelerate", "mixed_precision", HONOURED, "precision", "transformers' TrainingArguments autocasts to it where the "
+       "training config sets neither bf16 nor fp16 (a LLaMA-Factory config then trains {mixed_precision}-mixed); "
+       "where the config sets one it must agree; fp8 is refused"),
     _r("accelerate", "compute_environment", IGNORED, "", "LOCAL_MACHINE only (SageMaker is refused)", affects=False),
     _r("accelerate", "use_cpu", IGNORED, "", "false only: training on the CPU is refused", affects=False),
     _r("accelerate", "num_machines", IGNORED, "", "num_processes already counts every node's GPUs; FSDP "
