@@ -605,6 +605,10 @@ class TrainingSetup:
         if self.generation_batch_size is not None and self.generation_batch_size % per_step:
             raise SetupError("generation_batch_size", f"({self.generation_batch_size}) must be divisible by the "
                              f"global batch size ({per_step}) (TRL GRPOConfig)")
+        if self.eval_batch is not None and (self.eval_batch * self.gpus) % self.num_generations:
+            raise SetupError("eval_batch", f"the global eval batch ({self.eval_batch} x {self.gpus} GPU) must be "
+                             f"divisible by num_generations ({self.num_generations}) (TRL GRPOConfig: evaluation "
+                             "generates whole prompt groups)")
         if self.generation_batch % self.num_generations:
             src = ("generation_batch_size" if self.generation_batch_size is not None
                    else f"batch x accum = {self.batch} x {self.accum}")

@@ -425,3 +425,23 @@ def test_advise_on_a_grpo_config_answers_for_the_grpo_step_not_an_sft_walk(tmp_p
     assert main(["advise", "--from", str(path), "--gpu", "rtx-4090"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("recipe grpo: the decision tree walks SFT steps") and "GRPO phases" in out
+
+
+def test_the_reverse_answers_judge_the_whole_run_and_evaluation_keeps_its_own_batch_rule():
+    """``max_num_generations`` and ``max_completion_length`` are judged as the verdict is (``grpo.run_verdict``):
+    when evaluation alone does not fit, no number of completions makes the run fit, so none is offered. The
+    evaluation micro-batch follows TRL's own rule (GRPOConfig: the global eval batch divisible by
+    num_generations), not the training batch's generation-batch rule, which refused a valid run."""
+    from reportgen.setup import SetupError
+
+    m, g = catalog.load_model("llama-3.2-1b"), catalog.load_gpu("h100-sxm")
+    s = TrainingSetup(recipe="grpo", method="lora", batch=8, max_completion_length=256)
+    assert estimate(m, g, s).grpo["max_num_generations"] == 384  # the step alone decides
+    ev = estimate(m, g, s.model_copy(update={"eval_batch": 256, "eval_generate": 4096}))
+    assert not ev.judgement.fits and ev.judgement.phase == "eval"
+    assert ev.grpo["max_num_generations"] is None and ev.grpo["max_completion_length"] is None
+    assert not any(t["field"] == "num_generations" for t in ev.grpo["turn_down"])
+    ok = estimate(m, g, s.model_copy(update={"generation_batch_size": 16, "eval_batch": 64}), reverse=False)
+    assert ok.judgement.fits and ok.run.phases["eval"].gpu_demand > 0
+    with pytest.raises(SetupError, match="global eval batch \\(6 x 1 GPU\\) must be divisible by num_generations"):
+        s.model_copy(update={"eval_batch": 6})

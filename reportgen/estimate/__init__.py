@@ -127,16 +127,9 @@ def estimate_grpo(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, rever
     from reportgen.estimate import grpo as G
 
     G.check(model, setup, gpu)
-    mem, phases = G.grpo_memory(model, setup, gpu)
+    judgement, mem, phases, run = G.run_verdict(model, setup, gpu)
     policy = estimate_time(model, setup, gpu, train_tokens=train_tokens, offloaded_bytes=mem.offloaded_activations)
     t, times = G.grpo_time(model, setup, gpu, policy)
-    # the phase asking the most names the verdict ("... GiB at generation"); the policy step is the training step;
-    # the run's other phases (run.py: load, evaluation, save) decide where they ask more than the step
-    run = estimate_run(model, setup, gpu, dtypes_for(setup), mem)
-    deciding = run.phases[run.deciding]
-    step_phase = "train" if phases.peak_phase == "policy-step" else phases.peak_phase
-    judgement = judge(mem, gpu.memory_bytes, setup.method.value, demand=deciding.gpu_demand,
-                      phase=step_phase if run.deciding == "train" else run.deciding)
     info = {**phases.as_dict(), "times": times["times"], "time_phase": times["dominant"],
             "generation_batch": setup.generation_batch, "prompt_length": setup.prompt_length,
             "max_num_generations": G.max_num_generations(model, setup, gpu) if reverse else None}

@@ -421,15 +421,31 @@ def max_num_generations(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) ->
 COMPLETION_STEP = 64
 
 
-def _fits(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> bool:
-    """The verdict of a GRPO setup is "fits" (and TRL and vLLM would start it: ``check``)."""
+def run_verdict(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec):
+    """(verdict, memory, phases, run): the phase asking the most of the card names the verdict ("... GiB at
+    generation"; the policy step is the training step), and the run's other phases (``run.py``: load,
+    evaluation, save) decide where they ask more than the step. The estimate's verdict and the reverse
+    searches' (``_fits``) are this one."""
+    from reportgen.estimate.run import estimate_run
     from reportgen.estimate.verdict import judge
 
+    mem, phases = grpo_memory(model, setup, gpu)
+    run = estimate_run(model, setup, gpu, dtypes_for(setup), mem)
+    deciding = run.phases[run.deciding]
+    step_phase = "train" if phases.peak_phase == "policy-step" else phases.peak_phase
+    verdict = judge(mem, gpu.memory_bytes, setup.method.value, demand=deciding.gpu_demand,
+                    phase=step_phase if run.deciding == "train" else run.deciding)
+    return verdict, mem, phases, run
+
+
+def _fits(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> bool:
+    """The run's verdict (``run_verdict``: every phase, evaluation included) is "fits", and TRL and vLLM
+    would start it (``check``)."""
     try:
         check(model, setup, gpu)
     except SetupError:
         return False
-    return judge(grpo_memory(model, setup, gpu)[0], gpu.memory_bytes, setup.method.value).fits
+    return run_verdict(model, setup, gpu)[0].fits
 
 
 def with_completion(setup: TrainingSetup, tokens: int) -> TrainingSetup:

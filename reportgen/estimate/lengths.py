@@ -172,12 +172,13 @@ def longest_of(values, counts, cap: int, rows: int, q: float = 0.5) -> int:
     return cap
 
 
-def at_length(setup: TrainingSetup, seq: int, batch: int | None = None) -> TrainingSetup:
+def at_length(setup: TrainingSetup, seq: int, batch: int | None = None, **update) -> TrainingSetup:
     """``setup`` as a micro-batch of ``seq`` tokens (and ``batch`` samples): still a padded batch where it was
     one (its SDPA mask, ``memory.sdpa_mask_bytes``), its samples no longer than its longest, its padded
-    length its own."""
+    length its own; ``update``: more fields changed in the same copy."""
     mean = None if setup.seq_mean is None else min(setup.seq_mean, seq)
-    return setup.model_copy(update={"seq": seq, "seq_mean": mean, "seq_padded": None, "batch": batch or setup.batch})
+    return setup.model_copy(update={"seq": seq, "seq_mean": mean, "seq_padded": None, "batch": batch or setup.batch,
+                                    **update})
 
 
 #: the shortest micro-batch priced or traced: a floor on a one- or two-token batch, no measured figure

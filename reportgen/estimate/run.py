@@ -155,7 +155,9 @@ def eval_phase(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, mem, train: P
     the loss's logits, and the generation's KV cache."""
     seq = setup.eval_seq or setup.seq
     tokens = setup.eval_batch * seq
-    es = at_length(setup, seq, setup.eval_batch)
+    # the evaluation micro-batch is not a training batch: GRPO's generation batch rule does not apply to it
+    # (TRL checks the eval batch against num_generations alone, ``TrainingSetup``'s grpo checks)
+    es = at_length(setup, seq, setup.eval_batch, generation_batch_size=None)
     persistent = sum(mem.terms[k] for k in ("weights", "quant_constants", "lora_adapters", "optimizer",
                                             "fsdp_unsharded", "cublas_workspace"))
     layer = act.layer_activations(model, es, dt).bytes
