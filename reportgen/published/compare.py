@@ -128,6 +128,9 @@ def compare(csv_path: Path) -> dict:
         "by_source": {},
         "speed": compare_speed(raw_rows, consumer_speed_rows(Path(csv_path).parent)),
     }
+    for r in summary["speed"]["rows"]:  # the document each row comes from: its name and its address
+        r["source_key"], address = source_key(r["source"]), r["source"].split()[0]
+        r["source_url"] = address if address.startswith("https://") else f"https://{address}"
     summary["speed"]["qlora_over_lora"] = slowdown_rows(raw_rows)
     speed_multi = [r for r in summary["speed"]["rows"] if r["gpus"] > 1 and r["rel_error"] is not None]
     multi = [r for r in rows if r["setup"]["gpus"] > 1]
