@@ -70,8 +70,8 @@ def test_validation_page_shows_the_speed_table(tmp_path):
                       providers=render.DATA_PROVIDERS)
     page = (tmp_path / "docs" / "validation.md").read_text()
     assert "## Tokens per second against published measurements" in page
-    assert "| R005 | [AnswerDotAI/fsdp_qlora](https://github.com/AnswerDotAI/fsdp_qlora/blob/main/benchmarks_03_2024.md) |" \
-        in page and "1024 samples x 2048 tokens / 998 s" in page  # each row links the document it comes from
+    assert ('| [R005](https://github.com/AnswerDotAI/fsdp_qlora/blob/main/benchmarks_03_2024.md "AnswerDotAI/fsdp_qlora")'
+            ' |') in page and "1024 samples x 2048 tokens / 998 s" in page  # the row's id links its document
     assert "QLoRA's slowdown against LoRA" in page
     # the memory comparison states both numbers issue 9 is judged by: the median |error| and its sign
     stored = json.loads(Path("data/published_comparison.json").read_text())
