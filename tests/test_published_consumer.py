@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reportgen.errors import UserError
-from reportgen.published.consumer import consumer_speed_rows, read_csv, seconds
+from reportgen.published.consumer import consumer_speed_rows, number, read_csv, seconds
 from reportgen.published.mapping import Unmapped
 from reportgen.published.speed import SpeedRow, compare_speed
 
@@ -46,6 +46,9 @@ def test_times_are_read_in_the_sources_units():
     assert seconds("1.5", "hours") == 5400
     with pytest.raises(ValueError):
         seconds("about an hour", "h")
+    assert (number("8.2k"), number("2,722"), number("575.89"), number("1.5M")) == (8200, 2722, 575.89, 1.5e6)
+    with pytest.raises(ValueError):
+        number("~5")
 
 
 def test_a_step_time_gives_tokens_of_the_step_over_its_seconds(tmp_path):

@@ -92,27 +92,32 @@ CACHED_AFTER_RELEASE = 0.5
 #: the bf16 peak, ``REFERENCE_PROFILE``). The others are FITTED by ``scripts/calibrate.py`` per generation to
 #: the published tokens/s of its cards (``data/published_measurements.csv``) whose estimated step is at least
 #: 90 % GPU work: each row's efficiency is the one that reproduces its tokens/s, the generation's the median.
-#: Their wall times include loading the model, which makes them lower bounds of the loop's rate; all come
-#: from one document, so the leave-one-source-out error is that of a generation with no evidence of its own
-#: (it borrows, ``BORROWS_FROM``, ending at Hopper's). Today's ``calibrate.py`` output:
-#: * Ampere GA10x GeForce alone 0.6967: 12 rows of RTX 3090 pairs (FSDP and DDP, AnswerDotAI/fsdp_qlora, 2024),
-#:   leave-one-out |error| of tokens/s median 24.0 %: its rows' efficiencies spread from 0.15 to 1.0, the
-#:   batch-1 runs lowest (bounded by FSDP's gathers over PCIe without peer-to-peer, which the estimate's
-#:   communication model prices too cheaply, not by the GEMMs), so the median of that spread fits none;
-#: * Ada GeForce alone 1.0, AT THE CAP: 10 rows of RTX 4090 pairs (the same document), leave-one-out 7.2 %;
-#: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9418 from 22 rows, leave-one-out
-#:   12.0 %, since one source's rows do not separate the generations from its loading and transfer
-#:   effects (leave-one-source-out, a generation without any row: 15.5 % GA10x GeForce, 21.3 % Ada GeForce);
-#:   these rows' dispatch priced on the default desktop host (``dispatch.py``, x0.71 the H100 machine's): their
-#:   steps are GPU-bound, so the host moves the fit in the 4th digit only (0.9417 printed, 0.9418 kept);
+#: The fsdp_qlora rows' wall times include loading the model, which makes them lower bounds of the loop's rate;
+#: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 2
+#: GeForce rows, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090 and one RTX 4090, and
+#: one RTX A6000 row). With two sources the leave-one-source-out error is still mostly that of a generation
+#: with no evidence of its own (it borrows, ``BORROWS_FROM``, ending at Hopper's). Today's ``calibrate.py`` output:
+#: * Ampere GA10x GeForce alone 0.7514: 13 rows (12 RTX 3090 pairs, FSDP and DDP, AnswerDotAI/fsdp_qlora, 2024;
+#:   1 RTX 3090, whyNLP/tinyllama), leave-one-out |error| of tokens/s median 20.1 %: the pairs' efficiencies
+#:   spread from 0.15 to 1.0, the batch-1 runs lowest (bounded by FSDP's gathers over PCIe without
+#:   peer-to-peer, which the estimate's communication model prices too cheaply, not by the GEMMs), so the
+#:   median of that spread fits none;
+#: * Ada GeForce alone 1.0, AT THE CAP: 11 rows (10 RTX 4090 pairs, fsdp_qlora; 1 RTX 4090, tinyllama),
+#:   leave-one-out 8.0 %: even at the datasheet peak these steps are estimated too slow (their memory-bound
+#:   time is the suspect; tinyllama's own fused kernels explain part of its row);
+#: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9748 from 24 rows, leave-one-out
+#:   12.5 % (0.9418 and 12.0 % from fsdp_qlora's 22 alone), since the sources' rows do not separate the
+#:   generations from their loading, transfer and fused-kernel effects (leave-one-source-out: 16.3 % GA10x
+#:   GeForce, 20.4 % Ada GeForce); these rows' dispatch priced on the default desktop host (``dispatch.py``);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %.
-MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9418, "ada-geforce": 0.9418,
+MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9748, "ada-geforce": 0.9748,
                      "ampere-ga100": 0.7434}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
 MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
-                   "ampere-ga10x-geforce": "22 published runs on RTX 3090 and 4090 pairs (AnswerDotAI/fsdp_qlora)",
-                   "ada-geforce": "22 published runs on RTX 3090 and 4090 pairs (AnswerDotAI/fsdp_qlora)",
+                   "ampere-ga10x-geforce": "24 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, "
+                                           "whyNLP/tinyllama)",
+                   "ada-geforce": "24 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama)",
                    "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)"}
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same

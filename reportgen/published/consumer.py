@@ -72,6 +72,15 @@ def seconds(value: str, unit: str) -> float:
     return number * (60.0 if u.startswith("min") else 3600.0 if re.match(r"h(ours?)?\b", u) else 1.0)
 
 
+def number(value: str) -> float:
+    """A figure as the source printed it: ``2,722``, ``8.2k``, ``1.5M`` (thousands separators, a k or M
+    suffix as the source rounded it). ``ValueError`` when it is not a number."""
+    m = re.fullmatch(r"\s*([0-9][0-9,]*(?:\.[0-9]+)?)\s*([kKM]?)\s*", value)
+    if not m:
+        raise ValueError(f"{value!r} is not a number")
+    return float(m.group(1).replace(",", "")) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[m.group(2)]
+
+
 def read_csv(path: Path) -> dict[str, dict]:
     """``row_id -> row`` of ``consumer_speed.csv``; a ``UserError`` when it is not that file."""
     try:
@@ -114,9 +123,9 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
         return tokens * m.steps / s, f"{tokens:,} tokens a step x {m.steps} steps / {s:g} s"
     if m.rate == "tokens_per_s":
         n = setup.gpus if m.per_gpu else 1
-        return float(value) * n, f"stated {value} tokens/s" + (f" per GPU x {n} GPUs" if m.per_gpu else "")
+        return number(value) * n, f"stated {value} tokens/s" + (f" per GPU x {n} GPUs" if m.per_gpu else "")
     samples = setup.batch * setup.accum * setup.gpus
-    return float(value) * tokens / samples, f"{value} samples/s x {tokens // samples:,} tokens a sample"
+    return number(value) * tokens / samples, f"{value} samples/s x {tokens // samples:,} tokens a sample"
 
 
 def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
@@ -161,4 +170,4 @@ def consumer_speed_rows(data_dir: Path) -> list[SpeedRow | Unmapped]:
             Unmapped(rid, row["url"], "no mapping yet") for rid, row in rows.items()]
 
 
-__all__ = ["RowMap", "consumer_speed_rows", "published_rate", "seconds"]
+__all__ = ["RowMap", "consumer_speed_rows", "number", "published_rate", "seconds"]
