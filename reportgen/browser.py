@@ -18,7 +18,11 @@ A pasted config.json is written to ``config.json`` in the working directory and 
 name. A pasted TRL or Axolotl training config is written to ``train.yaml`` and passed as ``--from
 train.yaml`` (``reportgen.configs``): it gives the model and the setup, so of the form's setup only
 the number of GPUs and the sharding are sent (the launcher's, not the file's); the answer carries
-``from``, the lines the CLI prints about each key of the file.
+``from``, the lines the CLI prints about each key of the file. Beside it, a pasted accelerate launch file
+(``accelerate launch --config_file FILE``) is written to ``launch.yaml`` and passed as ``--launch launch.yaml``
+(``reportgen.configs.launch``): it is the launcher, so its processes and sharding replace the form's GPUs, and
+``from`` ends with the lines about its keys. Without a training config the launch file is not sent (the CLI
+refuses ``--launch`` without ``--from``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ PASTED = "config.json"
 TRAIN_PASTED = "train.yaml"
 #: where a pasted GPU profile (``reportgen profile-gpu``'s YAML) is written for ``--gpu-profile``
 PROFILE_PASTED = "gpu-profile.yaml"
+#: where a pasted accelerate launch file is written for ``--launch`` (beside a training config only)
+LAUNCH_PASTED = "launch.yaml"
 #: the setup fields the form still sends beside a pasted training config (the launcher's choices)
 LAUNCHER_FIELDS = ("gpus", "sharding")
 
@@ -101,9 +107,12 @@ def _train_tokens_default(text: str) -> bool:
 def argv(form: dict) -> list[str]:
     """``reportgen estimate`` arguments for a form: ``model`` (a catalog name) or ``config`` (a
     pasted config.json), ``gpu``, ``gpu_memory`` (optional, e.g. ``48GiB``), ``gpu_profile`` (optional: a
-    pasted ``reportgen profile-gpu`` YAML), ``train_tokens``
+    pasted ``reportgen profile-gpu`` YAML), ``training_config`` (optional: a pasted TRL, Axolotl,
+    LLaMA-Factory, ... config), ``launch_config`` (optional, only beside ``training_config``: a pasted
+    accelerate launch file, which then gives the GPUs and sharding too), ``train_tokens``
     (optional) and ``setup`` (field -> value; a field left out takes its default)."""
     training = form.get("training_config") is not None
+    launched = training and form.get("launch_config") is not None
     model = PASTED if form.get("config") is not None else str(form.get("model") or "")
     out = ["estimate"] + (["--model", model] if model and (form.get("config") is not None or not training) else [])
     out += ["--gpu", str(form.get("gpu") or "")]
@@ -114,10 +123,12 @@ def argv(form: dict) -> list[str]:
         out += ["--gpu-profile", PROFILE_PASTED]
     if training:
         out += ["--from", TRAIN_PASTED]
+    if launched:
+        out += ["--launch", LAUNCH_PASTED]
     default = TrainingSetup()
     setup = form.get("setup") or {}
     for name, spec in TrainingSetup.model_fields.items():
-        if name not in setup or (training and name not in LAUNCHER_FIELDS):
+        if name not in setup or (training and (launched or name not in LAUNCHER_FIELDS)):
             continue
         flag, value, d = "--" + name.replace("_", "-"), setup[name], getattr(default, name)
         if spec.annotation is bool:
@@ -159,11 +170,17 @@ def _write_train(text: str) -> None:
 
 
 def translation_lines(form: dict) -> list[str]:
-    """What ``--from`` prints about each key of the pasted training config (after a successful run)."""
+    """What ``--from`` prints about each key of the pasted training config, and ``--launch`` about each key of
+    the pasted launch file (after a successful run; the CLI's ``flags.translation_from_args``)."""
     from reportgen.configs import translate_file
 
     gpu = catalog.load_gpu(str(form.get("gpu") or ""))
-    return translate_file(TRAIN_PASTED, bf16_capable=gpu.supports_bf16).lines()
+    t = translate_file(TRAIN_PASTED, bf16_capable=gpu.supports_bf16)
+    if LAUNCH_PASTED in argv(form):
+        from reportgen.configs import launch
+
+        t = launch.apply(Path(LAUNCH_PASTED), t)
+    return t.lines()
 
 
 def estimate_json(args: list[str]) -> str:
@@ -188,6 +205,8 @@ def run(form_json: str) -> str:
             _write_train(str(form["training_config"]))
         if form.get("gpu_profile") is not None:
             Path(PROFILE_PASTED).write_text(str(form["gpu_profile"]))
+        if LAUNCH_PASTED in args:
+            Path(LAUNCH_PASTED).write_text(str(form["launch_config"]))
         text = estimate_json(args)
         out.update(json=text, view=view(json.loads(text)))
         if form.get("training_config") is not None:

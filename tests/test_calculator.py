@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
 TRL_QLORA = (ROOT / "tests" / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
 H100_PROFILE = ROOT / "data" / "gpu-profiles" / "h100-sxm.20261127T203244Z.yaml"
+#: LLaMA-Factory's LoRA SFT example (examples/train_lora/llama3_lora_sft.yaml's keys): the QLoRA fixture unquantized
+LF_LORA = "".join(line for line in (ROOT / "tests" / "fixtures" / "configs" / "llamafactory_qlora.yaml").read_text()
+                  .splitlines(keepends=True) if not line.startswith("quantization_"))
+#: LLaMA-Factory's examples/accelerate/fsdp_config.yaml as shipped (2 processes, FULL_SHARD, bf16)
+LF_FSDP = (ROOT / "reportgen" / "configs" / "vendored" / "llamafactory" / "examples" / "accelerate"
+           / "fsdp_config.yaml").read_text()
 
 #: (form the page sends, the command line it must show)
 FORMS = [
@@ -55,6 +61,10 @@ FORMS = [
     # a pasted GPU profile (reportgen profile-gpu): the page runs without pydantic, so its reader must too
     ({"model": "llama-3.2-1b", "gpu": "h100-sxm", "gpu_profile": H100_PROFILE.read_text()},
      "reportgen estimate --model llama-3.2-1b --gpu h100-sxm --gpu-profile gpu-profile.yaml"),
+    # a pasted accelerate launch file beside a LLaMA-Factory config: the launcher, so the form's GPUs are not sent
+    ({"model": "llama-3.2-1b", "gpu": "h100-sxm", "training_config": LF_LORA, "launch_config": LF_FSDP,
+      "setup": {"method": "full", "gpus": "8", "sharding": "ddp"}},
+     "reportgen estimate --gpu h100-sxm --from train.yaml --launch launch.yaml"),
     # a pasted TRL config gives the model and setup: of the form's setup only the launcher's GPUs are sent
     ({"model": "llama-3.2-1b", "gpu": "rtx-4090", "training_config": TRL_QLORA,
       "setup": {"method": "full", "batch": "3", "gpus": "1"}},
@@ -82,7 +92,7 @@ def workdir(tmp_path, monkeypatch):
 
 
 # ----- what the page calls -----------------------------------------------------------------------
-@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp", "profile", "trl"])
+@pytest.mark.parametrize("form, command", FORMS, ids=["full", "lora", "qlora-48gib", "pasted", "fsdp", "profile", "launch", "trl"])
 def test_the_page_prints_what_the_cli_prints(form, command, workdir):
     out = json.loads(browser.run(json.dumps(form)))
     assert "error" not in out, out.get("error")
@@ -102,6 +112,45 @@ def test_a_pasted_training_config_reports_every_key(workdir):
     assert any(line.startswith("ignored (no effect") and "learning_rate" in line for line in out["from"])
     bad = json.loads(browser.run(json.dumps({**FORMS[-1][0], "training_config": "use_peft: [\n"})))
     assert "train.yaml" in bad["error"]["message"] and "from" not in bad
+
+
+LAUNCH_FORM = FORMS[-2][0]
+
+
+def test_a_pasted_launch_file_runs_as_the_cli_with_from_and_launch(workdir):
+    """LLaMA-Factory's ``accelerate launch --config_file examples/accelerate/fsdp_config.yaml``: 2 GPUs, FSDP
+    FULL_SHARD, bf16, as ``reportgen estimate --from lf.yaml --launch examples/accelerate/fsdp_config.yaml`` reads
+    them (the shipped file by its name), and the same numbers as the flags the launch file stands for."""
+    out = json.loads(browser.run(json.dumps(LAUNCH_FORM)))
+    setup = json.loads(out["json"])["setup"]
+    assert (setup["gpus"], setup["sharding"], setup["precision"], setup["method"]) == (2, "fsdp", "bf16-mixed", "lora")
+    (workdir / "lf.yaml").write_text(LF_LORA)
+    shipped = cli_json("reportgen estimate --gpu h100-sxm --from lf.yaml --launch examples/accelerate/fsdp_config.yaml")
+    assert json.loads(shipped)["setup"] == setup
+    assert out["json"] == cli_json("reportgen estimate --gpu h100-sxm --from lf.yaml --gpus 2 --sharding fsdp")
+    assert (workdir / "launch.yaml").read_text() == LF_FSDP
+    launch = out["from"].index("launch launch.yaml (accelerate 1.15.0 config keys)")
+    honoured = next(line for line in out["from"][launch:] if line.startswith("honoured:"))
+    assert "num_processes" in honoured and "fsdp_config.fsdp_sharding_strategy" in honoured
+
+
+@pytest.mark.parametrize("text, message", [
+    (LF_FSDP.replace("FULL_SHARD", "FULL"), "launch.yaml:11: fsdp_config.fsdp_sharding_strategy: 'FULL' is not"),
+    (LF_FSDP.replace("num_processes: 2", "num_processes: 1"), "launch.yaml:19: num_processes: FSDP over one process"),
+    (LF_FSDP.replace("distributed_type: FSDP", "distributed_type: FSDP: 2"), "launch.yaml:3: not valid YAML"),
+])
+def test_a_bad_launch_file_is_the_clis_message_naming_its_line(text, message, workdir):
+    out = json.loads(browser.run(json.dumps({**LAUNCH_FORM, "launch_config": text})))
+    assert message in out["error"]["message"], out["error"]
+    assert "Traceback" not in json.dumps(out) and "json" not in out and "from" not in out
+
+
+def test_a_launch_file_without_a_training_config_is_not_sent(workdir):
+    form = {"model": "llama-3.2-1b", "gpu": "h100-sxm", "launch_config": LF_FSDP}
+    out = json.loads(browser.run(json.dumps(form)))
+    assert out["command"] == "reportgen estimate --model llama-3.2-1b --gpu h100-sxm" and "error" not in out
+    assert out["json"] == cli_json(out["command"]) and not (workdir / "launch.yaml").exists()
+    assert browser.argv({**form, "setup": {"gpus": "2", "sharding": "fsdp"}})[-4:] == ["--gpus", "2", "--sharding", "fsdp"]
 
 
 def test_a_pasted_gpu_profile_prices_the_step_as_the_cli_does(workdir):
@@ -238,7 +287,10 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
     bundle = _bundle_dir(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    forms = [f for f, _ in FORMS] + [{"config": "{", "gpu": "t4"}]
+    # LLaMA-Factory's deepspeed: examples/deepspeed/ds_z3_config.json, read from the bundle's vendored copy
+    shipped_ds = {"gpu": "h100-sxm", "training_config": LF_LORA + "deepspeed: examples/deepspeed/ds_z3_config.json\n",
+                  "setup": {"gpus": "2"}}
+    forms = [f for f, _ in FORMS] + [shipped_ds, {"config": "{", "gpu": "t4"}]
     # -I -S: no site-packages (no editable install, no PyYAML C extension), only the bundle and the
     # standard library, and of that only what Pyodide ships
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED, str(bundle), json.dumps(_stdlib_names()),
@@ -253,6 +305,8 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
             (tmp_path / "cli" / "train.yaml").write_text(form["training_config"])
         if "gpu_profile" in form:
             (tmp_path / "cli" / "gpu-profile.yaml").write_text(form["gpu_profile"])
+        if "launch_config" in form:
+            (tmp_path / "cli" / "launch.yaml").write_text(form["launch_config"])
         import os
 
         cwd = os.getcwd()
@@ -262,6 +316,9 @@ def test_the_bundle_holds_every_module_the_page_imports(tmp_path):
         finally:
             os.chdir(cwd)
     assert "not valid JSON" in results[-1]["error"]["message"]
+    assert json.loads(results[-2]["json"])["setup"]["sharding"] == "zero3", results[-2].get("error")
+    assert any("LLaMA-Factory's shipped examples/deepspeed/ds_z3_config.json" in line for line in results[-2]["from"])
+    assert "reportgen.configs.launch" in modules and "launch launch.yaml" in " ".join(results[len(FORMS) - 2]["from"])
     assert "reportgen.estimate.search" in modules and "yaml.constructor" in modules
     assert "reportgen.configs.trl" in modules and results[len(FORMS) - 1]["from"][0].startswith("from train.yaml")
     assert not any(m.startswith(("reportgen.measure", "reportgen.report", "rich", "pydantic")) for m in modules)
@@ -276,6 +333,12 @@ def test_the_bundle_lists_its_sources_and_pyyaml_license():
                 "reportgen/estimate/error_band.json", "reportgen/runner.py", "reportgen/results.py"):
         assert rel in files, rel
     assert all(f"reportgen/catalog/models/{m}.json" in files for m in catalog.model_names())
+    # the DeepSpeed and accelerate files LLaMA-Factory's and Axolotl's examples name (configs/shipped.py), as shipped
+    from reportgen.configs import shipped
+
+    for tool, root in (("llamafactory", "reportgen/configs/vendored/llamafactory"),
+                       ("axolotl", "reportgen/configs/vendored/axolotl")):
+        assert shipped.files(tool) and all(files[f"{root}/{rel}"] == text for rel, text in shipped.files(tool).items())
     assert not any(".so" in f or "__pycache__" in f for f in files)
 
 

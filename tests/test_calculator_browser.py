@@ -38,6 +38,11 @@ from tests import chromium
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL = (ROOT / "reportgen" / "published" / "configs" / "mistral-7b-v0.1.json").read_text()
 TRL_QLORA = (Path(__file__).parent / "fixtures" / "configs" / "trl_qlora.yaml").read_text()
+#: LLaMA-Factory's LoRA SFT config and its examples/accelerate/fsdp_config.yaml as shipped (tests/test_calculator.py)
+LF_LORA = "".join(line for line in (Path(__file__).parent / "fixtures" / "configs" / "llamafactory_qlora.yaml")
+                  .read_text().splitlines(keepends=True) if not line.startswith("quantization_"))
+LF_FSDP = (ROOT / "reportgen" / "configs" / "vendored" / "llamafactory" / "examples" / "accelerate"
+           / "fsdp_config.yaml").read_text()
 
 pytestmark = [pytest.mark.browser, chromium.needs_chromium]
 
@@ -406,6 +411,29 @@ def test_a_pasted_training_config_lists_its_keys(served_site, browser):
     lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
     assert lines[0] == "from train.yaml (TRL 1.16.0 keys): model qwen2.5-7b"
     assert browser.execute_script("return document.getElementById('rg-method').disabled")  # the file's setup
+
+
+def test_a_pasted_launch_file_runs_on_its_gpus_and_sharding(served_site, browser, shots):
+    """LLaMA-Factory's lora config launched with examples/accelerate/fsdp_config.yaml: 2 GPUs, FSDP; the launch
+    box shows only beside a training config, and the link keeps the launch file."""
+    on_calculator(browser, served_site)
+    browser.execute_async_script(SET_FORM, {"paste_launch": True, "launch_config": LF_FSDP}, False)
+    hidden = "return [document.getElementById('rg-launch-check').hidden, document.getElementById('rg-launch-box').hidden]"
+    assert browser.execute_script(hidden) == [True, True]  # no training config: no launch file
+    assert "--launch" not in browser.execute_script("return document.getElementById('rg-command').textContent")
+    browser.execute_async_script(SET_FORM, {"gpu": "h100-sxm", "paste_train": True, "train_config": LF_LORA,
+                                            "paste_launch": True, "launch_config": LF_FSDP}, False)
+    page = browser.execute_script(READ_PAGE)
+    assert page["command"] == "reportgen estimate --gpu h100-sxm --from train.yaml --launch launch.yaml", page["error"]
+    setup = json.loads(page["json"])["setup"]
+    assert (setup["gpus"], setup["sharding"], setup["precision"]) == (2, "fsdp", "bf16-mixed")
+    assert browser.execute_script(hidden) == [False, False]
+    assert not browser.execute_script("return document.getElementById('rg-launch-note').hidden")
+    assert browser.execute_script("return document.getElementById('rg-gpus').disabled")  # the launch file's
+    lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
+    assert "launch launch.yaml (accelerate 1.15.0 config keys)" in lines
+    assert "launch=" in page["share"]
+    screenshot(browser, shots / "calculator-launch.png")
 
 
 def test_a_pasted_gpu_profile_is_used_and_named(served_site, browser):

@@ -32,7 +32,7 @@ function el(tag, attrs = {}, ...children) {
 
 // ----- the form <-> an object <-> the URL hash ----------------------------------------------------
 function controls(form) {
-  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config", "paste_profile", "profile_text", "hub"].includes(e.name));
+  return Array.from(form.elements).filter((e) => e.name && !["paste", "config", "paste_train", "train_config", "paste_launch", "launch_config", "paste_profile", "profile_text", "hub"].includes(e.name));
 }
 
 function method(form) { return form.elements["setup.method"]?.value || ""; }
@@ -52,6 +52,9 @@ function setValue(control, text) {
   else control.value = text;
 }
 
+// a pasted accelerate launch file counts only beside a pasted training config (reportgen estimate --launch needs --from)
+function launched(form) { return form.elements.paste_train.checked && form.elements.paste_launch.checked; }
+
 function readForm(form) {
   const out = { setup: {} };
   for (const c of controls(form)) {
@@ -64,6 +67,7 @@ function readForm(form) {
   }
   if (form.elements.paste.checked) out.config = form.elements.config.value;
   if (form.elements.paste_train.checked) out.training_config = form.elements.train_config.value;
+  if (launched(form)) out.launch_config = form.elements.launch_config.value;
   if (form.elements.paste_profile.checked) out.gpu_profile = form.elements.profile_text.value;
   return out;
 }
@@ -76,6 +80,7 @@ function hashOf(form) {
   }
   if (form.elements.paste.checked) params.set("config", form.elements.config.value);
   if (form.elements.paste_train.checked) params.set("train", form.elements.train_config.value);
+  if (launched(form)) params.set("launch", form.elements.launch_config.value);
   if (form.elements.paste_profile.checked) params.set("profile", form.elements.profile_text.value);
   return params.toString();
 }
@@ -106,6 +111,9 @@ function restore(form, hash) {
   const training = params.has("train");
   form.elements.paste_train.checked = training;
   form.elements.train_config.value = training ? params.get("train") : "";
+  const launch = params.has("launch");
+  form.elements.paste_launch.checked = launch;
+  form.elements.launch_config.value = launch ? params.get("launch") : "";
   const profiled = params.has("profile");
   form.elements.paste_profile.checked = profiled;
   form.elements.profile_text.value = profiled ? params.get("profile") : "";
@@ -117,10 +125,13 @@ function sync(form) {
   const training = form.elements.paste_train.checked;
   $("rg-config-box").hidden = !pasted;
   $("rg-train-box").hidden = !training;
+  $("rg-launch-check").hidden = !training;  // the launch file goes with the training config it launches
+  $("rg-launch-box").hidden = !launched(form);
   $("rg-profile-box").hidden = !form.elements.paste_profile.checked;
   form.elements.model.disabled = pasted || training;
+  const launcher = launched(form) ? [] : ["setup.gpus", "setup.sharding"];
   for (const c of controls(form)) {  // a pasted training config gives the setup: only the launcher's GPUs count
-    if (c.name.startsWith("setup.")) c.disabled = training && !["setup.gpus", "setup.sharding"].includes(c.name);
+    if (c.name.startsWith("setup.")) c.disabled = training && !launcher.includes(c.name);
   }
   for (const box of form.querySelectorAll("[data-applies]")) {
     const methods = box.dataset.applies.split(" ").filter(Boolean);
@@ -202,6 +213,7 @@ function showResult(out, form) {
   $("rg-command").textContent = out.command;
   $("rg-paste-note").hidden = !form.elements.paste.checked;
   $("rg-train-note").hidden = !form.elements.paste_train.checked;
+  $("rg-launch-note").hidden = !launched(form);
   $("rg-profile-note").hidden = !form.elements.paste_profile.checked;
   const from = $("rg-from");
   from.replaceChildren(...(out.from || []).map((line) => el("li", { text: line })));
