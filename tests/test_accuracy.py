@@ -134,16 +134,20 @@ def test_published_memory_overall_and_per_source(published):
 
 
 def test_published_tokens_per_second(published):
-    """The 30 published rows with a rate (all fsdp_qlora, all on 2-8 GPUs; today median |error|
-    11.9 %, signed +1.3 %, worst +767 %: R003, LoRA with FSDP on two RTX 3090s at 202 tokens/s; R001 and
-    R004, the same runs' neighbours, about +270 % and +236 %; the fourth, about +101 %, since the refit of
-    2026-11-27, was within 95 % before it)."""
+    """The 30 fsdp_qlora rows with a rate (all on 2-8 GPUs; today median |error| 11.3 %, signed +3.5 %, worst
+    +373 %: R003, LoRA with FSDP on two RTX 3090s at 202 tokens/s, R001 and R004, the same runs' neighbours,
+    about +270 % and +235 %; the fourth within 102 %: their wall times include loading), and the 3 rows of
+    data/consumer_speed.csv that are mapped (whyNLP/tinyllama on one RTX 3090, 4090 and A6000: -13 %, -21 %,
+    -14 %); all 33 together median 12.6 %."""
     speed = published["speed"]
-    errors = [r["rel_error"] for r in speed["rows"]]
-    assert len(errors) == 30
-    assert speed["median_abs_rel_error"] <= 0.125
-    assert abs(speed["median_rel_error"]) <= 0.03
-    assert max(abs(e) for e in errors) <= 7.7
-    assert sorted(abs(e) for e in errors)[-4] <= 1.05  # beyond the three rows above, within 105 %
+    fsdp = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("R")]
+    consumer = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("CS")]
+    assert len(fsdp) == 30 and len(consumer) == 3
+    assert statistics.median(abs(e) for e in fsdp) <= 0.12
+    assert abs(statistics.median(fsdp)) <= 0.04
+    assert max(abs(e) for e in fsdp) <= 3.8
+    assert sorted(abs(e) for e in fsdp)[-4] <= 1.05  # beyond the three rows above, within 105 %
+    assert max(abs(e) for e in consumer) <= 0.25
+    assert speed["median_abs_rel_error"] <= 0.13
     multi = published["multi_gpu"]
     assert multi["speed_rows"] == 30 and multi["speed_median_abs_rel_error"] <= 0.125
