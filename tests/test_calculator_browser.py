@@ -430,6 +430,8 @@ def test_a_pasted_launch_file_runs_on_its_gpus_and_sharding(served_site, browser
     assert browser.execute_script(hidden) == [False, False]
     assert not browser.execute_script("return document.getElementById('rg-launch-note').hidden")
     assert browser.execute_script("return document.getElementById('rg-gpus').disabled")  # the launch file's
+    shown = "return [document.getElementById('rg-gpus').value, document.getElementById('rg-sharding').value]"
+    assert browser.execute_script(shown) == ["2", "fsdp"]  # the greyed fields show the launch file's values
     lines = browser.execute_script("return Array.from(document.querySelectorAll('#rg-from li')).map(e => e.textContent)")
     assert "launch launch.yaml (accelerate 1.15.0 config keys)" in lines
     assert "launch=" in page["share"]

@@ -231,6 +231,11 @@ function showResult(out, form) {
     return;
   }
   error.hidden = true;
+  if (launched(form)) {  // the greyed GPUs and sharding show what the launch file set, not the form's own values
+    const setup = JSON.parse(out.json).setup;
+    form.elements["setup.gpus"].value = setup.gpus;
+    form.elements["setup.sharding"].value = setup.sharding;
+  }
   $("rg-repro-label").textContent = "The same numbers on your machine (add --format json for the JSON below):";
   $("rg-json-box").hidden = false;
   const v = out.view;
