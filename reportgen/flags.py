@@ -62,16 +62,16 @@ def gpu_from_args(args: argparse.Namespace):
     """The ``--gpu`` card (``card@SIZE`` with ``--gpu-memory``), on the ``--host-cpu`` host when given (a
     ``UserError`` naming the close names for one the catalog lacks), priced with ``--gpu-profile`` when
     given (a ``UserError`` for a profile of another card model: ``gpu_profile.attach``)."""
-    import dataclasses
+    from reportgen.gpu_profile import on_machine
 
-    gpu = catalog.load_gpu(args.gpu)
+    host = None
     if getattr(args, "host_cpu", None):
-        gpu = dataclasses.replace(gpu, host_cpu=catalog.load_cpu(args.host_cpu))
-    if getattr(args, "gpu_profile", None) is not None:
-        from reportgen.gpu_profile import attach, read_profile
-
-        gpu = attach(gpu, read_profile(args.gpu_profile))
-    return gpu
+        try:
+            host = catalog.load_cpu(args.host_cpu)
+        except UserError as exc:
+            exc.message = f"--host-cpu: {exc.message}"
+            raise
+    return on_machine(catalog.load_gpu(args.gpu), host, getattr(args, "gpu_profile", None))
 
 
 def add_from_flag(p: argparse.ArgumentParser) -> None:

@@ -130,6 +130,16 @@ def attach(gpu: GpuSpec, profile: GpuProfile) -> GpuSpec:
     return dataclasses.replace(gpu, profile=profile)
 
 
+def on_machine(gpu: GpuSpec, host_cpu=None, profile: Path | None = None) -> GpuSpec:
+    """``gpu`` on ``host_cpu`` (a ``hardware.HostCpu``) when given, priced with the profile file when given
+    (``attach``; the profile's measured host then wins, ``time.TimeConstants.current``): the card of
+    ``--gpu``/``--host-cpu``/``--gpu-profile`` (``flags.gpu_from_args``) and of a sweep's ``host_cpu`` and
+    ``gpu_profiles`` (``runner``) alike."""
+    if host_cpu is not None:
+        gpu = dataclasses.replace(gpu, host_cpu=host_cpu)
+    return gpu if profile is None else attach(gpu, read_profile(Path(profile)))
+
+
 def summary_lines(p: GpuProfile) -> list[str]:
     """The profile's figures, one line each, in a reader's units (measured figures only)."""
     out = []

@@ -56,14 +56,10 @@ def _gpu(gpu: str, profile: tuple[str, str] | None, host_cpu: str | None = None)
     """The card, on the sweep's ``host_cpu`` when it names one, priced with the profile when the sweep
     gives one (keyed by the file's hash too; the profile's measured host wins, as on the command line:
     ``flags.gpu_from_args``)."""
-    card = catalog.load_gpu(gpu)
-    if host_cpu:
-        card = dataclasses.replace(card, host_cpu=catalog.load_cpu(host_cpu))
-    if profile is None:
-        return card
-    from reportgen.gpu_profile import attach, read_profile
+    from reportgen.gpu_profile import on_machine
 
-    return attach(card, read_profile(Path(profile[0])))
+    return on_machine(catalog.load_gpu(gpu), catalog.load_cpu(host_cpu) if host_cpu else None,
+                      Path(profile[0]) if profile else None)
 
 
 @lru_cache(maxsize=4096)

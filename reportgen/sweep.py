@@ -223,7 +223,7 @@ def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> S
             catalog.load_cpu(spec.host_cpu)
         except UserError as exc:
             raise UserError(f"{path}:{_line_of(lines, ('host_cpu',))}: host_cpu: "
-                            f"{exc.message.removeprefix('--host-cpu: ')}", hint=exc.hint) from None
+                            f"{exc.message}", hint=exc.hint) from None
     cases, warnings = _expand(path, spec, lines, max_cases)
     return Sweep(path=path, spec=spec, cases=cases, content_hash=_content_hash(raw), warnings=tuple(warnings),
                  profiles=_profiles(path, spec, lines))

@@ -114,7 +114,7 @@ def load_cpu(name: str) -> HostCpu:
     cpus = _cpu_table()["cpus"]
     if name not in cpus:
         error = unknown_name("host CPU", name, list(cpus))
-        error.message = f"--host-cpu: unknown host CPU {name!r}"
+        error.message = f"unknown host CPU {name!r}"
         error.hint = (error.hint + " " if error.hint else "") + "(`reportgen cpus` lists them all)"
         raise error
     e = cpus[name]

@@ -20,18 +20,16 @@ is an error, not a comparison.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reportgen import userfile, yamlfile
+from reportgen import yamlfile
 from reportgen.errors import UserError
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.published.mapping import Unmapped
+from reportgen.published.mapping import Unmapped, read_rows
 from reportgen.published.speed import SpeedRow
 from reportgen.setup import SetupError, TrainingSetup
 
@@ -82,17 +80,8 @@ def number(value: str) -> float:
 
 
 def read_csv(path: Path) -> dict[str, dict]:
-    """``row_id -> row`` of ``consumer_speed.csv``; a ``UserError`` when it is not that file."""
-    try:
-        text = userfile.read_bytes(path, 10_000_000).decode("utf-8")
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error, userfile.TooLarge) as exc:
-        raise UserError(f"{path}: cannot be read as a UTF-8 CSV ({exc})") from None
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise UserError(f"{path}: not data/consumer_speed.csv; missing columns: {', '.join(missing)}")
-    return {r["row_id"]: r for r in rows}
+    """``row_id -> row`` of ``consumer_speed.csv`` (``mapping.read_rows``: a ``UserError`` when it is not that file)."""
+    return {r["row_id"]: r for r in read_rows(path, COLUMNS, "consumer-speed CSV", "data/consumer_speed.csv")}
 
 
 def read_setups(path: Path) -> dict[str, RowMap]:

@@ -113,8 +113,11 @@ COLUMNS = ("id", "source", "model", "technique", "lora_rank", "lora_targets", "b
 MAX_CSV_BYTES = 10_000_000
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The CSV's rows; a file that is not such a CSV is a ``UserError`` naming what is missing."""
+def read_rows(path: Path, columns: tuple[str, ...] = COLUMNS, noun: str = "published-measurements CSV",
+              example: str = "data/published_measurements.csv") -> list[dict]:
+    """The CSV's rows; a file that is not such a CSV (``columns`` among its header) is a ``UserError`` naming
+    what is missing. ``noun`` and ``example`` name the kind of file in the errors (``consumer.read_csv``
+    reads ``consumer_speed.csv`` here too)."""
     from reportgen.errors import UserError
 
     try:
@@ -123,16 +126,16 @@ def read_rows(path: Path) -> list[dict]:
         rows = list(reader)
         header = reader.fieldnames or []
     except userfile.TooLarge as exc:
-        raise UserError(f"{path}: {exc.amount()}; a published-measurements CSV is read up to {MAX_CSV_BYTES:,} bytes",
-                        hint="data/published_measurements.csv is about 50 KB") from None
+        raise UserError(f"{path}: {exc.amount()}; a {noun} is read up to {MAX_CSV_BYTES:,} bytes",
+                        hint=f"{example} is well under that") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
     except (OSError, csv.Error) as exc:
         raise UserError(f"{path}: cannot be read as CSV ({exc})") from None
-    missing = [c for c in COLUMNS if c not in header]
+    missing = [c for c in columns if c not in header]
     if missing:
-        raise UserError(f"{path}: not a published-measurements CSV; missing columns: {', '.join(missing)}",
-                        hint="see data/published_measurements.csv and data/published_measurements.README.md")
+        raise UserError(f"{path}: not a {noun}; missing columns: {', '.join(missing)}",
+                        hint=f"see {example} and {example.removesuffix('.csv')}.README.md")
     return rows
 
 
