@@ -57,6 +57,9 @@ from reportgen.setup import TrainingSetup  # noqa: E402
 #: estimated step: elsewhere the step is mostly exposed host-link transfers (FSDP over PCIe, CPU
 #: offload) or host dispatch, whose own models would be absorbed into the efficiency
 COMPUTE_SHARE_MIN = 0.9
+#: the GPU generation our measurements fit the time model's constants on (``constants.py``: the H100
+#: machine); measured step times of other generations fit only their GEMM efficiency
+FIT_GENERATION = "hopper"
 #: most fits here have one parameter (the cached-free fit has one per share); a fit needs at least parameters + 2 cases
 PARAMETERS = 1
 
@@ -393,13 +396,15 @@ def traced_time_errors(cases: list[dict], dirs: list[Path]) -> None:
 
 
 def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None:
-    """The time constants from the measured step times that count for their card (one data-center
-    GPU, no offload: the host-link models are not fitted here)."""
+    """The time constants from the measured step times that count for their card, on cards of
+    ``FIT_GENERATION`` (one GPU, no offload: the host-link models are not fitted here). Other
+    generations' step times fit their own GEMM efficiency (``measured_speed_rows``)."""
     samples = []
     for c, e in zip(cases, ests):
         gpu = catalog.load_gpu(e.gpu)
         step = c["figures"].get("step_s")
-        if not c["speed"] or not step or gpu.is_consumer or e.setup.gpus > 1 or e.setup.offload.value != "none":
+        if (not c["speed"] or not step or gpu.generation != FIT_GENERATION or e.setup.gpus > 1
+                or e.setup.offload.value != "none"):
             continue
         case = c["result"]["case"]
         x = time_sample(catalog.load_model(case["model"]), gpu, e.setup, step, c["result"]["id"])
@@ -418,21 +423,43 @@ def published_speed_cases(csv_path: Path) -> list[dict]:
     from reportgen.published.consumer import consumer_speed_rows
     from reportgen.published.mapping import read_rows
     from reportgen.published.speed import SpeedRow, map_speed_row
-    from reportgen.estimate.memory import estimate_memory
 
-    out = []
     mapped = [(csv_path.name, map_speed_row(raw)) for raw in read_rows(csv_path)] + [
         ("consumer_speed.csv", m) for m in consumer_speed_rows(csv_path.parent)]
-    for file, m in mapped:
-        if not isinstance(m, SpeedRow):
+    return [speed_row(m.row_id, catalog.load_model(m.model), catalog.load_gpu(m.gpu), m.setup, m.published_tokens_per_s,
+                      source_of(m.source), file, libs=m.libs) for file, m in mapped if isinstance(m, SpeedRow)]
+
+
+def speed_row(row_id: str, model, gpu, setup: TrainingSetup, tokens_per_s: float, source: str, file: str,
+              libs=None) -> dict:
+    """One row of the per-generation GEMM fit: the case, its estimate's memory and time (shipped constants),
+    the tokens/s it was seen at and the source it belongs to (leave-one-source-out holds a source out whole)."""
+    from reportgen.estimate.memory import estimate_memory
+
+    mem = estimate_memory(model, setup, gpu, libs=libs) if libs is not None else estimate_memory(model, setup, gpu)
+    t = estimate_time(model, setup, gpu, mem.terms["activations"], mem.terms["logits"],
+                      offloaded_bytes=mem.offloaded_activations)
+    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": t, "libs": libs,
+            "tokens_per_s": tokens_per_s, "source": source, "file": file}
+
+
+def measured_speed_rows(cases: list[dict]) -> list[dict]:
+    """Our own harness's step times on cards outside ``FIT_GENERATION`` (``reportgen measure`` or a sweep's
+    ``--measure`` on a user's RTX 4090, L4, A100...: one GPU, no offload, speed that counts for the case's
+    card by the provenance rule) as rows of the per-generation GEMM fit beside the published ones
+    (``fit_efficiency_published``). One physical card (its CUDA UUID; else its results and card) is one
+    source of the leave-one-source-out error."""
+    out = []
+    for c in cases:
+        r, tokens_per_s = c["result"], c["figures"].get("tokens_per_s")
+        gpu, setup = catalog.load_gpu(r["case"]["gpu"]), TrainingSetup.model_validate(r["case"]["setup"])
+        if (not c["speed"] or not tokens_per_s or gpu.generation == FIT_GENERATION or setup.gpus > 1
+                or setup.offload.value != "none"):
             continue
-        model, gpu = catalog.load_model(m.model), catalog.load_gpu(m.gpu)
-        mem = estimate_memory(model, m.setup, gpu, libs=m.libs)
-        t = estimate_time(model, m.setup, gpu, mem.terms["activations"], mem.terms["logits"],
-                          offloaded_bytes=mem.offloaded_activations)
-        out.append({"id": m.row_id, "model": model, "gpu": gpu, "setup": m.setup, "mem": mem, "time": t,
-                    "libs": m.libs, "tokens_per_s": m.published_tokens_per_s, "source": source_of(m.source),
-                    "file": file})
+        env = (r.get("measurement") or {}).get("environment") or {}
+        card = env.get("gpu_uuid") or f"{r.get('sweep') or 'results'} {gpu.key}"
+        out.append(speed_row(r["id"], catalog.load_model(r["case"]["model"]), gpu, setup, tokens_per_s,
+                             f"reportgen measurements on {env.get('gpu_name') or gpu.name} ({card})", "measured"))
     return out
 
 
@@ -463,6 +490,8 @@ def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
     leave-one-source-out error per generation (``loso_published``). Returns the fits made."""
     from scipy.optimize import minimize_scalar
 
+    from reportgen.estimate.time import matmul_efficiency_of
+
     effs: dict[int, float] = {}
     for j, r in enumerate(rows):
         if compute_bound(r):
@@ -475,7 +504,7 @@ def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
         if not enough(name, len(idx)):
             continue
         fit, errs = loo([effs[j] for j in idx], lambda f, k: _published_error(rows[idx[k]], f))
-        describe(name, K.MATMUL_EFFICIENCY.get(gen, float("nan")), fit, errs)
+        describe(name, matmul_efficiency_of(gen)[0], fit, errs)
         print("  efficiency per row: " + ", ".join(f"{rows[j]['id']} {effs[j]:.3f}" for j in idx))
         fits[gen] = fit
     geforce = [j for j in effs if rows[j]["gpu"].is_consumer]
@@ -517,18 +546,24 @@ def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     published = next((Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--published=")),
                      Path("data/published_measurements.csv"))
+    dirs = [Path(a) for a in args] or sorted(p for p in Path("results").iterdir() if p.is_dir())
+    cases = measured_cases(dirs)
+    rows = []
     if "--no-published" not in sys.argv and published.is_file():
         rows = published_speed_cases(published)
         beside = sum(r["file"] != published.name for r in rows)
         print(f"{len(rows) - beside} published rows with tokens/s read from {published}, {beside} from "
               f"consumer_speed.csv beside it (the rows its mapping compares)")
-        fit_efficiency_published(rows)
+    mine = measured_speed_rows(cases)
+    if mine:
+        print(f"{len(mine)} measured step times on cards outside {FIT_GENERATION} join them (one source per card: "
+              + ", ".join(sorted({r["source"] for r in mine})) + ")")
+    if rows or mine:
+        fit_efficiency_published(rows + mine)
     if "--no-traced" not in sys.argv:
         free, limited = traced_samples(Path("results"))
         fit_cached_free(free, "traced (allocator simulation)")
         fit_after_release(limited, "traced (allocator simulation, limited to the card)")
-    dirs = [Path(a) for a in args] or sorted(p for p in Path("results").iterdir() if p.is_dir())
-    cases = measured_cases(dirs)
     if not cases:
         print(f"no GPU measurement with status ok that counts for its case under {', '.join(map(str, dirs))}: "
               "nothing to fit")

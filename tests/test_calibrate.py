@@ -17,13 +17,14 @@ from reportgen.sweep import load_sweep
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
 
 
-def make_sweep(tmp_path: Path, batches: list[int], methods: str = "full", precisions: str = "bf16-mixed") -> Path:
+def make_sweep(tmp_path: Path, batches: list[int], methods: str = "full", precisions: str = "bf16-mixed",
+               gpu: str = "h100-sxm") -> Path:
     spec = tmp_path / "cal.yaml"
     spec.write_text(f"""
 name: cal
 grids:
   - model: llama-3.2-1b
-    gpu: h100-sxm
+    gpu: {gpu}
     method: [{methods}]
     precision: [{precisions}]
     seq: 1024
@@ -42,7 +43,7 @@ KNOWN = {"MATMUL_EFFICIENCY": {"hopper": 0.55, "ada-geforce": 0.6}, "ATTENTION_E
 
 
 def add_fake(results: Path, device: str = "h100-sxm", capped: str | None = None, context_mib: int = 612,
-             timed: bool = False, monkeypatch=None) -> None:
+             timed: bool = False, monkeypatch=None, known: dict = KNOWN, uuid: str | None = None) -> None:
     """A made-up measurement (test data only) for every case: allocated = reserved = the estimate,
     device_used = reserved + context; with ``timed``, the step time the estimator gives with the
     ``KNOWN`` time constants."""
@@ -57,11 +58,13 @@ def add_fake(results: Path, device: str = "h100-sxm", capped: str | None = None,
                    "device_used": e.memory.peak_reserved + context_mib * 2**20, "step_s": None, "tokens_per_s": None}
         if timed:
             with monkeypatch.context() as m:
-                for name, value in KNOWN.items():
+                for name, value in known.items():
                     m.setattr(K, name, value)
                 t = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False).time
             figures["step_s"], figures["tokens_per_s"] = t.step_s, t.tokens_per_s
         env = {"device": "cpu"} if device == "cpu" else {"device": "cuda", "gpu_catalog_key": device}
+        if uuid:
+            env["gpu_uuid"] = uuid
         cap = {"applied": True, "emulated_gpu": capped} if capped else None
         store.add_measurement(results / "cal", r["id"], case, {
             "status": "ok", "fake": True, "measurement": figures, "environment": env, "cap": cap,
@@ -146,3 +149,22 @@ def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
     quiet = subprocess.run([sys.executable, str(SCRIPT), "--no-published", str(tmp_path)], capture_output=True,
                            text=True, cwd=SCRIPT.parent.parent, check=True).stdout
     assert "published rows" not in quiet and "nothing to fit" in quiet
+
+
+def test_measured_step_times_of_another_generation_fit_its_gemm_efficiency_not_the_h100s(tmp_path, monkeypatch):
+    """A user's own measurements on an RTX 4090 (``--measure`` on their card) fit Ada GeForce's GEMM efficiency
+    beside the published rows, as a source of their own; they never enter the time constants fitted on Hopper."""
+    results = make_sweep(tmp_path, [1, 2, 4, 8], gpu="rtx-4090")
+    known = {"MATMUL_EFFICIENCY": {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9748, "ada-geforce": 0.6}}
+    add_fake(results, device="rtx-4090", timed=True, monkeypatch=monkeypatch, known=known, uuid="GPU-test-4090")
+    out = subprocess.run([sys.executable, str(SCRIPT), "--no-traced", str(results / "cal")], capture_output=True,
+                         text=True, cwd=SCRIPT.parent.parent, check=True).stdout
+    assert "4 measured step times on cards outside hopper join them" in out and "(GPU-test-4090)" in out
+    ada = line(out, "published tokens/s: MATMUL_EFFICIENCY[ada-geforce]")
+    assert "from 15 cases" in ada  # the 11 published rows and these 4
+    row = line(out, "  efficiency per row: R014")
+    for rid in (r["id"] for r in store.load_results(results / "cal")):
+        assert float(re.search(re.escape(rid) + r" ([0-9.]+)", row).group(1)) == pytest.approx(0.6, abs=0.002)
+    loso = line(out, "published tokens/s, leave-one-source-out (3 sources), ada-geforce")
+    assert "15 rows" in loso
+    assert "not fitted, 0 usable case(s)" in line(out, TIME)  # no H100 case: the time constants stay unfitted
