@@ -536,9 +536,32 @@ def loso_published(rows: list[dict], effs: dict[int, float]) -> dict[str, list[f
                 errors.setdefault(gen, []).append(_published_error(rows[j], matmul_efficiency_of(gen, fits)[0]))
     sources = len({rows[j]["source"] for j in effs})
     for gen, errs in sorted(errors.items()):
-        a = [abs(e) for e in errs]
-        print(f"published tokens/s, leave-one-source-out ({sources} sources), {gen}: {len(a)} rows, |error| median "
-              f"{100 * statistics.median(a):.1f}%, signed {100 * statistics.median(errs):+.1f}%, worst {100 * max(a):.1f}%")
+        print(f"published tokens/s, leave-one-source-out ({sources} sources), {gen}: " + _error_summary(errs))
+    for gen, errs in sorted(loso_pooled(rows, effs).items()):
+        print(f"published tokens/s, leave-one-source-out ({sources} sources), GeForce pooled, {gen}: " + _error_summary(errs))
+    return errors
+
+
+def _error_summary(errs: list[float]) -> str:
+    a = [abs(e) for e in errs]
+    return (f"{len(a)} rows, |error| median {100 * statistics.median(a):.1f}%, signed "
+            f"{100 * statistics.median(errs):+.1f}%, worst {100 * max(a):.1f}%")
+
+
+def loso_pooled(rows: list[dict], effs: dict[int, float]) -> dict[str, list[float]]:
+    """Leave-one-source-out of the GeForce fit as shipped (``constants.py``: one efficiency pooled over the
+    GeForce generations): each source's GeForce rows predicted by the median of the other sources' GeForce
+    rows, the |error| of tokens/s by generation."""
+    geforce = [j for j in effs if rows[j]["gpu"].is_consumer]
+    errors: dict[str, list[float]] = {}
+    for src in sorted({rows[j]["source"] for j in geforce}):
+        kept = [effs[j] for j in geforce if rows[j]["source"] != src]
+        if len(kept) < PARAMETERS + 2:
+            continue
+        for j in geforce:
+            if rows[j]["source"] == src:
+                errors.setdefault(rows[j]["gpu"].generation, []).append(
+                    _published_error(rows[j], statistics.median(kept)))
     return errors
 
 

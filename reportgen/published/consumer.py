@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reportgen import yamlfile
 from reportgen.errors import UserError
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.published.mapping import Unmapped, read_rows
+from reportgen.published.mapping import CONFIGS, Unmapped, read_rows
 from reportgen.published.speed import SpeedRow
 from reportgen.setup import SetupError, TrainingSetup
 
@@ -46,7 +46,7 @@ class RowMap(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     unmapped: str | None = None  # why the row is not compared; nothing else is then needed
-    model: str | None = None  # catalog name or a config path under reportgen/published/configs
+    model: str | None = None  # catalog name, or configs/NAME.json: a config.json under reportgen/published/configs
     gpu: str | None = None  # catalog name
     rate: Literal["step_time", "total_time", "tokens_per_s", "samples_per_s"] | None = None
     steps: int | None = Field(None, ge=1)  # total_time: optimizer steps the time covers
@@ -141,7 +141,19 @@ def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
     except ValueError as exc:
         raise UserError(f"{where}: {rid}: value {row['value']!r} ({row['unit']}): {exc}") from None
     notes = [f"grade {row['grade']}; clock: {row['clock_scope']}"] + m.assumptions
-    return SpeedRow(rid, url, m.model, m.gpu, setup, rate, how, notes, libs)
+    return SpeedRow(rid, url, model_path(m.model, f"{where}: {rid}"), m.gpu, setup, rate, how, notes, libs)
+
+
+def model_path(model: str, where: str) -> str:
+    """A mapping's model: a catalog name as written, ``configs/NAME.json`` as the path of that file under
+    ``reportgen/published/configs`` (wherever the command runs)."""
+    if not model.startswith("configs/"):
+        return model
+    path = CONFIGS / model.removeprefix("configs/")
+    if not path.is_file():
+        raise UserError(f"{where}: model {model}: no such file under {CONFIGS}",
+                        hint="configs/ names a config.json of reportgen/published/configs")
+    return str(path)
 
 
 def consumer_speed_rows(data_dir: Path) -> list[SpeedRow | Unmapped]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from reportgen import catalog
 from reportgen.estimate.memory import estimate_memory
@@ -111,7 +112,7 @@ def compare_speed(rows: list[dict], consumer: list | None = None) -> dict:
                 unmapped.append({"id": m.row_id, "reason": m.reason})
             continue
         est = estimated_tokens_per_s(m)
-        out.append({"id": m.row_id, "source": m.source, "model": raw["model"] if raw else m.model,
+        out.append({"id": m.row_id, "source": m.source, "model": raw["model"] if raw else Path(m.model).stem,
                     "technique": raw["technique"] if raw else m.setup.short(), "gpu": m.gpu,
                     "gpus": m.setup.gpus, "batch": m.setup.batch, "seq": m.setup.seq,
                     "published_tokens_per_s": round(m.published_tokens_per_s, 1), "derivation": m.derivation,
