@@ -82,7 +82,11 @@ class GpuSpec:
 
     @property
     def is_consumer(self) -> bool:
-        """GeForce cards: fp16/bf16 tensor throughput with fp32 accumulate is half rate, no NVLink."""
+        """GeForce cards: fp16/bf16 tensor throughput with fp32 accumulate is half rate, no NVLink. The
+        TITAN RTX (TU102, not named GeForce) is not one: NVIDIA's GA102 whitepaper gives it 130.5 TFLOPS
+        of FP16 tensor math with FP32 accumulate (quoted in arXiv 2212.14034), 576 tensor cores x 128
+        FLOP/clk x 1.77 GHz, the full rate, where the GeForce RTX 2080 Ti has 56.9 of its 113.8 with
+        FP16 accumulate (Turing whitepaper, Table 1)."""
         return "GeForce" in self.name
 
     @cached_property
@@ -151,11 +155,13 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
 #: (catalog key, regex on the lower-cased CUDA device name, minimum memory in GiB or None). First match
 #: wins. Names as CUDA reports them, e.g. "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe",
 #: "NVIDIA H100 NVL", "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "Tesla T4",
-#: "NVIDIA L40S", "NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation", "NVIDIA GeForce RTX 5090".
+#: "NVIDIA L40S", "NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation", "NVIDIA GeForce RTX 5090",
+#: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA TITAN RTX", "NVIDIA A10".
 #: Variants with other silicon or limits map to None: the NVL (PCIe) H200, GB200, L40 (not L40S),
-#: "... D" export GeForce parts and laptop GPUs. The 8 GB and 16 GB RTX 4060 Ti share one name
-#: ("NVIDIA GeForce RTX 4060 Ti"), so the memory floor picks the 16 GB card; likewise the 8 GB
-#: RTX 3060 is not the 12 GB card in the catalog.
+#: "... D" export GeForce parts, laptop GPUs and the RTX PRO 6000's Server and Max-Q editions. The
+#: 8 GB and 16 GB RTX 4060 Ti (and RTX 5060 Ti) share one name ("NVIDIA GeForce RTX 4060 Ti"), so
+#: the memory floor picks the 16 GB card; likewise the 8 GB RTX 3060 is not the 12 GB card in the
+#: catalog, and the 12 GB RTX 3080 ("NVIDIA GeForce RTX 3080" as the 10 GB card) is told apart by size.
 _DEVICE_PATTERNS: tuple[tuple[str, str, float | None], ...] = (
     ("b200", r"^nvidia b200$", None),
     ("h200", r"\bh200\b(?!.*\bnvl\b)", None),
@@ -167,12 +173,25 @@ _DEVICE_PATTERNS: tuple[tuple[str, str, float | None], ...] = (
     ("l40s", r"^nvidia l40s$", None),
     ("l4", r"^nvidia l4$", None),
     ("a10g", r"\ba10g\b", None),
+    ("a10", r"^nvidia a10$", None),
     ("t4", r"\bt4\b", None),
+    ("titan-rtx", r"\btitan rtx$", None),
+    ("rtx-pro-6000", r"\brtx pro 6000 blackwell workstation edition$", None),
     ("rtx-6000-ada", r"\brtx 6000 ada\b", None),
     ("rtx-a6000", r"\brtx a6000\b", None),
+    ("rtx-a5000", r"\brtx a5000$", None),
+    ("rtx-a4000", r"\brtx a4000$", None),
     ("rtx-5090", r"\brtx 5090$", None),
+    ("rtx-5080", r"\brtx 5080$", None),
+    ("rtx-5070-ti", r"\brtx 5070 ti$", None),
+    ("rtx-5060-ti-16gb", r"\brtx 5060 ti$", 12),
     ("rtx-4090", r"\brtx 4090$", None),
+    ("rtx-4080-super", r"\brtx 4080 super$", None),
+    ("rtx-4080", r"\brtx 4080$", None),
+    ("rtx-3090-ti", r"\brtx 3090 ti$", None),
     ("rtx-3090", r"\brtx 3090$", None),
+    ("rtx-3080-12gb", r"\brtx 3080$", 11),
+    ("rtx-3080", r"\brtx 3080$", 9),
     ("rtx-4060-ti-16gb", r"\brtx 4060 ti$", 12),
     ("rtx-3060", r"\brtx 3060$", 10),
 )

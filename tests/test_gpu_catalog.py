@@ -72,6 +72,20 @@ NVIDIA_SMI_MIB = {
     "h100-pcie": None,  # no citable paste found: marketed size
     "h100-sxm": 81559,
     "h200": 143771,
+    # issue 30
+    "rtx-4080-super": 16376,  # utkuozdemir/nvidia_gpu_exporter capture, driver 595.71.05
+    "rtx-3090-ti": 24564,  # noonghunna/club-3090#353, driver 580.159.03
+    "rtx-a4000": 16376,  # geerlingguy/raspberry-pi-pcie-devices#791, ECC off, driver 580.95.05
+    "a10": 23028,  # mayooot/detect-gpu#3, NVML 24146608128 bytes, driver 535.129.03
+    "titan-rtx": None,  # no citable paste found for these: marketed size
+    "rtx-4080": None,
+    "rtx-3080": None,
+    "rtx-3080-12gb": None,
+    "rtx-5060-ti-16gb": None,
+    "rtx-5070-ti": None,
+    "rtx-5080": None,
+    "rtx-a5000": None,
+    "rtx-pro-6000": None,
 }
 
 
@@ -154,3 +168,104 @@ def test_the_t4_trains_at_its_power_capped_clock_not_its_boost_peak():
     t4_tps = estimate(model, t4, TrainingSetup(method="lora", precision="fp16-mixed"), reverse=False).time.tokens_per_s
     rtx = estimate(model, catalog.load_gpu("rtx-3060"), TrainingSetup(method="lora"), reverse=False).time.tokens_per_s
     assert t4_tps < rtx
+
+
+# Cards added for issue 30, as their entries' sources give them (same columns as NEW_CARDS).
+ISSUE_30_CARDS = {
+    "titan-rtx": (24, "GDDR6", 672, (16.3, None, 130.5, None), 16, 280, "7.5"),
+    "rtx-4080": (16, "GDDR6X", 716.8, (48.7, 48.7, 97.5, 97.5), 32, 320, "8.9"),
+    "rtx-4080-super": (16, "GDDR6X", 736, (52.0, 52.0, 104.5, 104.5), 32, 320, "8.9"),
+    "rtx-3080": (10, "GDDR6X", 760, (29.8, 29.8, 59.5, 59.5), 32, 320, "8.6"),
+    "rtx-3080-12gb": (12, "GDDR6X", 912, (30.64, 30.64, 61.3, 61.3), 32, 350, "8.6"),
+    "rtx-3090-ti": (24, "GDDR6X", 1008, (40.0, 40.0, 80.0, 80.0), 32, 450, "8.6"),
+    "rtx-5060-ti-16gb": (16, "GDDR7", 448, (23.7, 23.7, 47.41, 47.41), 32, 180, "12.0"),
+    "rtx-5070-ti": (16, "GDDR7", 896, (43.94, 43.94, 87.88, 87.88), 64, 300, "12.0"),
+    "rtx-5080": (16, "GDDR7", 960, (56.28, 56.28, 112.55, 112.55), 64, 360, "12.0"),
+    "rtx-a4000": (16, "GDDR6", 448, (19.2, 38.35, 76.7, 76.7), 32, 140, "8.6"),
+    "rtx-a5000": (24, "GDDR6", 768, (27.8, 55.54, 111.08, 111.08), 32, 230, "8.6"),
+    "rtx-pro-6000": (96, "GDDR7", 1792, (125.0, 251.9, 503.8, 503.8), 64, 600, "12.0"),
+    "a10": (24, "GDDR6", 600, (31.2, 62.5, 125.0, 125.0), 32, 150, "8.6"),
+}
+
+
+@pytest.mark.parametrize("key,figures", ISSUE_30_CARDS.items())
+def test_issue_30_cards_pinned_to_their_sources(key, figures):
+    mem_gb, mem_type, bw, peaks, link, tdp, cc = figures
+    gpu = catalog.load_gpu(key)
+    assert (gpu.memory_gb, gpu.memory_type, gpu.memory_bandwidth_gbs) == (mem_gb, mem_type, bw)
+    assert tuple(gpu.peak_tflops[d] for d in DTYPES) == peaks
+    assert (gpu.host_link_gbs, gpu.tdp_w, gpu.compute_capability) == (link, tdp, cc)
+    assert gpu.peer_p2p == (not gpu.is_consumer) and gpu.l2_cache_bytes > 0
+
+
+def test_geforce_half_rate_worked_example_rtx_4080():
+    """GeForce tensor math with FP32 accumulate runs at half rate: 512 FLOP per clock per SM, the RTX 4090's
+    whitepaper 165.2 TFLOPS over 128 SMs at 2.52 GHz. The RTX 4080 (76 SMs, 2.505 GHz) gets 97.5, half the
+    FP16-accumulate 195 that lamonoai/gpumap transcribes, marked derived; its tf32 is its fp32 rate."""
+    per_sm = 165.2e12 / (128 * 2.52e9)
+    assert round(per_sm) == 512
+    gpu = catalog.load_gpu("rtx-4080")
+    assert gpu.is_consumer and gpu.generation == "ada-geforce" and not gpu.peer_p2p
+    assert gpu.peak_tflops["fp16"] == gpu.peak_tflops["bf16"] == round(512 * 76 * 2.505e9 / 1e12, 1) == 97.5
+    assert gpu.peak_tflops["tf32"] == gpu.peak_tflops["fp32"] and set(gpu.derived) == {"tf32", "fp16", "bf16"}
+    # the Blackwell GeForce cards use the RTX 5090's per-SM rate: 209.5 / (170 x 2.407 GHz) = 512 as well
+    assert round(209.5e12 / (170 * 2.407e9)) == 512
+    assert catalog.load_gpu("rtx-5080").peak_tflops["bf16"] == round(512 * 84 * 2.617e9 / 1e12, 2)
+
+
+def test_workstation_full_rate_worked_example():
+    """Workstation cards do not halve: 1,024 FLOP per clock per SM (RTX A6000: 154.8 / (84 SMs x 1.8 GHz)).
+    The RTX A4000's datasheet 153.4 TFLOPS with sparsity halves to 76.7 = 48 SMs x 1,024 x 1.56 GHz; the RTX
+    PRO 6000's whitepaper 503.8 = 188 SMs x 1,024 x 2.617 GHz. TF32 is half of FP16 on these parts."""
+    assert round(154.8e12 / (84 * 1.8e9)) == 1024
+    a4000, pro = catalog.load_gpu("rtx-a4000"), catalog.load_gpu("rtx-pro-6000")
+    assert a4000.peak_tflops["fp16"] == 153.4 / 2 == round(48 * 1024 * 1.56e9 / 1e12, 1)
+    assert pro.peak_tflops["bf16"] == round(188 * 1024 * 2.617e9 / 1e12, 1)
+    for gpu in (a4000, pro, catalog.load_gpu("rtx-a5000")):
+        assert not gpu.is_consumer and gpu.peer_p2p
+        assert gpu.peak_tflops["tf32"] == pytest.approx(gpu.peak_tflops["fp16"] / 2, abs=0.01)
+    assert (a4000.generation, pro.generation) == ("ampere-ga10x", "blackwell")
+
+
+def test_titan_rtx_is_a_full_rate_turing_card_not_geforce():
+    """TITAN RTX: 576 tensor cores x 128 FLOP/clk x 1.77 GHz = 130.5 TFLOPS with FP32 accumulate (GA102
+    whitepaper, as quoted in arXiv 2212.14034), where the GeForce RTX 2080 Ti runs at half its FP16-accumulate
+    rate (56.9 of 113.8, Turing whitepaper): it is no consumer card to the time model, and has no bf16/tf32."""
+    from dataclasses import replace
+
+    titan = catalog.load_gpu("titan-rtx")
+    assert titan.peak_tflops["fp16"] == round(576 * 128 * 1.77e9 / 1e12, 1) == 130.5
+    assert (titan.peak_tflops["bf16"], titan.peak_tflops["tf32"], titan.supports_bf16) == (None, None, False)
+    assert not titan.is_consumer and titan.generation == "turing" and titan.peer_p2p
+    geforce = replace(titan, name="NVIDIA GeForce RTX 2080 Ti")
+    assert geforce.is_consumer and geforce.generation == "turing-geforce"
+
+
+def _estimate_json(capsys, gpu: str) -> dict:
+    import json
+
+    from reportgen.cli import main
+
+    assert main(["estimate", "--model", "tinyllama-1.1b", "--gpu", gpu, "--method", "lora", "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_new_card_answers_and_says_whose_rates_it_uses(capsys):
+    """Issue 30: `reportgen estimate --gpu rtx-4080` answered "unknown GPU". It now answers, and its notes say
+    the GEMM rate is another card's: the Ada GeForce fit to published RTX 3090/4090 runs; a Blackwell GeForce
+    card borrows that fit, a Blackwell workstation card Hopper's (our H100)."""
+    notes = " ".join(_estimate_json(capsys, "rtx-4080")["notes"])
+    assert "NVIDIA GeForce RTX 4080: its GEMM rate" in notes and "Ada GeForce's fit to" in notes
+    assert "RTX 3090s and 4090s" in notes
+    notes = " ".join(_estimate_json(capsys, "rtx-5080")["notes"])
+    assert "its GEMM rate is estimated from Ada GeForce's" in notes and "Blackwell GeForce card" in notes
+    notes = " ".join(_estimate_json(capsys, "rtx-pro-6000")["notes"])
+    assert "its GEMM rate is estimated from Hopper's" in notes and "a Blackwell card" in notes
+
+
+def test_estimate_capacity_is_the_driver_total_where_one_was_read(capsys):
+    """The RTX 4080 SUPER's cited nvidia-smi total (16,376 MiB) is the capacity the verdict uses, 8 MiB under
+    the marketed 16 GiB that the RTX 4080 (no citable paste) keeps."""
+    sup, plain = _estimate_json(capsys, "rtx-4080-super"), _estimate_json(capsys, "rtx-4080")
+    assert sup["capacity"] == 16376 * MIB and plain["capacity"] == 16 * GIB
+    assert plain["margin"] - sup["margin"] == pytest.approx(8 * MIB, abs=1)

@@ -25,7 +25,7 @@ GIB = 2**30
     ("NVIDIA L4", 22.0, "l4"),
     ("NVIDIA A10G", 22.0, "a10g"),
     ("NVIDIA GeForce RTX 4090", 23.6, "rtx-4090"),
-    ("NVIDIA GeForce RTX 3090 Ti", 23.6, None),
+    ("NVIDIA GeForce RTX 3090 Ti", 23.6, "rtx-3090-ti"),
     ("NVIDIA GeForce RTX 3060", 11.8, "rtx-3060"),
     # cards added for issue 9, names as the cited CUDA/NVML outputs print them (see each catalog entry):
     # NVIDIA/gpu-admin-tools#4 and akash-network/provider-configs#91; pytorch/ao#4002 and
@@ -39,7 +39,31 @@ GIB = 2**30
     ("NVIDIA RTX 6000 Ada Generation", 47.5, "rtx-6000-ada"),
     ("NVIDIA GeForce RTX 5090", 31.4, "rtx-5090"),
     ("NVIDIA GeForce RTX 4060 Ti", 15.6, "rtx-4060-ti-16gb"),
+    # cards added for issue 30, names as CUDA/NVML print them (utkuozdemir/nvidia_gpu_exporter's RTX 4080 SUPER
+    # capture, geerlingguy/raspberry-pi-pcie-devices#791, noonghunna/club-3090#353, mayooot/detect-gpu#3,
+    # NVIDIA/open-gpu-kernel-modules#1159, madMAx43v3r/chia-gigahorse#364, zzc0721/torch-performance-test-data)
+    ("NVIDIA GeForce RTX 4080", 16.0, "rtx-4080"),
+    ("NVIDIA GeForce RTX 4080 SUPER", 16.0, "rtx-4080-super"),
+    ("NVIDIA GeForce RTX 3080", 10.0, "rtx-3080"),
+    ("NVIDIA GeForce RTX 3080", 12.0, "rtx-3080-12gb"),  # the same name for the 12 GB card (384-bit bus)
+    ("NVIDIA GeForce RTX 5080", 15.9, "rtx-5080"),
+    ("NVIDIA GeForce RTX 5070 Ti", 15.9, "rtx-5070-ti"),
+    ("NVIDIA GeForce RTX 5060 Ti", 15.9, "rtx-5060-ti-16gb"),
+    ("NVIDIA RTX A4000", 16.0, "rtx-a4000"),
+    ("NVIDIA RTX A5000", 24.0, "rtx-a5000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 95.6, "rtx-pro-6000"),
+    ("NVIDIA TITAN RTX", 23.7, "titan-rtx"),
+    ("NVIDIA A10", 22.5, "a10"),
     # look-alikes that are other silicon, other memory or other limits: not in the catalog
+    ("NVIDIA GeForce RTX 3080", None, None),  # size unknown: 10 GB or 12 GB, do not guess
+    ("NVIDIA GeForce RTX 5060 Ti", 7.6, None),  # the 8 GB card
+    ("NVIDIA GeForce RTX 3080 Ti", 12.0, None),
+    ("NVIDIA GeForce RTX 4070 Ti", 12.0, None),
+    ("NVIDIA GeForce RTX 4070 Ti SUPER", 16.0, None),  # no entry yet: its boost clock and L2 were not citable
+    ("NVIDIA RTX 5000 Ada Generation", 32.0, None),  # no entry yet: its L2 was not citable
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 95.6, None),
+    ("NVIDIA RTX 5000 Ada Generation Laptop GPU", 16.0, None),
+    ("NVIDIA GeForce RTX 2080 Ti", 10.7, None),
     ("NVIDIA GeForce RTX 4060 Ti", 7.6, None),  # the 8 GB card
     ("NVIDIA GeForce RTX 4060 Ti", None, None),  # size unknown: do not guess
     ("NVIDIA GeForce RTX 3060", 7.6, None),  # the 8 GB RTX 3060 (128-bit bus)

@@ -13,8 +13,23 @@ def test_each_card_belongs_to_its_generation():
     """Compute capability (NVIDIA's CUDA GPUs table) and the GeForce line decide the generation."""
     expected = {"t4": "turing", "rtx-3090": "ampere-ga10x-geforce", "rtx-a6000": "ampere-ga10x", "a10g": "ampere-ga10x",
                 "a100-80gb": "ampere-ga100", "rtx-4090": "ada-geforce", "l4": "ada", "rtx-6000-ada": "ada",
-                "h100-sxm": "hopper", "h200": "hopper", "rtx-5090": "blackwell-geforce", "b200": "blackwell-dc"}
+                "h100-sxm": "hopper", "h200": "hopper", "rtx-5090": "blackwell-geforce", "b200": "blackwell-dc",
+                # issue 30: the TITAN RTX is not GeForce (full-rate tensor math), nor are the workstation cards
+                "titan-rtx": "turing", "rtx-3080": "ampere-ga10x-geforce", "rtx-3090-ti": "ampere-ga10x-geforce",
+                "rtx-4080": "ada-geforce", "rtx-4080-super": "ada-geforce", "rtx-5080": "blackwell-geforce",
+                "rtx-5070-ti": "blackwell-geforce", "rtx-5060-ti-16gb": "blackwell-geforce", "rtx-a4000": "ampere-ga10x",
+                "rtx-a5000": "ampere-ga10x", "rtx-pro-6000": "blackwell", "a10": "ampere-ga10x"}
     assert {k: catalog.load_gpu(k).generation for k in expected} == expected
+
+
+def test_every_card_gets_a_named_efficiency():
+    """Every catalog card's generation has a fit of its own or a named one it borrows (``BORROWS_FROM``, not the
+    silent fall-through to Hopper), and a name for the estimate's note ("estimated from Hopper's")."""
+    for key in catalog.gpu_names():
+        gen = catalog.load_gpu(key).generation
+        assert gen in K.MATMUL_EFFICIENCY or gen in K.BORROWS_FROM, (key, gen)
+        assert gen.removesuffix("-geforce") in K.GENERATION_NAMES, (key, gen)
+    assert matmul_efficiency_of("blackwell") == (K.MATMUL_EFFICIENCY["hopper"], "hopper")
 
 
 def test_every_card_has_an_l2_size_from_its_whitepaper():

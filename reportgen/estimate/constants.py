@@ -124,7 +124,8 @@ MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
 #: product line (GeForce parts from GeForce parts, the others from the data-center parts)
 BORROWS_FROM = {"turing-geforce": "ampere-ga10x-geforce", "ampere-ga100-geforce": "ampere-ga10x-geforce",
                 "blackwell-geforce": "ada-geforce", "turing": "ampere-ga100", "ampere-ga10x": "ampere-ga100",
-                "ada": "hopper", "blackwell-dc": "hopper", "ampere-ga100": "hopper", "unknown": "hopper",
+                "ada": "hopper", "blackwell-dc": "hopper", "blackwell": "hopper", "ampere-ga100": "hopper",
+                "unknown": "hopper",
                 "unknown-geforce": "ada-geforce", "ampere-ga10x-geforce": "ada-geforce",
                 "ada-geforce": "ampere-ga10x-geforce", "hopper-geforce": "ada-geforce"}
 #: what each generation is called in the notes
