@@ -156,7 +156,8 @@ def gpu_from_entry(key: str, entry: dict) -> GpuSpec:
 #: wins. Names as CUDA reports them, e.g. "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe",
 #: "NVIDIA H100 NVL", "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "Tesla T4",
 #: "NVIDIA L40S", "NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation", "NVIDIA GeForce RTX 5090",
-#: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA TITAN RTX", "NVIDIA A10".
+#: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA TITAN RTX", "NVIDIA A10",
+#: "NVIDIA GeForce RTX 2080 Ti" ("GeForce RTX 2080 Ti" on older drivers: NVIDIA/nvidia-docker#1146, #1760).
 #: Variants with other silicon or limits map to None: the NVL (PCIe) H200, GB200, L40 (not L40S),
 #: "... D" export GeForce parts, laptop GPUs and the RTX PRO 6000's Server and Max-Q editions. The
 #: 8 GB and 16 GB RTX 4060 Ti (and RTX 5060 Ti) share one name ("NVIDIA GeForce RTX 4060 Ti"), so
@@ -176,6 +177,7 @@ _DEVICE_PATTERNS: tuple[tuple[str, str, float | None], ...] = (
     ("a10", r"^nvidia a10$", None),
     ("t4", r"\bt4\b", None),
     ("titan-rtx", r"\btitan rtx$", None),
+    ("rtx-2080-ti", r"\brtx 2080 ti$", None),
     ("rtx-pro-6000", r"\brtx pro 6000 blackwell workstation edition$", None),
     ("rtx-6000-ada", r"\brtx 6000 ada\b", None),
     ("rtx-a6000", r"\brtx a6000\b", None),

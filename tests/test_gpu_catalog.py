@@ -86,6 +86,7 @@ NVIDIA_SMI_MIB = {
     "rtx-5080": None,
     "rtx-a5000": None,
     "rtx-pro-6000": None,
+    "rtx-2080-ti": None,  # pastes show 11264MiB, none citable: the marketed 11 GiB, the same figure
 }
 
 
@@ -269,3 +270,49 @@ def test_estimate_capacity_is_the_driver_total_where_one_was_read(capsys):
     sup, plain = _estimate_json(capsys, "rtx-4080-super"), _estimate_json(capsys, "rtx-4080")
     assert sup["capacity"] == 16376 * MIB and plain["capacity"] == 16 * GIB
     assert plain["margin"] - sup["margin"] == pytest.approx(8 * MIB, abs=1)
+
+
+def test_rtx_2080_ti_pinned_to_its_sources():
+    """The RTX 2080 Ti as its entry's sources give it (same columns as ISSUE_30_CARDS): 616 GB/s GDDR6, PCIe 3.0
+    x16, 250 W reference board, 5.5 MB L2 (deviceQuery's 5,767,168 bytes), no bf16 or tf32 (Turing)."""
+    gpu = catalog.load_gpu("rtx-2080-ti")
+    assert (gpu.memory_gb, gpu.memory_type, gpu.memory_bandwidth_gbs) == (11, "GDDR6", 616)
+    assert tuple(gpu.peak_tflops[d] for d in DTYPES) == (13.4, None, 53.8, None)
+    assert (gpu.host_link_gbs, gpu.tdp_w, gpu.compute_capability) == (16, 250, "7.5")
+    assert gpu.l2_cache_bytes == 5767168 and gpu.memory_bytes == 11 * GIB and not gpu.supports_bf16
+    assert gpu.is_consumer and not gpu.peer_p2p and gpu.generation == "turing-geforce"
+
+
+def test_rtx_2080_ti_half_rate_at_the_reference_clock():
+    """GeForce Turing halves FP16 tensor math with FP32 accumulate: 544 tensor cores x 128 FLOP/clk x 1.545 GHz
+    (reference boost) / 2 = 53.8 TFLOPS, the whitepaper's Founders Edition 56.9 (of 113.8 with FP16 accumulate)
+    scaled from 1,635 to 1,545 MHz; per SM that is 512 FLOP/clk, half the TITAN RTX's 1,024 on the same die."""
+    gpu, titan = catalog.load_gpu("rtx-2080-ti"), catalog.load_gpu("titan-rtx")
+    assert gpu.peak_tflops["fp16"] == round(544 * 128 * 1.545e9 / 2 / 1e12, 1) == round(56.9 * 1545 / 1635, 1)
+    assert round(113.8 / 56.9) == 2 and gpu.derived == ("fp32", "fp16")
+    assert gpu.peak_tflops["fp32"] == round(4352 * 2 * 1.545e9 / 1e12, 1)
+    assert round(gpu.peak_tflops["fp16"] * 1e12 / (68 * 1.545e9)) == 512
+    assert round(titan.peak_tflops["fp16"] * 1e12 / (72 * 1.77e9)) == 1024
+
+
+def test_rtx_2080_ti_estimate_borrows_ampere_geforce_rates_and_says_so(capsys):
+    """`reportgen estimate --gpu rtx-2080-ti --precision fp16-mixed` answers with the GeForce Turing peak (53.8
+    TFLOPS, the hardware-FLOP utilisation's denominator) and names the generation whose GEMM fit it borrows
+    (``constants.BORROWS_FROM['turing-geforce']``: Ampere GA10x GeForce), as no Turing GeForce run is stored."""
+    import json
+
+    from reportgen.cli import main
+    from reportgen.estimate import constants as K
+
+    assert K.BORROWS_FROM["turing-geforce"] == "ampere-ga10x-geforce"
+    argv = ["estimate", "--model", "tinyllama-1.1b", "--gpu", "rtx-2080-ti", "--method", "lora",
+            "--precision", "fp16-mixed", "--format", "json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    notes = " ".join(out["notes"])
+    assert "NVIDIA GeForce RTX 2080 Ti: its GEMM rate is estimated from Ampere GA10x GeForce's" in notes
+    assert "no step time of a Turing GeForce card" in notes
+    t = out["time"]
+    assert t["peak_dtype"] == "fp16"
+    assert t["hardware_flops_per_token"] * t["tokens_per_s"] / t["hfu"] == pytest.approx(53.8e12)
+    assert out["capacity"] == 11 * GIB

@@ -54,6 +54,9 @@ GIB = 2**30
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 95.6, "rtx-pro-6000"),
     ("NVIDIA TITAN RTX", 23.7, "titan-rtx"),
     ("NVIDIA A10", 22.5, "a10"),
+    # NVIDIA/nvidia-docker#1760 (nvidia-smi -q: "NVIDIA GeForce RTX 2080 Ti"); #1146 on an older driver
+    ("NVIDIA GeForce RTX 2080 Ti", 10.7, "rtx-2080-ti"),
+    ("GeForce RTX 2080 Ti", 10.7, "rtx-2080-ti"),
     # look-alikes that are other silicon, other memory or other limits: not in the catalog
     ("NVIDIA GeForce RTX 3080", None, None),  # size unknown: 10 GB or 12 GB, do not guess
     ("NVIDIA GeForce RTX 5060 Ti", 7.6, None),  # the 8 GB card
@@ -63,7 +66,8 @@ GIB = 2**30
     ("NVIDIA RTX 5000 Ada Generation", 32.0, None),  # no entry yet: its L2 was not citable
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 95.6, None),
     ("NVIDIA RTX 5000 Ada Generation Laptop GPU", 16.0, None),
-    ("NVIDIA GeForce RTX 2080 Ti", 10.7, None),
+    ("NVIDIA GeForce RTX 2080", 7.8, None),  # TU104, not the catalog's TU102 card
+    ("NVIDIA GeForce RTX 2080 SUPER", 7.8, None),
     ("NVIDIA GeForce RTX 4060 Ti", 7.6, None),  # the 8 GB card
     ("NVIDIA GeForce RTX 4060 Ti", None, None),  # size unknown: do not guess
     ("NVIDIA GeForce RTX 3060", 7.6, None),  # the 8 GB RTX 3060 (128-bit bus)

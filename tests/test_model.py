@@ -184,8 +184,8 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
 
 
 def test_gpu_catalog_complete_and_cited():
-    names = ["t4", "titan-rtx", "rtx-3060", "rtx-4060-ti-16gb", "rtx-5060-ti-16gb", "rtx-3080", "rtx-3080-12gb",
-             "rtx-3090", "rtx-3090-ti", "rtx-4080", "rtx-4080-super", "rtx-5070-ti", "rtx-5080", "rtx-4090", "rtx-5090",
+    names = ["t4", "rtx-2080-ti", "titan-rtx", "rtx-3060", "rtx-4060-ti-16gb", "rtx-5060-ti-16gb", "rtx-3080",
+             "rtx-3080-12gb", "rtx-3090", "rtx-3090-ti", "rtx-4080", "rtx-4080-super", "rtx-5070-ti", "rtx-5080", "rtx-4090", "rtx-5090",
              "rtx-a4000", "rtx-a5000", "rtx-a6000", "rtx-6000-ada", "rtx-pro-6000", "a10g", "a10", "l4", "l40s",
              "a100-40gb", "a100-80gb", "h100-pcie", "h100-nvl", "h100-sxm", "h200", "b200"]
     assert catalog.gpu_names() == names

@@ -18,7 +18,9 @@ def test_each_card_belongs_to_its_generation():
                 "titan-rtx": "turing", "rtx-3080": "ampere-ga10x-geforce", "rtx-3090-ti": "ampere-ga10x-geforce",
                 "rtx-4080": "ada-geforce", "rtx-4080-super": "ada-geforce", "rtx-5080": "blackwell-geforce",
                 "rtx-5070-ti": "blackwell-geforce", "rtx-5060-ti-16gb": "blackwell-geforce", "rtx-a4000": "ampere-ga10x",
-                "rtx-a5000": "ampere-ga10x", "rtx-pro-6000": "blackwell", "a10": "ampere-ga10x"}
+                "rtx-a5000": "ampere-ga10x", "rtx-pro-6000": "blackwell", "a10": "ampere-ga10x",
+                # the GeForce RTX 2080 Ti (half-rate FP32 accumulate) is, unlike the TITAN RTX of the same die
+                "rtx-2080-ti": "turing-geforce"}
     assert {k: catalog.load_gpu(k).generation for k in expected} == expected
 
 
