@@ -78,6 +78,7 @@ def test_a_total_time_is_divided_by_its_steps_and_samples_by_their_tokens(tmp_pa
     (MAP + "Y9:\n  unmapped: gone\n", "row ids not in consumer_speed.csv: Y9"),
     (MAP.replace("rate: step_time", "rate: per_step"), "X1: rate"),
     (MAP.replace("assumptions:", "asumptions:"), "X1: asumptions"),
+    (MAP.replace("model: llama-3.2-1b", "model: configs/no-such-model.json"), "X1: model configs/no-such-model.json"),
 ])
 def test_a_mapping_that_contradicts_its_row_is_refused_by_name(tmp_path, mapping, words):
     with pytest.raises(UserError) as e:
@@ -104,3 +105,16 @@ def test_mapped_rows_join_the_published_speed_table(tmp_path):
     assert r["id"] == "X1" and r["source"] == ROW["url"] and r["published_tokens_per_s"] == pytest.approx(6553.6)
     assert r["estimated_tokens_per_s"] > 0 and r["rel_error"] == pytest.approx(
         r["estimated_tokens_per_s"] / r["published_tokens_per_s"] - 1, abs=1e-3)
+
+
+def test_a_config_under_published_configs_is_found_wherever_the_command_runs(tmp_path, monkeypatch):
+    """``model: configs/NAME.json`` is the config.json in reportgen/published/configs (not a path relative to
+    the current directory), and the speed table names the row's model by the file's name."""
+    monkeypatch.chdir(tmp_path)
+    mapping = MAP.replace("model: llama-3.2-1b", "model: configs/qwen2.5-0.5b.json")
+    [row] = consumer_speed_rows(_write(tmp_path, [ROW], mapping))
+    assert Path(row.model).is_file() and Path(row.model).parent.name == "configs"
+    [r] = compare_speed([], [row])["rows"]
+    assert r["model"] == "qwen2.5-0.5b" and r["estimated_tokens_per_s"] > 0
+    [r] = compare_speed([], consumer_speed_rows(_write(tmp_path, [ROW], MAP)))["rows"]
+    assert r["model"] == "llama-3.2-1b"  # a catalog name as written (not cut at its last dot)

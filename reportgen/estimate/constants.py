@@ -93,31 +93,39 @@ CACHED_AFTER_RELEASE = 0.5
 #: the published tokens/s of its cards (``data/published_measurements.csv``) whose estimated step is at least
 #: 90 % GPU work: each row's efficiency is the one that reproduces its tokens/s, the generation's the median.
 #: The fsdp_qlora rows' wall times include loading the model, which makes them lower bounds of the loop's rate;
-#: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 2
-#: GeForce rows, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090 and one RTX 4090, and
-#: one RTX A6000 row). With two sources the leave-one-source-out error is still mostly that of a generation
-#: with no evidence of its own (it borrows, ``BORROWS_FROM``, ending at Hopper's). Today's ``calibrate.py`` output:
-#: * Ampere GA10x GeForce alone 0.7514: 13 rows (12 RTX 3090 pairs, FSDP and DDP, AnswerDotAI/fsdp_qlora, 2024;
-#:   1 RTX 3090, whyNLP/tinyllama), leave-one-out |error| of tokens/s median 20.1 %: the pairs' efficiencies
-#:   spread from 0.15 to 1.0, the batch-1 runs lowest (bounded by FSDP's gathers over PCIe without
-#:   peer-to-peer, which the estimate's communication model prices too cheaply, not by the GEMMs), so the
-#:   median of that spread fits none;
-#: * Ada GeForce alone 1.0, AT THE CAP: 11 rows (10 RTX 4090 pairs, fsdp_qlora; 1 RTX 4090, tinyllama),
-#:   leave-one-out 8.0 %: even at the datasheet peak these steps are estimated too slow (their memory-bound
-#:   time is the suspect; tinyllama's own fused kernels explain part of its row);
-#: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9748 from 24 rows, leave-one-out
-#:   12.5 % (0.9418 and 12.0 % from fsdp_qlora's 22 alone), since the sources' rows do not separate the
-#:   generations from their loading, transfer and fused-kernel effects (leave-one-source-out: 16.3 % GA10x
-#:   GeForce, 20.4 % Ada GeForce); these rows' dispatch priced on the default desktop host (``dispatch.py``);
+#: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 8
+#: GeForce rows from three other sources, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090
+#: and one RTX 4090, IST-DASLab/llmq's LLaMA-Factory pre-training runs of Qwen2.5 0.5B/1.5B on one and four RTX
+#: 4090s, jingyaogong/minimind's MiniMind2 pre-training on one RTX 3090; and three RTX A6000 rows), and measured
+#: step times of our harness on cards outside Hopper (``sweeps/your-card.yaml``; none yet). Today's
+#: ``calibrate.py`` output (2026-11-28, 5 sources):
+#: * Ampere GA10x GeForce alone 0.8156: 15 rows (12 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W in an
+#:   older motherboard; 3 single RTX 3090s, tinyllama and minimind, at 0.93-1.0), leave-one-out |error| of
+#:   tokens/s median 17.2 %: the pairs' efficiencies spread from 0.15 to 1.0, the batch-1 runs lowest (bounded
+#:   by FSDP's gathers over PCIe without peer-to-peer, which the communication model prices too cheaply, not
+#:   by the GEMMs);
+#: * Ada GeForce alone 1.0, AT THE CAP: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4),
+#:   leave-one-out 6.5 %;
+#: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9968 from 30 rows, leave-one-out 9.6 %
+#:   (0.9748 and 12.5 % from the 24 rows of two sources before): the three sources of stock single cards put
+#:   both generations at 0.93-1.0 and only the power-limited pairs lower, so one GeForce rate fits the cards
+#:   as sold. Leave-one-source-out of this pooled fit (each source's rows predicted from the others'):
+#:   Ada GeForce 6.5 % (signed -6.5 %), GA10x GeForce 16.2 % (signed +16.2 %: fsdp_qlora's power-limited 3090
+#:   pairs run slower than the stock cards of the other sources); per generation 6.5 % and 24.4 %. Turing
+#:   GeForce (RTX 2080 Ti) borrows it. These rows' dispatch is priced on the default desktop host
+#:   (``dispatch.py``);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
-#:   leave-one-out 11.3 %, leave-one-source-out 6.0 %.
-MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9748, "ada-geforce": 0.9748,
+#:   leave-one-out 11.3 %, leave-one-source-out 6.0 %;
+#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.6955 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
+#:   (one source; the multi-card rows fold DDP's all-reduce, which the estimate hides entirely, into the GEMM
+#:   rate: 0.99, 0.70, 0.59), leave-one-out 20.9 %; the A6000 keeps Ampere GA100's 0.7434.
+MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9968, "ada-geforce": 0.9968,
                      "ampere-ga100": 0.7434}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
+_GEFORCE_EVIDENCE = ("30 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
+                     "LLaMA-Factory runs in IST-DASLab/llmq, jingyaogong/minimind)")
 MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
-                   "ampere-ga10x-geforce": "24 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, "
-                                           "whyNLP/tinyllama)",
-                   "ada-geforce": "24 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama)",
+                   "ampere-ga10x-geforce": _GEFORCE_EVIDENCE, "ada-geforce": _GEFORCE_EVIDENCE,
                    "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)"}
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same

@@ -100,6 +100,12 @@ def estimated_tokens_per_s(r: SpeedRow) -> float | None:
     return t.tokens_per_s
 
 
+def display_model(model: str) -> str:
+    """A mapping's model as a table shows it: a catalog name as it is, a config file by its name
+    (``.../qwen2.5-0.5b.json``: ``qwen2.5-0.5b``)."""
+    return Path(model).stem if model.endswith(".json") else model
+
+
 def compare_speed(rows: list[dict], consumer: list | None = None) -> dict:
     """The published rows' tokens/s against the estimate's; ``consumer``: the mapped rows of
     ``data/consumer_speed.csv`` (``consumer.consumer_speed_rows``), compared the same way."""
@@ -112,7 +118,7 @@ def compare_speed(rows: list[dict], consumer: list | None = None) -> dict:
                 unmapped.append({"id": m.row_id, "reason": m.reason})
             continue
         est = estimated_tokens_per_s(m)
-        out.append({"id": m.row_id, "source": m.source, "model": raw["model"] if raw else Path(m.model).stem,
+        out.append({"id": m.row_id, "source": m.source, "model": raw["model"] if raw else display_model(m.model),
                     "technique": raw["technique"] if raw else m.setup.short(), "gpu": m.gpu,
                     "gpus": m.setup.gpus, "batch": m.setup.batch, "seq": m.setup.seq,
                     "published_tokens_per_s": round(m.published_tokens_per_s, 1), "derivation": m.derivation,
