@@ -442,17 +442,24 @@ def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
 
 
 # ----- model pages -------------------------------------------------------------------------------
-def _capacities() -> list[tuple[int, str]]:
-    """GPU capacities, those within 3% of each other merged (the smallest counts), with the GPUs'
-    names."""
-    caps = sorted((catalog.load_gpu(k).memory_bytes, gpu_label(k)) for k in catalog.gpu_names())
+def _capacities(shown: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """GPU capacities, those within 3% of each other merged (the smallest counts), each labelled by one
+    of its GPUs and how many more share it (``24 GiB: RTX 4090 +4 more``: the catalog holds 30-odd
+    cards, and one line per capacity keeps every label apart on the chart). The named GPU is one the
+    page's own rows use (``shown``), where one does, else the first in the catalog."""
+    keys = list(catalog.gpu_names())
+    caps = sorted((catalog.load_gpu(k).memory_bytes, k not in shown, keys.index(k), k) for k in keys)
     merged: list[list] = []
-    for b, name in caps:
+    for b, _, _, key in caps:
         if merged and b <= merged[-1][0] * 1.03:
-            merged[-1][1].append(name)
+            merged[-1][1].append(key)
         else:
-            merged.append([b, [name]])
-    return [(b, ", ".join(names)) for b, names in merged]
+            merged.append([b, [key]])
+    out = []
+    for b, group in merged:
+        first = min(group, key=lambda k: (k not in shown, keys.index(k)))
+        out.append((b, gpu_label(first) + (f" +{len(group) - 1} more" if len(group) > 1 else "")))
+    return out
 
 
 def memory_by_seq_view(rows: list[dict]) -> tuple[list[dict], list[dict], list[int]]:
@@ -520,7 +527,8 @@ def model_pages(site: SiteData) -> list[Page]:
         if series:
             chart_path = f"charts/models/{name}-memory-by-seq.svg"
             files[chart_path] = charts.memory_by_seq(
-                series, _capacities(), title=f"{name}: device total against sequence length (est.)")
+                series, _capacities(frozenset(r["gpu"] for r in rows)),
+                title=f"{name}: device total against sequence length (est.)")
             chart = rel(path, chart_path)
         fits = []
         for g, rs in sorted(group(rows, "gpu").items(), key=lambda kv: gpu_order(kv[0])):
