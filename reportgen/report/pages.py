@@ -456,9 +456,9 @@ def _capacities(shown: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
         else:
             merged.append([b, [key]])
     out = []
-    for b, group in merged:
-        first = min(group, key=lambda k: (k not in shown, keys.index(k)))
-        out.append((b, gpu_label(first) + (f" +{len(group) - 1} more" if len(group) > 1 else "")))
+    for b, cards in merged:
+        first = min(cards, key=lambda k: (k not in shown, keys.index(k)))
+        out.append((b, gpu_label(first) + (f" +{len(cards) - 1} more" if len(cards) > 1 else "")))
     return out
 
 
