@@ -257,7 +257,7 @@ def test_a_new_card_answers_and_says_whose_rates_it_uses(capsys):
     card borrows that fit, a Blackwell workstation card Hopper's (our H100)."""
     notes = " ".join(_estimate_json(capsys, "rtx-4080")["notes"])
     assert "NVIDIA GeForce RTX 4080: its GEMM rate" in notes and "Ada GeForce's fit to" in notes
-    assert "RTX 3090s and 4090s" in notes
+    assert "3090s and 4090s" in notes
     notes = " ".join(_estimate_json(capsys, "rtx-5080")["notes"])
     assert "its GEMM rate is estimated from Ada GeForce's" in notes and "Blackwell GeForce card" in notes
     notes = " ".join(_estimate_json(capsys, "rtx-pro-6000")["notes"])
@@ -295,23 +295,22 @@ def test_rtx_2080_ti_half_rate_at_the_reference_clock():
     assert round(titan.peak_tflops["fp16"] * 1e12 / (72 * 1.77e9)) == 1024
 
 
-def test_rtx_2080_ti_estimate_borrows_ampere_geforce_rates_and_says_so(capsys):
+def test_rtx_2080_ti_estimate_uses_the_geforce_fit_and_says_so(capsys):
     """`reportgen estimate --gpu rtx-2080-ti --precision fp16-mixed` answers with the GeForce Turing peak (53.8
-    TFLOPS, the hardware-FLOP utilisation's denominator) and names the generation whose GEMM fit it borrows
-    (``constants.BORROWS_FROM['turing-geforce']``: Ampere GA10x GeForce), as no Turing GeForce run is stored."""
+    TFLOPS, the hardware-FLOP utilisation's denominator) and the GeForce GEMM fit, whose rows now include
+    RTX 2080 Ti runs (``constants.MATMUL_EVIDENCE['turing-geforce']``)."""
     import json
 
     from reportgen.cli import main
     from reportgen.estimate import constants as K
 
-    assert K.BORROWS_FROM["turing-geforce"] == "ampere-ga10x-geforce"
+    assert K.MATMUL_EFFICIENCY["turing-geforce"] == K.MATMUL_EFFICIENCY["ampere-ga10x-geforce"]
     argv = ["estimate", "--model", "tinyllama-1.1b", "--gpu", "rtx-2080-ti", "--method", "lora",
             "--precision", "fp16-mixed", "--format", "json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     notes = " ".join(out["notes"])
-    assert "NVIDIA GeForce RTX 2080 Ti: its GEMM rate is estimated from Ampere GA10x GeForce's" in notes
-    assert "no step time of a Turing GeForce card" in notes
+    assert "NVIDIA GeForce RTX 2080 Ti: its GEMM rate" in notes and "RTX 2080 Tis" in notes
     t = out["time"]
     assert t["peak_dtype"] == "fp16"
     assert t["hardware_flops_per_token"] * t["tokens_per_s"] / t["hfu"] == pytest.approx(53.8e12)

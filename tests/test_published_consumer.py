@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reportgen.errors import UserError
-from reportgen.published.consumer import consumer_speed_rows, number, read_csv, seconds
+from reportgen.published.consumer import consumer_speed_rows, elapsed_bounds, eta_rate, number, read_csv, seconds
 from reportgen.published.mapping import Unmapped
 from reportgen.published.speed import SpeedRow, compare_speed
 
@@ -118,3 +118,25 @@ def test_a_config_under_published_configs_is_found_wherever_the_command_runs(tmp
     assert r["model"] == "qwen2.5-0.5b" and r["estimated_tokens_per_s"] > 0
     [r] = compare_speed([], consumer_speed_rows(_write(tmp_path, [ROW], MAP)))["rows"]
     assert r["model"] == "llama-3.2-1b"  # a catalog name as written (not cut at its last dot)
+
+
+def test_minutes_left_printed_by_minimind_decode_to_the_elapsed_time():
+    """minimind prints ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` minutes left; its author's RTX 2080 Ti
+    log (minimind#60: 442, 431, 426 at iterations 100, 200, 300 of 111,769) pins the elapsed time of each print
+    to a twentieth of a second, and the seconds per iteration between the first and the last."""
+    lo, hi = elapsed_bounds(442, 100, 111769)
+    assert (lo, hi) == (pytest.approx(23.965, abs=1e-3), pytest.approx(24.019, abs=1e-3))
+    t = lo + (hi - lo) / 2
+    assert t / 101 * 111769 // 60 - t // 60 == 442  # the formula itself, at the decoded time
+    rate, how = eta_rate("442; 431; 426", [100, 200, 300], 111769, 24528)
+    assert rate == pytest.approx(24528 / ((69.0769 - 23.9919) / 200), rel=1e-3) and "iterations 100" in how
+    with pytest.raises(ValueError, match="one iteration per value"):
+        eta_rate("442; 431", [100, 200, 300], 111769, 24528)
+    with pytest.raises(ValueError, match="not a value the formula prints"):
+        elapsed_bounds(-1, 100, 111769)  # the formula never prints a negative time
+
+
+def test_an_eta_mapping_needs_the_epoch_and_the_iterations(tmp_path):
+    eta = MAP.replace("rate: step_time", "rate: eta_minutes\n  steps: 1000")
+    with pytest.raises(UserError, match="missing at"):
+        consumer_speed_rows(_write(tmp_path, [{**ROW, "value": "5; 4"}], eta))

@@ -93,12 +93,13 @@ CACHED_AFTER_RELEASE = 0.5
 #: the published tokens/s of its cards (``data/published_measurements.csv``) whose estimated step is at least
 #: 90 % GPU work: each row's efficiency is the one that reproduces its tokens/s, the generation's the median.
 #: The fsdp_qlora rows' wall times include loading the model, which makes them lower bounds of the loop's rate;
-#: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 8
-#: GeForce rows from three other sources, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090
+#: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 11
+#: GeForce rows from four other sources, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090
 #: and one RTX 4090, IST-DASLab/llmq's LLaMA-Factory pre-training runs of Qwen2.5 0.5B/1.5B on one and four RTX
-#: 4090s, jingyaogong/minimind's MiniMind2 pre-training on one RTX 3090; and three RTX A6000 rows), and measured
+#: 4090s, jingyaogong/minimind's pre-training on one RTX 3090 (its README) and on RTX 2080 Tis (issues #60 and #16, the
+#: elapsed time decoded from the minutes left it prints); and three RTX A6000 rows), and measured
 #: step times of our harness on cards outside Hopper (``sweeps/your-card.yaml``; none yet). Today's
-#: ``calibrate.py`` output (2026-11-28, 5 sources):
+#: ``calibrate.py`` output (2026-11-28, 7 sources):
 #: * Ampere GA10x GeForce alone 0.8156: 15 rows (12 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W in an
 #:   older motherboard; 3 single RTX 3090s, tinyllama and minimind, at 0.93-1.0), leave-one-out |error| of
 #:   tokens/s median 17.2 %: the pairs' efficiencies spread from 0.15 to 1.0, the batch-1 runs lowest (bounded
@@ -106,26 +107,29 @@ CACHED_AFTER_RELEASE = 0.5
 #:   by the GEMMs);
 #: * Ada GeForce alone 1.0, AT THE CAP: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4),
 #:   leave-one-out 6.5 %;
-#: * both together ("GeForce pooled"), SHIPPED for both generations: 0.9968 from 30 rows, leave-one-out 9.6 %
-#:   (0.9748 and 12.5 % from the 24 rows of two sources before): the three sources of stock single cards put
-#:   both generations at 0.93-1.0 and only the power-limited pairs lower, so one GeForce rate fits the cards
-#:   as sold. Leave-one-source-out of this pooled fit (each source's rows predicted from the others'):
-#:   Ada GeForce 6.5 % (signed -6.5 %), GA10x GeForce 16.2 % (signed +16.2 %: fsdp_qlora's power-limited 3090
-#:   pairs run slower than the stock cards of the other sources); per generation 6.5 % and 24.4 %. Turing
-#:   GeForce (RTX 2080 Ti) borrows it. These rows' dispatch is priced on the default desktop host
+#: * Turing GeForce alone 0.7995: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out
+#:   11.3 %;
+#: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 0.9825 from 33 rows,
+#:   leave-one-out 9.8 % (0.9748 and 12.5 % from the 24 rows of two sources before): the sources of stock single
+#:   cards put Ampere and Ada at 0.93-1.0 and only the power-limited pairs lower, so one GeForce rate fits the
+#:   cards as sold. Leave-one-source-out of this pooled fit (each source's rows predicted from the others'):
+#:   Ada GeForce 6.8 % (signed -6.8 %), GA10x GeForce 15.7 % (signed +15.7 %: fsdp_qlora's power-limited 3090
+#:   pairs run slower than the stock cards of the other sources), Turing GeForce 8.3 % (3 rows); fitted per
+#:   generation instead: 6.5 %, 24.4 %, 1.8 %. These rows' dispatch is priced on the default desktop host
 #:   (``dispatch.py``);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %;
 #: * Ampere GA10x (workstation) is printed, NOT shipped: 0.6955 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
 #:   (one source; the multi-card rows fold DDP's all-reduce, which the estimate hides entirely, into the GEMM
 #:   rate: 0.99, 0.70, 0.59), leave-one-out 20.9 %; the A6000 keeps Ampere GA100's 0.7434.
-MATMUL_EFFICIENCY = {"hopper": 0.7411, "ampere-ga10x-geforce": 0.9968, "ada-geforce": 0.9968,
+MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 0.9825, "ampere-ga10x-geforce": 0.9825, "ada-geforce": 0.9825,
                      "ampere-ga100": 0.7434}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
-_GEFORCE_EVIDENCE = ("30 published runs on RTX 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
+_GEFORCE_EVIDENCE = ("33 published runs on RTX 2080 Tis, 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
                      "LLaMA-Factory runs in IST-DASLab/llmq, jingyaogong/minimind)")
 MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
-                   "ampere-ga10x-geforce": _GEFORCE_EVIDENCE, "ada-geforce": _GEFORCE_EVIDENCE,
+                   "turing-geforce": _GEFORCE_EVIDENCE, "ampere-ga10x-geforce": _GEFORCE_EVIDENCE,
+                   "ada-geforce": _GEFORCE_EVIDENCE,
                    "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)"}
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same

@@ -11,7 +11,11 @@ A row's tokens/s follows from its rate by arithmetic, by the kind of rate its ma
 * ``total_time``: the value is a run's time (seconds, minutes, or ``h:mm:ss``) over ``steps`` optimizer
   steps: tokens/s = ``tokens_per_step`` x steps / seconds;
 * ``tokens_per_s``: the program printed tokens/s (all GPUs, or per GPU with ``per_gpu``);
-* ``samples_per_s``: tokens/s = value x tokens per sample, ``tokens_per_step`` / (batch x accum x GPUs).
+* ``samples_per_s``: tokens/s = value x tokens per sample, ``tokens_per_step`` / (batch x accum x GPUs);
+* ``eta_minutes``: the program printed, at loader iterations ``at``, the minutes left in an epoch of ``steps``
+  iterations as ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` (jingyaogong/minimind's training scripts):
+  each print bounds its elapsed time to a fraction of a second (``elapsed_bounds``), and the seconds per
+  iteration between the first and the last print give tokens/s = ``tokens_per_step`` / accum / that.
 
 ``tokens_per_step`` is the CSV's (fixed by packing, padding to a maximum length or synthetic data) and
 must equal the mapped setup's ``batch x seq x accum x gpus``: a mapping that disagrees with its own row
@@ -48,8 +52,9 @@ class RowMap(BaseModel):
     unmapped: str | None = None  # why the row is not compared; nothing else is then needed
     model: str | None = None  # catalog name, or configs/NAME.json: a config.json under reportgen/published/configs
     gpu: str | None = None  # catalog name
-    rate: Literal["step_time", "total_time", "tokens_per_s", "samples_per_s"] | None = None
-    steps: int | None = Field(None, ge=1)  # total_time: optimizer steps the time covers
+    rate: Literal["step_time", "total_time", "tokens_per_s", "samples_per_s", "eta_minutes"] | None = None
+    steps: int | None = Field(None, ge=1)  # total_time: optimizer steps the time covers; eta_minutes: an epoch's iterations
+    at: list[int] | None = None  # eta_minutes: the loader iterations the printed values belong to
     per_gpu: bool = False  # tokens_per_s printed per GPU
     setup: dict = Field(default_factory=dict)
     libs: dict = Field(default_factory=dict)  # Libraries fields: bitsandbytes, transformers
@@ -113,8 +118,39 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
     if m.rate == "tokens_per_s":
         n = setup.gpus if m.per_gpu else 1
         return number(value) * n, f"stated {value} tokens/s" + (f" per GPU x {n} GPUs" if m.per_gpu else "")
+    if m.rate == "eta_minutes":
+        return eta_rate(value, m.at or [], m.steps, tokens // setup.accum)
     samples = setup.batch * setup.accum * setup.gpus
     return number(value) * tokens / samples, f"{value} samples/s x {tokens // samples:,} tokens a sample"
+
+
+def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]:
+    """The elapsed seconds at which ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` is ``minutes_left``
+    (the least and the greatest, to a millisecond). The expression is within 1 of ``elapsed x d``, ``d =
+    steps / (i + 1) / 60 - 1 / 60``, so the answers lie in ``((minutes_left - 1) / d, (minutes_left + 1) / d)``.
+    ``ValueError`` when none does (a value that expression cannot print)."""
+    d = steps / (i + 1) / 60 - 1 / 60
+    if d <= 0:
+        raise ValueError(f"iteration {i} of {steps} leaves no time to print")
+    lo, n = (minutes_left - 1) / d, 4000
+    hits = [t for t in (lo + k * 2 / d / n for k in range(n + 1))
+            if t >= 0 and t / (i + 1) * steps // 60 - t // 60 == minutes_left]
+    if not hits:
+        raise ValueError(f"{minutes_left} minutes left at iteration {i} of {steps} is not a value the formula prints")
+    return min(hits), max(hits)
+
+
+def eta_rate(value: str, at: list[int], steps: int, tokens_per_iteration: int) -> tuple[float, str]:
+    """tokens/s from the minutes left printed at iterations ``at`` (``eta_minutes``): the seconds per iteration
+    between the first and the last print, each print's elapsed time the middle of its ``elapsed_bounds``."""
+    left = [int(float(v)) for v in value.split(";")]
+    if len(left) != len(at) or len(at) < 2:
+        raise ValueError(f"{len(left)} printed values for the iterations {at}: give one iteration per value, two at least")
+    (a0, a1), (b0, b1) = elapsed_bounds(left[0], at[0], steps), elapsed_bounds(left[-1], at[-1], steps)
+    per_it = ((b0 + b1) - (a0 + a1)) / 2 / (at[-1] - at[0])
+    return tokens_per_iteration / per_it, (f"{tokens_per_iteration:,} tokens an iteration / {per_it:.4g} s, the elapsed "
+                                           f"time decoded from the minutes left printed at iterations {at[0]} "
+                                           f"({a0:.2f}-{a1:.2f} s) and {at[-1]} ({b0:.2f}-{b1:.2f} s)")
 
 
 def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
@@ -123,7 +159,8 @@ def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
     if m.unmapped:
         return Unmapped(rid, url, m.unmapped)
     needed = [k for k in ("model", "gpu", "rate") if getattr(m, k) is None] + (
-        ["steps"] if m.rate == "total_time" and m.steps is None else [])
+        ["steps"] if m.rate in ("total_time", "eta_minutes") and m.steps is None else []) + (
+        ["at"] if m.rate == "eta_minutes" and not m.at else [])
     if needed:
         raise UserError(f"{where}: {rid}: missing {', '.join(needed)} (or write `unmapped: why`)")
     try:
