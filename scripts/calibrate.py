@@ -395,6 +395,16 @@ def traced_time_errors(cases: list[dict], dirs: list[Path]) -> None:
           f"steps: {summary(errors)}; the analytic inventory on the same cases: {summary(analytic)}")
 
 
+def speed_case(c: dict, gpu, setup: TrainingSetup) -> bool:
+    """A measured step time the time fits may use: speed that counts for the case's card (the provenance rule),
+    one GPU and no offload (the host-link models are not fitted here), and the tensor cores of its precision
+    (a bf16 step on a card without bf16 runs at another rate, ``time.peak_dtype``)."""
+    from reportgen.estimate.time import peak_dtype
+
+    return (c["speed"] and setup.gpus == 1 and setup.offload.value == "none"
+            and peak_dtype(setup, gpu)[0] == setup.compute_dtype)
+
+
 def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None:
     """The time constants from the measured step times that count for their card, on cards of
     ``FIT_GENERATION`` (one GPU, no offload: the host-link models are not fitted here). Other
@@ -403,8 +413,7 @@ def fit_efficiency(cases: list[dict], ests: list, verbose: bool = False) -> None
     for c, e in zip(cases, ests):
         gpu = catalog.load_gpu(e.gpu)
         step = c["figures"].get("step_s")
-        if (not c["speed"] or not step or gpu.generation != FIT_GENERATION or e.setup.gpus > 1
-                or e.setup.offload.value != "none"):
+        if not step or not speed_case(c, gpu, e.setup) or gpu.generation != FIT_GENERATION:
             continue
         case = c["result"]["case"]
         x = time_sample(catalog.load_model(case["model"]), gpu, e.setup, step, c["result"]["id"])
@@ -453,8 +462,7 @@ def measured_speed_rows(cases: list[dict]) -> list[dict]:
     for c in cases:
         r, tokens_per_s = c["result"], c["figures"].get("tokens_per_s")
         gpu, setup = catalog.load_gpu(r["case"]["gpu"]), TrainingSetup.model_validate(r["case"]["setup"])
-        if (not c["speed"] or not tokens_per_s or gpu.generation == FIT_GENERATION or setup.gpus > 1
-                or setup.offload.value != "none"):
+        if not tokens_per_s or not speed_case(c, gpu, setup) or gpu.generation == FIT_GENERATION:
             continue
         env = (r.get("measurement") or {}).get("environment") or {}
         card = env.get("gpu_uuid") or f"{r.get('sweep') or 'results'} {gpu.key}"
@@ -520,25 +528,42 @@ def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:
 def loso_published(rows: list[dict], effs: dict[int, float]) -> dict[str, list[float]]:
     """Leave-one-source-out: each source's rows predicted by the per-generation fits made without any of
     its rows (a generation left without enough rows borrows, ``time.matmul_efficiency_of``; Hopper's own
-    efficiency comes from our measurements, not from published rows), the |error| of tokens/s by generation."""
+    efficiency comes from our measurements, not from published rows), and by the GeForce fit as shipped (one
+    efficiency pooled over the GeForce generations, ``constants.py``): the |error| of tokens/s by generation."""
     from reportgen.estimate.time import matmul_efficiency_of
 
-    errors: dict[str, list[float]] = {}
-    for src in sorted({rows[j]["source"] for j in effs}):
+    def per_generation(kept: list[int], j: int) -> float:
         fits = {"hopper": K.MATMUL_EFFICIENCY["hopper"]}
-        for gen in {rows[j]["gpu"].generation for j in effs}:
-            kept = [effs[j] for j in effs if rows[j]["gpu"].generation == gen and rows[j]["source"] != src]
-            if len(kept) >= PARAMETERS + 2 and gen != "hopper":  # enough()'s rule, without its message
-                fits[gen] = statistics.median(kept)
-        for j in effs:
-            if rows[j]["source"] == src:
-                gen = rows[j]["gpu"].generation
-                errors.setdefault(gen, []).append(_published_error(rows[j], matmul_efficiency_of(gen, fits)[0]))
+        for gen in {rows[k]["gpu"].generation for k in kept}:
+            same = [effs[k] for k in kept if rows[k]["gpu"].generation == gen]
+            if len(same) >= PARAMETERS + 2 and gen != "hopper":  # enough()'s rule, without its message
+                fits[gen] = statistics.median(same)
+        return matmul_efficiency_of(rows[j]["gpu"].generation, fits)[0]
+
+    def pooled(kept: list[int], j: int) -> float | None:
+        return statistics.median([effs[k] for k in kept]) if len(kept) >= PARAMETERS + 2 else None
+
     sources = len({rows[j]["source"] for j in effs})
+    errors = _held_out_by_source(rows, list(effs), per_generation)
     for gen, errs in sorted(errors.items()):
         print(f"published tokens/s, leave-one-source-out ({sources} sources), {gen}: " + _error_summary(errs))
-    for gen, errs in sorted(loso_pooled(rows, effs).items()):
+    geforce = [j for j in effs if rows[j]["gpu"].is_consumer]
+    for gen, errs in sorted(_held_out_by_source(rows, geforce, pooled).items()):
         print(f"published tokens/s, leave-one-source-out ({sources} sources), GeForce pooled, {gen}: " + _error_summary(errs))
+    return errors
+
+
+def _held_out_by_source(rows: list[dict], members: list[int], efficiency) -> dict[str, list[float]]:
+    """Each source's rows among ``members`` at the GEMM efficiency ``efficiency(kept, j)`` fitted on the other
+    sources' members ``kept`` (None: too few to fit, not predicted): the relative errors of tokens/s by
+    generation."""
+    errors: dict[str, list[float]] = {}
+    for src in sorted({rows[j]["source"] for j in members}):
+        kept = [k for k in members if rows[k]["source"] != src]
+        for j in (j for j in members if rows[j]["source"] == src):
+            f = efficiency(kept, j)
+            if f is not None:
+                errors.setdefault(rows[j]["gpu"].generation, []).append(_published_error(rows[j], f))
     return errors
 
 
@@ -546,23 +571,6 @@ def _error_summary(errs: list[float]) -> str:
     a = [abs(e) for e in errs]
     return (f"{len(a)} rows, |error| median {100 * statistics.median(a):.1f}%, signed "
             f"{100 * statistics.median(errs):+.1f}%, worst {100 * max(a):.1f}%")
-
-
-def loso_pooled(rows: list[dict], effs: dict[int, float]) -> dict[str, list[float]]:
-    """Leave-one-source-out of the GeForce fit as shipped (``constants.py``: one efficiency pooled over the
-    GeForce generations): each source's GeForce rows predicted by the median of the other sources' GeForce
-    rows, the |error| of tokens/s by generation."""
-    geforce = [j for j in effs if rows[j]["gpu"].is_consumer]
-    errors: dict[str, list[float]] = {}
-    for src in sorted({rows[j]["source"] for j in geforce}):
-        kept = [effs[j] for j in geforce if rows[j]["source"] != src]
-        if len(kept) < PARAMETERS + 2:
-            continue
-        for j in geforce:
-            if rows[j]["source"] == src:
-                errors.setdefault(rows[j]["gpu"].generation, []).append(
-                    _published_error(rows[j], statistics.median(kept)))
-    return errors
 
 
 def main() -> int:

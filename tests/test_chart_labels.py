@@ -40,3 +40,20 @@ def test_no_two_capacity_labels_overlap_on_the_model_chart():
     x = first[0][0]
     ys = sorted(y for lx, y, _ in lines if abs(lx - x) < 0.5)  # every line of every capacity label
     assert min(b - a for a, b in zip(ys, ys[1:])) >= charts.MIN_FONT, ys
+
+
+def test_each_capacity_line_names_a_card_of_that_capacity_preferring_the_pages_own():
+    """A capacity line is drawn at the memory of the card its label names (not 94 GiB for a 96 GiB card),
+    and that card is one the page's rows use where the group has one."""
+    from reportgen import catalog
+    from reportgen.report.rows import gpu_label
+
+    names = {gpu_label(k): catalog.load_gpu(k).memory_bytes for k in catalog.gpu_names()}
+    for shown in (frozenset(), frozenset({"rtx-4090", "rtx-pro-6000"})):
+        caps = _capacities(shown)
+        for b, label in caps:
+            name = label.split(" +")[0]
+            assert names[name] == b, label
+        labels = [label for _, label in caps]
+        assert any(label.startswith("RTX 4090 +") for label in labels) == bool(shown)
+        assert any(label.startswith("RTX PRO 6000") for label in labels) == bool(shown)

@@ -123,15 +123,23 @@ def test_a_config_under_published_configs_is_found_wherever_the_command_runs(tmp
 def test_minutes_left_printed_by_minimind_decode_to_the_elapsed_time():
     """minimind prints ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` minutes left; its author's RTX 2080 Ti
     log (minimind#60: 442, 431, 426 at iterations 100, 200, 300 of 111,769) pins the elapsed time of each print
-    to a twentieth of a second, and the seconds per iteration between the first and the last."""
+    to a twentieth of a second, and the seconds per iteration between the first and the last; iterations out of
+    order or a rate the prints bound too loosely (late in an epoch a print bounds its time only to seconds)
+    are refused."""
     lo, hi = elapsed_bounds(442, 100, 111769)
     assert (lo, hi) == (pytest.approx(23.965, abs=1e-3), pytest.approx(24.019, abs=1e-3))
-    t = lo + (hi - lo) / 2
-    assert t / 101 * 111769 // 60 - t // 60 == 442  # the formula itself, at the decoded time
+    assert 0.9 * lo / 101 * 111769 // 60 - 0.9 * lo // 60 < 442 < 1.1 * hi / 101 * 111769 // 60 - 1.1 * hi // 60
     rate, how = eta_rate("442; 431; 426", [100, 200, 300], 111769, 24528)
     assert rate == pytest.approx(24528 / ((69.0769 - 23.9919) / 200), rel=1e-3) and "iterations 100" in how
     with pytest.raises(ValueError, match="one iteration per value"):
         eta_rate("442; 431", [100, 200, 300], 111769, 24528)
+    for at in ([100, 100, 300], [-1, 200, 300], [300, 200, 100], [100, 200, 111769]):
+        with pytest.raises(ValueError, match="must increase"):
+            eta_rate("442; 431; 426", at, 111769, 24528)
+    late = [elapsed_bounds(m, i, 111769) for m, i in ((400, 90000), (399, 90100))]
+    assert late[0][1] - late[0][0] > 100  # a print late in the epoch bounds its time only to minutes
+    with pytest.raises(ValueError, match="apart"):
+        eta_rate("400; 399", [90000, 90100], 111769, 24528)
     with pytest.raises(ValueError, match="not a value the formula prints"):
         elapsed_bounds(-1, 100, 111769)  # the formula never prints a negative time
 

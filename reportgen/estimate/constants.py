@@ -94,10 +94,11 @@ CACHED_AFTER_RELEASE = 0.5
 #: 90 % GPU work: each row's efficiency is the one that reproduces its tokens/s, the generation's the median.
 #: The fsdp_qlora rows' wall times include loading the model, which makes them lower bounds of the loop's rate;
 #: ``data/consumer_speed.csv`` adds the rows its mapping compares (``consumer_speed_setups.yaml``: today 11
-#: GeForce rows from four other sources, whyNLP/tinyllama's TinyLlama 1.1B continued pre-training on one RTX 3090
-#: and one RTX 4090, IST-DASLab/llmq's LLaMA-Factory pre-training runs of Qwen2.5 0.5B/1.5B on one and four RTX
-#: 4090s, jingyaogong/minimind's pre-training on one RTX 3090 (its README) and on RTX 2080 Tis (issues #60 and #16, the
-#: elapsed time decoded from the minutes left it prints); and three RTX A6000 rows), and measured
+#: GeForce rows from three other projects in six documents: whyNLP/tinyllama's TinyLlama 1.1B continued
+#: pre-training on one RTX 3090 and one RTX 4090; IST-DASLab/llmq's LLaMA-Factory pre-training runs of Qwen2.5
+#: 0.5B/1.5B on one and four RTX 4090s; jingyaogong/minimind's pre-training on one RTX 3090 (its README) and on
+#: RTX 2080 Tis (issues #60 and #16, the elapsed time decoded from the minutes left it prints); and three RTX
+#: A6000 rows), and measured
 #: step times of our harness on cards outside Hopper (``sweeps/your-card.yaml``; none yet). Today's
 #: ``calibrate.py`` output (2026-11-28, 7 sources):
 #: * Ampere GA10x GeForce alone 0.8156: 15 rows (12 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W in an

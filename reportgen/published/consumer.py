@@ -14,8 +14,10 @@ A row's tokens/s follows from its rate by arithmetic, by the kind of rate its ma
 * ``samples_per_s``: tokens/s = value x tokens per sample, ``tokens_per_step`` / (batch x accum x GPUs);
 * ``eta_minutes``: the program printed, at loader iterations ``at``, the minutes left in an epoch of ``steps``
   iterations as ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` (jingyaogong/minimind's training scripts):
-  each print bounds its elapsed time to a fraction of a second (``elapsed_bounds``), and the seconds per
-  iteration between the first and the last print give tokens/s = ``tokens_per_step`` / accum / that.
+  each print bounds its elapsed time (``elapsed_bounds``: within 60 / (steps / (i + 1) - 1) seconds, a
+  twentieth of a second at iteration 100 of 111,769, seconds late in an epoch), and the seconds per
+  iteration between the first and the last print give tokens/s = ``tokens_per_step`` / accum / that; a
+  rate the bounds leave more than ``ETA_RATE_SPREAD`` uncertain is refused.
 
 ``tokens_per_step`` is the CSV's (fixed by packing, padding to a maximum length or synthetic data) and
 must equal the mapped setup's ``batch x seq x accum x gpus``: a mapping that disagrees with its own row
@@ -126,7 +128,8 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
 
 def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]:
     """The elapsed seconds at which ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` is ``minutes_left``
-    (the least and the greatest, to a millisecond). The expression is within 1 of ``elapsed x d``, ``d =
+    (the least and the greatest found on a grid of 4,001 points across the window). The expression is within 1
+    of ``elapsed x d``, ``d =
     steps / (i + 1) / 60 - 1 / 60``, so the answers lie in ``((minutes_left - 1) / d, (minutes_left + 1) / d)``.
     ``ValueError`` when none does (a value that expression cannot print)."""
     d = steps / (i + 1) / 60 - 1 / 60
@@ -140,17 +143,30 @@ def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]
     return min(hits), max(hits)
 
 
+#: the widest relative spread of a decoded rate (``eta_rate``) that is compared
+ETA_RATE_SPREAD = 0.02
+
+
 def eta_rate(value: str, at: list[int], steps: int, tokens_per_iteration: int) -> tuple[float, str]:
     """tokens/s from the minutes left printed at iterations ``at`` (``eta_minutes``): the seconds per iteration
-    between the first and the last print, each print's elapsed time the middle of its ``elapsed_bounds``."""
+    between the first and the last print, each print's elapsed time the middle of its ``elapsed_bounds``.
+    ``ValueError`` for iterations that are not increasing within the epoch, or a rate the bounds leave more
+    than ``ETA_RATE_SPREAD`` uncertain."""
     left = [int(float(v)) for v in value.split(";")]
     if len(left) != len(at) or len(at) < 2:
         raise ValueError(f"{len(left)} printed values for the iterations {at}: give one iteration per value, two at least")
+    if any(b <= a for a, b in zip(at, at[1:])) or at[0] < 0 or at[-1] >= steps:
+        raise ValueError(f"the iterations {at} must increase, from 0 to below the epoch's {steps}")
     (a0, a1), (b0, b1) = elapsed_bounds(left[0], at[0], steps), elapsed_bounds(left[-1], at[-1], steps)
-    per_it = ((b0 + b1) - (a0 + a1)) / 2 / (at[-1] - at[0])
-    return tokens_per_iteration / per_it, (f"{tokens_per_iteration:,} tokens an iteration / {per_it:.4g} s, the elapsed "
-                                           f"time decoded from the minutes left printed at iterations {at[0]} "
-                                           f"({a0:.2f}-{a1:.2f} s) and {at[-1]} ({b0:.2f}-{b1:.2f} s)")
+    n = at[-1] - at[0]
+    per_it, slow, fast = ((b0 + b1) - (a0 + a1)) / 2 / n, (b1 - a0) / n, (b0 - a1) / n
+    if fast <= 0 or (slow - fast) / per_it > ETA_RATE_SPREAD:
+        raise ValueError(f"the prints at iterations {at[0]} and {at[-1]} bound the seconds per iteration only to "
+                         f"{max(fast, 0):.4g}-{slow:.4g}: more than {ETA_RATE_SPREAD:.0%} apart")
+    return tokens_per_iteration / per_it, (f"{tokens_per_iteration:,} tokens an iteration / {per_it:.4g} s "
+                                           f"({fast:.4g}-{slow:.4g}), the elapsed time decoded from the minutes left "
+                                           f"printed at iterations {at[0]} ({a0:.2f}-{a1:.2f} s) and {at[-1]} "
+                                           f"({b0:.2f}-{b1:.2f} s)")
 
 
 def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:

@@ -443,21 +443,21 @@ def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
 
 # ----- model pages -------------------------------------------------------------------------------
 def _capacities(shown: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
-    """GPU capacities, those within 3% of each other merged (the smallest counts), each labelled by one
-    of its GPUs and how many more share it (``24 GiB: RTX 4090 +4 more``: the catalog holds 30-odd
-    cards, and one line per capacity keeps every label apart on the chart). The named GPU is one the
-    page's own rows use (``shown``), where one does, else the first in the catalog."""
+    """GPU capacities, those within 3% of each other merged, each drawn at the capacity of the GPU it names
+    and labelled with how many more share it (``24 GiB: RTX 3090 +4 more``: the catalog holds 30-odd cards,
+    and one line per capacity keeps every label apart on the chart). The named GPU is one the page's own rows
+    use (``shown``), where one does, else the group's smallest card (the first in the catalog among equals)."""
     keys = list(catalog.gpu_names())
-    caps = sorted((catalog.load_gpu(k).memory_bytes, k not in shown, keys.index(k), k) for k in keys)
+    caps = sorted((catalog.load_gpu(k).memory_bytes, keys.index(k), k) for k in keys)
     merged: list[list] = []
-    for b, _, _, key in caps:
+    for b, _, key in caps:
         if merged and b <= merged[-1][0] * 1.03:
-            merged[-1][1].append(key)
+            merged[-1][1].append((b, key))
         else:
-            merged.append([b, [key]])
+            merged.append([b, [(b, key)]])
     out = []
-    for b, cards in merged:
-        first = min(cards, key=lambda k: (k not in shown, keys.index(k)))
+    for _, cards in merged:
+        b, first = min(cards, key=lambda c: (c[1] not in shown, c[0], keys.index(c[1])))
         out.append((b, gpu_label(first) + (f" +{len(cards) - 1} more" if len(cards) > 1 else "")))
     return out
 
