@@ -180,3 +180,16 @@ def test_measured_step_times_of_another_generation_fit_its_gemm_efficiency_not_t
     loso = line(out, f"published tokens/s, leave-one-source-out ({sources + 1} sources), ada-geforce")
     assert f"{published + 4} rows" in loso
     assert "not fitted, 0 usable case(s)" in line(out, TIME)  # no H100 case: the time constants stay unfitted
+
+
+def test_measured_steps_without_their_precisions_tensor_cores_do_not_fit_a_gemm_rate(tmp_path, monkeypatch):
+    """bf16 on an RTX 2080 Ti (Turing: no bf16 tensor cores) runs at another rate than the GEMM fit prices:
+    such measurements stay out of the fits; the same cases in fp16-mixed count."""
+    known = {"MATMUL_EFFICIENCY": {"hopper": 0.7411, "turing-geforce": 0.6}}
+    for precision, counted in (("bf16-mixed", False), ("fp16-mixed", True)):
+        (tmp_path / precision).mkdir()
+        results = make_sweep(tmp_path / precision, [1, 2, 4], precisions=precision, gpu="rtx-2080-ti")
+        add_fake(results, device="rtx-2080-ti", timed=True, monkeypatch=monkeypatch, known=known)
+        out = subprocess.run([sys.executable, str(SCRIPT), "--no-traced", str(results / "cal")], capture_output=True,
+                             text=True, cwd=SCRIPT.parent.parent, check=True).stdout
+        assert ("3 measured step times on cards outside hopper join them" in out) is counted, precision
