@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reportgen import catalog, store  # noqa: E402
 from reportgen.estimate import constants as K  # noqa: E402
 from reportgen.estimate import estimate  # noqa: E402
+from reportgen.estimate.libraries import CURRENT, Libraries  # noqa: E402
 from reportgen.estimate.memory import CACHE_SHARES  # noqa: E402
 from reportgen.estimate.time import estimate_time  # noqa: E402
 from reportgen.provenance import provenance_of  # noqa: E402
@@ -440,15 +441,15 @@ def published_speed_cases(csv_path: Path) -> list[dict]:
 
 
 def speed_row(row_id: str, model, gpu, setup: TrainingSetup, tokens_per_s: float, source: str, file: str,
-              libs=None) -> dict:
+              libs: Libraries = CURRENT) -> dict:
     """One row of the per-generation GEMM fit: the case, its estimate's memory and time (shipped constants),
     the tokens/s it was seen at and the source it belongs to (leave-one-source-out holds a source out whole)."""
     from reportgen.estimate.memory import estimate_memory
 
-    mem = estimate_memory(model, setup, gpu, libs=libs) if libs is not None else estimate_memory(model, setup, gpu)
+    mem = estimate_memory(model, setup, gpu, libs=libs)
     t = estimate_time(model, setup, gpu, mem.terms["activations"], mem.terms["logits"],
                       offloaded_bytes=mem.offloaded_activations)
-    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": t, "libs": libs,
+    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": t,
             "tokens_per_s": tokens_per_s, "source": source, "file": file}
 
 

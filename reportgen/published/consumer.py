@@ -129,8 +129,8 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
 def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]:
     """The elapsed seconds at which ``elapsed / (i + 1) * steps // 60 - elapsed // 60`` is ``minutes_left``
     (the least and the greatest found on a grid of 4,001 points across the window). The expression is within 1
-    of ``elapsed x d``, ``d =
-    steps / (i + 1) / 60 - 1 / 60``, so the answers lie in ``((minutes_left - 1) / d, (minutes_left + 1) / d)``.
+    of ``elapsed x d``, ``d = steps / (i + 1) / 60 - 1 / 60``, so the answers lie in ``((minutes_left - 1) / d,
+    (minutes_left + 1) / d)``.
     ``ValueError`` when none does (a value that expression cannot print)."""
     d = steps / (i + 1) / 60 - 1 / 60
     if d <= 0:

@@ -447,17 +447,16 @@ def _capacities(shown: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     and labelled with how many more share it (``24 GiB: RTX 3090 +4 more``: the catalog holds 30-odd cards,
     and one line per capacity keeps every label apart on the chart). The named GPU is one the page's own rows
     use (``shown``), where one does, else the group's smallest card (the first in the catalog among equals)."""
-    keys = list(catalog.gpu_names())
-    caps = sorted((catalog.load_gpu(k).memory_bytes, keys.index(k), k) for k in keys)
+    caps = sorted((catalog.load_gpu(k).memory_bytes, i, k) for i, k in enumerate(catalog.gpu_names()))
     merged: list[list] = []
-    for b, _, key in caps:
-        if merged and b <= merged[-1][0] * 1.03:
-            merged[-1][1].append((b, key))
+    for cap in caps:
+        if merged and cap[0] <= merged[-1][0][0] * 1.03:
+            merged[-1].append(cap)
         else:
-            merged.append([b, [(b, key)]])
+            merged.append([cap])
     out = []
-    for _, cards in merged:
-        b, first = min(cards, key=lambda c: (c[1] not in shown, c[0], keys.index(c[1])))
+    for cards in merged:
+        b, _, first = min(cards, key=lambda c: (c[2] not in shown, c))
         out.append((b, gpu_label(first) + (f" +{len(cards) - 1} more" if len(cards) > 1 else "")))
     return out
 
