@@ -533,16 +533,17 @@ def loso_published(rows: list[dict], effs: dict[int, float]) -> dict[str, list[f
     efficiency pooled over the GeForce generations, ``constants.py``): the |error| of tokens/s by generation."""
     from reportgen.estimate.time import matmul_efficiency_of
 
-    def per_generation(kept: list[int], j: int) -> float:
+    def per_generation(kept: list[int]):
         fits = {"hopper": K.MATMUL_EFFICIENCY["hopper"]}
         for gen in {rows[k]["gpu"].generation for k in kept}:
             same = [effs[k] for k in kept if rows[k]["gpu"].generation == gen]
             if len(same) >= PARAMETERS + 2 and gen != "hopper":  # enough()'s rule, without its message
                 fits[gen] = statistics.median(same)
-        return matmul_efficiency_of(rows[j]["gpu"].generation, fits)[0]
+        return lambda j: matmul_efficiency_of(rows[j]["gpu"].generation, fits)[0]
 
-    def pooled(kept: list[int], j: int) -> float | None:
-        return statistics.median([effs[k] for k in kept]) if len(kept) >= PARAMETERS + 2 else None
+    def pooled(kept: list[int]):
+        f = statistics.median([effs[k] for k in kept]) if len(kept) >= PARAMETERS + 2 else None
+        return lambda j: f
 
     sources = len({rows[j]["source"] for j in effs})
     errors = _held_out_by_source(rows, list(effs), per_generation)
@@ -554,15 +555,15 @@ def loso_published(rows: list[dict], effs: dict[int, float]) -> dict[str, list[f
     return errors
 
 
-def _held_out_by_source(rows: list[dict], members: list[int], efficiency) -> dict[str, list[float]]:
-    """Each source's rows among ``members`` at the GEMM efficiency ``efficiency(kept, j)`` fitted on the other
-    sources' members ``kept`` (None: too few to fit, not predicted): the relative errors of tokens/s by
+def _held_out_by_source(rows: list[dict], members: list[int], fit) -> dict[str, list[float]]:
+    """Each source's rows among ``members`` at the GEMM efficiency ``fit(kept)(j)`` fitted once per source on the
+    other sources' members ``kept`` (None: too few to fit, not predicted): the relative errors of tokens/s by
     generation."""
     errors: dict[str, list[float]] = {}
     for src in sorted({rows[j]["source"] for j in members}):
-        kept = [k for k in members if rows[k]["source"] != src]
+        efficiency = fit([k for k in members if rows[k]["source"] != src])
         for j in (j for j in members if rows[j]["source"] == src):
-            f = efficiency(kept, j)
+            f = efficiency(j)
             if f is not None:
                 errors.setdefault(rows[j]["gpu"].generation, []).append(_published_error(rows[j], f))
     return errors
