@@ -436,20 +436,26 @@ def published_speed_cases(csv_path: Path) -> list[dict]:
 
     mapped = [(csv_path.name, map_speed_row(raw)) for raw in read_rows(csv_path)] + [
         ("consumer_speed.csv", m) for m in consumer_speed_rows(csv_path.parent)]
-    return [speed_row(m.row_id, catalog.load_model(m.model), catalog.load_gpu(m.gpu), m.setup, m.published_tokens_per_s,
-                      source_of(m.source), file, libs=m.libs) for file, m in mapped if isinstance(m, SpeedRow)]
+    return [speed_row(m.row_id, catalog.load_model(m.model), m.card(), m.setup, m.published_tokens_per_s,
+                      source_of(m.source), file, libs=m.libs, slowest=m.card(slowest=True) if m.link else None)
+            for file, m in mapped if isinstance(m, SpeedRow)]
 
 
 def speed_row(row_id: str, model, gpu, setup: TrainingSetup, tokens_per_s: float, source: str, file: str,
-              libs: Libraries = CURRENT) -> dict:
+              libs: Libraries = CURRENT, slowest=None) -> dict:
     """One row of the per-generation GEMM fit: the case, its estimate's memory and time (shipped constants),
-    the tokens/s it was seen at and the source it belongs to (leave-one-source-out holds a source out whole)."""
+    the tokens/s it was seen at and the source it belongs to (leave-one-source-out holds a source out whole).
+    ``slowest``: the card on the slowest link its source's words allow, where the source does not state
+    its link (``speed.StatedLink``): the time there too ("slowest_time"), for ``compute_bound``."""
     from reportgen.estimate.memory import estimate_memory
 
     mem = estimate_memory(model, setup, gpu, libs=libs)
-    t = estimate_time(model, setup, gpu, mem.terms["activations"], mem.terms["logits"],
-                      offloaded_bytes=mem.offloaded_activations)
-    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": t,
+
+    def time_on(card):
+        return estimate_time(model, setup, card, mem.terms["activations"], mem.terms["logits"],
+                             offloaded_bytes=mem.offloaded_activations)
+    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": time_on(gpu),
+            "slowest_time": time_on(slowest) if slowest else None,
             "tokens_per_s": tokens_per_s, "source": source, "file": file}
 
 
@@ -484,9 +490,12 @@ def _published_error(r: dict, f: float) -> float:
 
 
 def compute_bound(r: dict) -> bool:
-    """At least ``COMPUTE_SHARE_MIN`` of the row's estimated step is work on the GPU."""
-    t = r["time"]
-    return bool(t.step_s) and t.parts["transfer"] + t.parts["host_exposed"] <= (1 - COMPUTE_SHARE_MIN) * t.step_s
+    """At least ``COMPUTE_SHARE_MIN`` of the row's estimated step is work on the GPU, on the link the estimate
+    assumes and, where the source does not state its link, on the slowest one its words allow: a row whose
+    step hinges on an unknown link cannot say how fast the card's GEMMs run."""
+    def bound(t) -> bool:
+        return bool(t.step_s) and t.parts["transfer"] + t.parts["host_exposed"] <= (1 - COMPUTE_SHARE_MIN) * t.step_s
+    return bound(r["time"]) and (r.get("slowest_time") is None or bound(r["slowest_time"]))
 
 
 def fit_efficiency_published(rows: list[dict]) -> dict[str, float]:

@@ -155,6 +155,23 @@ def test_published_tokens_per_s_fit_per_gpu_class(tmp_path):
     assert "published rows" not in quiet and "nothing to fit" in quiet
 
 
+def test_a_row_whose_step_hinges_on_an_unstated_link_does_not_fit_a_gemm_rate():
+    """fsdp_qlora's R007 (LoRA, FSDP, batch 4 on the 3090 machine with 'slow PCI lanes') is 99 % GPU work on
+    the PCIe 3.0 x8 its estimate assumes, but not on x4, the slowest reading of the source's words: it stays
+    out of the GEMM fit. A DDP-mode row of the same machine (R010) does not hinge on the link and counts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate", SCRIPT)
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    rows = {r["id"]: r for r in cal.published_speed_cases(Path("data/published_measurements.csv"))}
+    r007, r010 = rows["R007"], rows["R010"]
+    assert r007["slowest_time"] is not None and cal.compute_bound({**r007, "slowest_time": None})
+    assert not cal.compute_bound(r007)
+    assert cal.compute_bound(r010)
+    assert rows["R015"]["slowest_time"] is None  # the 4090 machine states its link
+
+
 def run_published() -> str:
     """calibrate.py's published fits alone (no measurement directory)."""
     return subprocess.run([sys.executable, str(SCRIPT), "--no-traced", "/nonexistent"], capture_output=True, text=True,

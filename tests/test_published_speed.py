@@ -9,7 +9,8 @@ import pytest
 
 from reportgen.published.compare import compare
 from reportgen.published.mapping import read_rows
-from reportgen.published.speed import compare_speed, map_speed_row, published_tokens_per_s, slowdown_rows
+from reportgen.published.speed import (SLOW_3090_LINK, compare_speed, estimated_tokens_per_s, map_speed_row,
+                                       published_tokens_per_s, slowdown_rows)
 from reportgen.report import render
 from tests.fixtures.site_data import build_results
 
@@ -33,6 +34,22 @@ def test_that_reading_agrees_with_the_documents_own_rate():
     assert derived == pytest.approx(2200, rel=0.02)
     rate, how = published_tokens_per_s(ROWS["R023"])
     assert rate == 4400 and how.startswith("stated 2200")
+
+
+def test_the_3090_machines_slow_link_is_the_one_estimated():
+    """fsdp_qlora's 3090 machine has 'an older motherboard and slow PCI lanes': its rows are estimated on
+    PCIe 3.0 x8 (8 GT/s x 128/130 / 8 bits = 0.985 GB/s a lane), with x4 as the slowest reading; the 4090
+    machine ('full PCIe v4 x16 lanes') keeps the catalog's link. FSDP's weight gathers slow down on it,
+    the DDP-mode step (a few MB of LoRA gradients) does not."""
+    lora, ddp, r4090 = (map_speed_row(ROWS[r]) for r in ("R003", "R010", "R015"))
+    assert lora.link is SLOW_3090_LINK and r4090.link is None and r4090.card().host_link_gbs == 32
+    assert lora.card().host_link_gbs == pytest.approx(7.877, abs=1e-3) == lora.card().peer_link_gbs
+    assert lora.card(slowest=True).host_link_gbs == pytest.approx(3.938, abs=1e-3)
+    assert any("older motherboard" in a for a in lora.assumptions)
+    on_catalog = lora.__class__(**{**lora.__dict__, "link": None})
+    assert estimated_tokens_per_s(lora) < 0.5 * estimated_tokens_per_s(on_catalog)  # LoRA's 13.5 GB gathered twice a step
+    ddp_catalog = ddp.__class__(**{**ddp.__dict__, "link": None})
+    assert estimated_tokens_per_s(ddp) == pytest.approx(estimated_tokens_per_s(ddp_catalog), rel=0.01)
 
 
 def test_rows_without_a_rate_or_with_unknown_tokens_are_explained():

@@ -8,7 +8,10 @@ Only figures the source states, or that follow from what it states by arithmetic
   reading: it states 2,200 tokens/s per GPU for the Mistral 7B run at context 2,048 whose table time
   is 483 s, and 1024 x 2048 / 483 / 2 GPUs = 2,171. Where the row states tokens/s (R023, R024), that
   stated figure is used, per GPU, times the GPU count. The wall time includes loading and
-  quantizing the model, so these derived rates are lower bounds of the training rate.
+  quantizing the model, so these derived rates are lower bounds of the training rate. Its dual-3090
+  machine has "an older motherboard and slow PCI lanes" (the 4090 machine, by contrast, "full PCIe v4
+  x16 lanes"): the rows of that machine carry the link it states (``SLOW_3090_LINK``), not the
+  card's catalog PCIe 4.0 x16.
 * pytorch/torchtitan (tokens/s per GPU): H100 96GB HBM2e at 500 W, not in the catalog, and the
   sequence length is not stated: not compared.
 * litgpt states training runtimes in minutes for N epochs of Alpaca-2k, not the tokens trained:
@@ -22,13 +25,14 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reportgen import catalog
 from reportgen.estimate.memory import estimate_memory
 from reportgen.estimate.time import estimate_time
 from reportgen.estimate.libraries import Libraries
+from reportgen.hardware import GpuSpec
 from reportgen.published.mapping import FSDP_QLORA_LIBS, Unmapped, fsdp_qlora_setup
 from reportgen.setup import TrainingSetup
 
@@ -36,6 +40,38 @@ from reportgen.setup import TrainingSetup
 FSDP_QLORA_SAMPLES = 1024
 _TIME = re.compile(r"Time(?: \(s\) column =| )\s*([0-9][0-9,]*) ")
 _EFFECTIVE_BATCH = 32  # the hardware table: "effective batch 32 'or the closest we could get'"
+#: one lane of PCIe 3.0 per direction: 8 GT/s with 128b/130b encoding (PCI-SIG, PCI Express Base
+#: Specification 3.0), 0.985 GB/s
+PCIE3_LANE_GBS = 8 * 128 / 130 / 8
+
+
+@dataclass(frozen=True)
+class StatedLink:
+    """A machine's GPU link where its source says it differs from the card's catalog figure but not by how
+    much: the estimate assumes ``gbs``; ``slowest_gbs`` is the slowest link the source's words allow,
+    at which ``scripts/calibrate.py`` checks that a row's step does not hinge on the link before it fits
+    a GEMM rate on it."""
+    label: str
+    gbs: float
+    slowest_gbs: float
+    reason: str
+
+    def on(self, gpu: GpuSpec, slowest: bool = False) -> GpuSpec:
+        """``gpu`` on this link: host transfers and collectives (GeForce cards have no peer-to-peer, so
+        NCCL's traffic crosses the same PCIe link, ``comm.link_for``)."""
+        gbs = self.slowest_gbs if slowest else self.gbs
+        return replace(gpu, host_link=self.label, host_link_gbs=gbs, peer_link=self.label, peer_link_gbs=gbs)
+
+
+#: fsdp_qlora's dual-3090 "basement rig": "an older motherboard" with "slow PCI lanes", the document's
+#: reason its FSDP rows ran slower than the 4090 machine's "full PCIe v4 x16 lanes". Not stated further.
+#: ASSUMED PCIe 3.0 (the board predates the cards' PCIe 4.0) with the CPU's 16 lanes split x8/x8 between
+#: the two cards (the usual two-card layout of a desktop board); the slowest reading is x4 (a second slot
+#: wired to the chipset).
+SLOW_3090_LINK = StatedLink(
+    "PCIe 3.0 x8 (assumed: 'an older motherboard and slow PCI lanes')", 8 * PCIE3_LANE_GBS, 4 * PCIE3_LANE_GBS,
+    "fsdp_qlora's 3090 machine has 'an older motherboard and slow PCI lanes' (link not stated): the estimate "
+    "assumes PCIe 3.0 x8 per card (two cards sharing a desktop CPU's 16 lanes), not the catalog's PCIe 4.0 x16")
 
 
 @dataclass(frozen=True)
@@ -49,6 +85,12 @@ class SpeedRow:
     derivation: str
     assumptions: list[str] = field(default_factory=list)
     libs: Libraries = FSDP_QLORA_LIBS  # the library versions the source ran
+    link: StatedLink | None = None  # the machine's link where the source says it differs from the catalog's
+
+    def card(self, slowest: bool = False) -> GpuSpec:
+        """The catalog's card, on the machine's stated link (its slowest reading with ``slowest``)."""
+        gpu = catalog.load_gpu(self.gpu)
+        return self.link.on(gpu, slowest) if self.link else gpu
 
 
 def published_tokens_per_s(row: dict) -> tuple[float, str] | None:
@@ -89,11 +131,14 @@ def map_speed_row(row: dict) -> SpeedRow | Unmapped:
         notes.append(f"accumulation {accum}: effective batch 32 'or the closest we could get'")
     if "power-limited" in row["gpu_type"]:
         notes.append("RTX 3090s power-limited to 280 W (datasheet peak assumes 350 W)")
-    return SpeedRow(rid, src, model, gpu, setup, rate[0], rate[1], notes)
+    link = SLOW_3090_LINK if "older motherboard" in row["gpu_type"] else None
+    if link:
+        notes.append(link.reason)
+    return SpeedRow(rid, src, model, gpu, setup, rate[0], rate[1], notes, link=link)
 
 
 def estimated_tokens_per_s(r: SpeedRow) -> float | None:
-    model, gpu = catalog.load_model(r.model), catalog.load_gpu(r.gpu)
+    model, gpu = catalog.load_model(r.model), r.card()
     mem = estimate_memory(model, r.setup, gpu, libs=r.libs)
     t = estimate_time(model, r.setup, gpu, mem.terms["activations"], mem.terms["logits"],
                       offloaded_bytes=mem.offloaded_activations)
