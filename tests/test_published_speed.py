@@ -90,6 +90,9 @@ def test_validation_page_shows_the_speed_table(tmp_path):
     assert ('| [R005](https://github.com/AnswerDotAI/fsdp_qlora/blob/main/benchmarks_03_2024.md "AnswerDotAI/fsdp_qlora")'
             ' |') in page and "1024 samples x 2048 tokens / 998 s" in page  # the row's id links its document
     assert "QLoRA's slowdown against LoRA" in page
+    # a machine's stated link is named in its rows' GPU cell, its reason (quoted, escaped) once above the table
+    assert "| rtx-3090, PCIe 3.0 x8 (assumed) | 2 |" in page and "| rtx-4090 | 2 |" in page
+    assert page.count("&#39;an older motherboard and slow PCI lanes&#39;") == 1
     # the memory comparison states both numbers issue 9 is judged by: the median |error| and its sign
     stored = json.loads(Path("data/published_comparison.json").read_text())
     assert f"signed median **{100 * stored['median_rel_error']:+.1f}%**" in page.replace("−", "-")

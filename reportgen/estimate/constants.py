@@ -104,9 +104,11 @@ CACHED_AFTER_RELEASE = 0.5
 #: * Ampere GA10x GeForce alone 0.9351: 9 rows (6 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W; 3 single
 #:   RTX 3090s, tinyllama and minimind, at 0.93-1.0), leave-one-out |error| of tokens/s median 7.0 %. Seven more
 #:   of fsdp_qlora's 3090 pairs are not fitted: that machine has "an older motherboard and slow PCI lanes" (link
-#:   not stated; ``published.speed.SLOW_3090_LINK``), and their FSDP steps hinge on it: more than 10 % of the
-#:   step is exposed transfer on its slowest reading (PCIe 3.0 x4). Fitted, they were a third of the rows and
-#:   put GA10x GeForce at 0.8156 (efficiencies down to 0.15: the link, not the GEMMs);
+#:   not stated; ``published.speed.SLOW_3090_LINK``: estimated on PCIe 3.0 x8), and their FSDP steps hinge on
+#:   it: more than 10 % of the step is exposed transfer on PCIe 3.0 x4, the slowest we take the words to mean
+#:   (their error at the shipped constants, printed apart: median +39 %, worst +69 %). On the catalog's PCIe 4.0
+#:   x16, six of them were fitted and put GA10x GeForce at 0.8156 (efficiencies down to 0.15: the link, not the
+#:   GEMMs). With x8 as the slowest reading, 11 rows: 0.925, leave-one-source-out of the pooled rate 9.4 %;
 #: * Ada GeForce alone 1.0, AT THE CAP: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4),
 #:   leave-one-out 6.5 %;
 #: * Turing GeForce alone 0.7995: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out

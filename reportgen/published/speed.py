@@ -48,28 +48,32 @@ PCIE3_LANE_GBS = 8 * 128 / 130 / 8
 @dataclass(frozen=True)
 class StatedLink:
     """A machine's GPU link where its source says it differs from the card's catalog figure but not by how
-    much: the estimate assumes ``gbs``; ``slowest_gbs`` is the slowest link the source's words allow,
-    at which ``scripts/calibrate.py`` checks that a row's step does not hinge on the link before it fits
-    a GEMM rate on it."""
+    much: the estimate assumes ``gbs``; ``slowest_gbs`` is the slowest link we take the source's words to
+    mean (an assumption too, named where it is made), at which ``scripts/calibrate.py`` checks that a row's
+    step does not hinge on the link before it fits a GEMM rate on it."""
     label: str
     gbs: float
     slowest_gbs: float
     reason: str
 
     def on(self, gpu: GpuSpec, slowest: bool = False) -> GpuSpec:
-        """``gpu`` on this link: host transfers and collectives (GeForce cards have no peer-to-peer, so
-        NCCL's traffic crosses the same PCIe link, ``comm.link_for``)."""
+        """``gpu`` on this link: its host transfers (offload), and its collectives where the card has no GPU
+        peer-to-peer (GeForce: NCCL's traffic crosses the same PCIe link, ``comm.link_for``); a card with
+        peer-to-peer keeps its peer link (an NVLink bridge is not the host link)."""
         gbs = self.slowest_gbs if slowest else self.gbs
-        return replace(gpu, host_link=self.label, host_link_gbs=gbs, peer_link=self.label, peer_link_gbs=gbs)
+        peer = {} if gpu.peer_p2p else {"peer_link": self.label, "peer_link_gbs": gbs}
+        return replace(gpu, host_link=self.label, host_link_gbs=gbs, **peer)
 
 
 #: fsdp_qlora's dual-3090 "basement rig": "an older motherboard" with "slow PCI lanes", the document's
-#: reason its FSDP rows ran slower than the 4090 machine's "full PCIe v4 x16 lanes". Not stated further.
-#: ASSUMED PCIe 3.0 (the board predates the cards' PCIe 4.0) with the CPU's 16 lanes split x8/x8 between
-#: the two cards (the usual two-card layout of a desktop board); the slowest reading is x4 (a second slot
-#: wired to the chipset).
+#: reason its FSDP rows ran slower than the 4090 machine's "full PCIe v4 x16 lanes" ("If you have two 3090s
+#: and a non-workstation motherboard, you'll want NVLink. If you have two 4090s, you'll want a workstation
+#: motherboard that can provide full x16 PCIe lanes to both GPUs"). Not stated further. ASSUMED PCIe 3.0
+#: (the board predates the cards' PCIe 4.0) with a desktop CPU's 16 lanes split x8/x8 between the two cards
+#: (the usual two-card layout of a non-workstation board); the slowest we take it to be is x4 (a second slot
+#: wired to the chipset; a riser at x1 would be slower still).
 SLOW_3090_LINK = StatedLink(
-    "PCIe 3.0 x8 (assumed: 'an older motherboard and slow PCI lanes')", 8 * PCIE3_LANE_GBS, 4 * PCIE3_LANE_GBS,
+    "PCIe 3.0 x8 (assumed)", 8 * PCIE3_LANE_GBS, 4 * PCIE3_LANE_GBS,
     "fsdp_qlora's 3090 machine has 'an older motherboard and slow PCI lanes' (link not stated): the estimate "
     "assumes PCIe 3.0 x8 per card (two cards sharing a desktop CPU's 16 lanes), not the catalog's PCIe 4.0 x16")
 
@@ -169,7 +173,8 @@ def compare_speed(rows: list[dict], consumer: list | None = None) -> dict:
                     "published_tokens_per_s": round(m.published_tokens_per_s, 1), "derivation": m.derivation,
                     "estimated_tokens_per_s": None if est is None else round(est, 1),
                     "rel_error": None if est is None else round(est / m.published_tokens_per_s - 1, 4),
-                    "assumptions": m.assumptions})
+                    "assumptions": m.assumptions, "link": m.link.label if m.link else None,
+                    "link_reason": m.link.reason if m.link else None})
     errs = [r["rel_error"] for r in out if r["rel_error"] is not None]
     return {"rows": out, "unmapped": unmapped,
             "median_abs_rel_error": round(statistics.median(abs(e) for e in errs), 4) if errs else None,
