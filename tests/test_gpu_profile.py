@@ -222,7 +222,7 @@ def test_an_estimate_says_where_its_rates_come_from():
     assert "estimated from Hopper's" in note("l4")
     # a fitted generation names its evidence; the rates fitted on the H100 alone are said to be the H100's
     assert "Ampere GA100's fit to 3 published runs on A100 40GB" in note("a100-80gb")
-    assert "Ada GeForce's fit to 27 published runs on RTX 2080 Tis, 3090s and 4090s" in note("rtx-4090")
+    assert "the GeForce cards' pooled fit to 27 published runs on RTX 2080 Tis, 3090s and 4090s" in note("rtx-4090")
     assert "attention and launch rates are the H100's, its dispatch the H100 machine's scaled to AMD Ryzen 5 7600X" \
         in note("rtx-4090") and "72 MB L2" in note("rtx-4090")
     assert note("h100-sxm") == ""  # the machine everything was fitted on

@@ -588,5 +588,5 @@ def test_gpu_pages_say_the_l2_and_where_the_time_rates_come_from(docs):
     assert "| L2 cache | 96 MB (NVIDIA RTX Blackwell GPU architecture whitepaper" in r5090
     # the apostrophes reach the page as HTML entities, which the browser shows as written
     assert "estimated from Ada GeForce&#39;s" in r5090 and "no step time of a Blackwell GeForce card" in r5090
-    assert "Ada GeForce&#39;s fit to 27 published runs" in (docs / "gpus" / "rtx-4090.md").read_text()
+    assert "the GeForce cards&#39; pooled fit to 27 published runs" in (docs / "gpus" / "rtx-4090.md").read_text()
     assert "every rate fitted to our own step times on this card" in (docs / "gpus" / "h100-sxm.md").read_text()

@@ -125,6 +125,8 @@ CACHED_AFTER_RELEASE = 0.5
 #: * Ampere GA10x (workstation) is printed, NOT shipped: 0.6955 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
 #:   (one source; the multi-card rows fold DDP's all-reduce, which the estimate hides entirely, into the GEMM
 #:   rate: 0.99, 0.70, 0.59), leave-one-out 20.9 %; the A6000 keeps Ampere GA100's 0.7434.
+#: the GeForce generations that ship the pooled fit above (one efficiency for all of them)
+GEFORCE_POOLED = ("turing-geforce", "ampere-ga10x-geforce", "ada-geforce")
 MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 1.0, "ampere-ga10x-geforce": 1.0, "ada-geforce": 1.0,
                      "ampere-ga100": 0.7434}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes

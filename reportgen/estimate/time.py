@@ -525,7 +525,8 @@ def rates_source(gpu: GpuSpec, host: HostDispatch | None = None) -> str:
     eff, source = matmul_efficiency_of(gpu.generation)
     mine = generation_name(gpu.generation)
     if source == gpu.generation:
-        gemm = f"its GEMM rate ({eff:.0%} of peak) is {mine}'s fit to {K.MATMUL_EVIDENCE[source]}"
+        fit = "the GeForce cards' pooled fit" if source in K.GEFORCE_POOLED else f"{mine}'s fit"
+        gemm = f"its GEMM rate ({eff:.0%} of peak) is {fit} to {K.MATMUL_EVIDENCE[source]}"
     else:
         gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
                 f"a {mine} card has been measured or published here")
