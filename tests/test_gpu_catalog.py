@@ -255,10 +255,10 @@ def _estimate_json(capsys, gpu: str) -> dict:
 
 def test_a_new_card_answers_and_says_whose_rates_it_uses(capsys):
     """Issue 30: `reportgen estimate --gpu rtx-4080` answered "unknown GPU". It now answers, and its notes say
-    the GEMM rate is another card's: the Ada GeForce fit to published RTX 3090/4090 runs; a Blackwell GeForce
+    the GEMM rate is another card's: the GeForce cards' pooled fit to published RTX 2080 Ti/3090/4090 runs; a Blackwell GeForce
     card borrows that fit, a Blackwell workstation card Hopper's (our H100)."""
     notes = " ".join(_estimate_json(capsys, "rtx-4080")["notes"])
-    assert "NVIDIA GeForce RTX 4080: its GEMM rate" in notes and "Ada GeForce's fit to" in notes
+    assert "NVIDIA GeForce RTX 4080: its GEMM rate" in notes and "the GeForce cards' pooled fit to" in notes
     assert "3090s and 4090s" in notes
     notes = " ".join(_estimate_json(capsys, "rtx-5080")["notes"])
     assert "its GEMM rate is estimated from Ada GeForce's" in notes and "Blackwell GeForce card" in notes
