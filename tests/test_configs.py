@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reportgen import catalog
 from reportgen.cli import main
 from reportgen.configs import ConfigError, setup_from, table, translate_file
 from reportgen.setup import TrainingSetup
@@ -75,13 +76,52 @@ def test_axolotl_qlora_yaml_field_by_field():
     assert setup_from(t).model_dump(mode="json") == expected(
         method="qlora", quant="nf4", double_quant=True,  # Axolotl's QLoRA BitsAndBytesConfig defaults
         lora_rank=32, lora_alpha=16, lora_dropout=0.05, lora_targets="all-linear",
-        precision="bf16-mixed", kbit_prep="peft",  # prepare_model_for_kbit_training (no FSDP, no ZeRO-3)
+        precision="bf16-mixed", kbit_prep="none",  # prepared, then norms, embedding and head cast back to bf16
         batch=2, accum=4, seq=4096, padding="packed", grad_ckpt=True, optimizer="paged-adamw", attn="sdpa",
         loss="standard", recipe="trainer",  # Axolotl runs transformers' Trainer
         eval_batch=2)  # val_set_size 0.05: it evaluates, eval_batch_size defaulting to micro_batch_size
     assert {"num_epochs", "learning_rate", "datasets", "output_dir", "special_tokens"} <= set(t.ignored)
     assert t.unknown == []
     assert "bf16" in dict(t.approximated)  # auto: read as the card's bf16 support
+
+
+def test_axolotl_qlora_holds_its_unquantized_weights_in_the_load_dtype(tmp_path):
+    """Axolotl runs prepare_model_for_kbit_training (fp32 upcast) and then casts the norms, embedding and head
+    back to the load dtype (loaders/model.py _configure_embedding_dtypes): the step prices them in 16 bit, 2 bytes
+    per weight of Llama 3.1 8B's 2 x 128,256 x 4,096 embedding and head, where peft's preparation alone priced 4.
+    fp32_norms: true keeps only the norms in fp32 (the trl preparation's dtypes); the reverse writes it back."""
+    from reportgen.configs.reverse import axolotl_keys
+    from reportgen.estimate.memory import estimate_memory
+
+    base = (FIXTURES / "axolotl_qlora.yml").read_text()
+    prepared = setup_from(translate_file(FIXTURES / "axolotl_qlora.yml"))
+    model, gpu = catalog.load_model("llama-3.1-8b"), catalog.load_gpu("rtx-4090")
+    upcast = estimate_memory(model, prepared.model_copy(update={"kbit_prep": "peft"}), gpu).terms["weights"]
+    assert upcast - estimate_memory(model, prepared, gpu).terms["weights"] >= 2 * 128_256 * 4_096 * 2
+    (tmp_path / "norms.yml").write_text(base + "fp32_norms: true\n")
+    norms = setup_from(translate_file(tmp_path / "norms.yml"))
+    assert norms.kbit_prep.value == "trl"
+    assert axolotl_keys("llama-3.1-8b", norms).keys["fp32_norms"] is True
+    assert "fp32_norms" not in axolotl_keys("llama-3.1-8b", prepared).keys
+
+
+def test_axolotl_qlora_memory_matches_the_allocations_its_example_logged(capsys):
+    """Axolotl's Colab example (Qwen3-14B QLoRA on a T4: examples/colab-notebooks/colab-axolotl-example.ipynb at
+    axolotl 29289a4de, data/consumer_speed.csv CS176; its config in tests/fixtures/configs) logs
+    torch.cuda.memory_allocated in GiB (axolotl 0.9 utils/bench.py gpu_memory_usage_all): 9.264 after the model
+    loads, 9.743 after the adapters, 9.768 after the second step (callbacks GPUStatsCallback.on_step_end: the
+    gradients freed, the paged 8-bit optimizer's states in managed memory). The estimate of that config read with
+    --from: weights and quantization constants 9.247 GiB (-0.2 %), with the adapters 9.726 (-0.2 %), with the
+    optimizer states outside managed memory 9.734 (-0.3 %). Priced with peft's preparation alone (fp32 embedding,
+    head and norms, as the reader did before Axolotl's cast back was read) the last is 12.63 GiB: +29 %."""
+    d, _ = _json(capsys, "estimate", "--from", str(FIXTURES / "axolotl_qwen3_14b_t4.yml"), "--gpu", "t4",
+                 "--format", "json")
+    t = {k: v / 2**30 for k, v in d["memory"].items() if isinstance(v, (int, float))}
+    loaded = t["weights"] + t["quant_constants"]
+    assert loaded == pytest.approx(9.264, rel=0.01)
+    assert loaded + t["lora_adapters"] == pytest.approx(9.743, rel=0.01)
+    assert loaded + t["lora_adapters"] + t["optimizer"] == pytest.approx(9.768, rel=0.01)
+    assert d["setup"]["loss"] == "fused"  # the Cut Cross-Entropy plugin listed: on by default
 
 
 def test_axolotl_bf16_auto_follows_the_card():

@@ -9,7 +9,9 @@ quantization and the k-bit preparation):
   (``cfg.torch_dtype``); the Trainer runs bf16/fp16 autocast when ``bf16``/``fp16``;
 * ``adapter: qlora`` with ``load_in_4bit`` quantizes with ``nf4``, double quantization on and the
   compute dtype of the weights, updated by ``bnb_config_kwargs``; ``prepare_model_for_kbit_training``
-  runs for 4/8-bit adapters unless FSDP or ZeRO-3 shards the model;
+  runs for 4/8-bit adapters unless FSDP or ZeRO-3 shards the model, and then Axolotl casts the norms and
+  the embedding and head back to the load dtype (``_configure_embedding_dtypes``), so the step holds
+  them in 16 bit (``fp32_norms: true`` keeps the norms in fp32);
 * ``micro_batch_size`` 1, ``gradient_accumulation_steps`` 1, ``sequence_len`` 512,
   ``lora_dropout`` 0.0, ``gradient_checkpointing`` false, ``optimizer`` adamw_torch_fused.
 """
@@ -100,18 +102,20 @@ def _method(r: Reader, t: Translation) -> str:
 
 
 def _kbit_prep(r: Reader, t: Translation, method: str) -> None:
-    """QLoRA under mixed precision: peft's ``prepare_model_for_kbit_training`` unless FSDP or
-    DeepSpeed ZeRO-3 shards the model."""
+    """QLoRA under mixed precision: what the step holds of the unquantized weights. Axolotl
+    (``axolotl/loaders/model.py`` ``_configure_embedding_dtypes``; the same code in 0.9's
+    ``utils/models.py``) runs peft's ``prepare_model_for_kbit_training`` (every parameter that is not
+    4-bit upcast to fp32) unless FSDP or ZeRO-3 shards the model, then, for any adapter
+    (``needs_fa2_dtype``) or with Cut Cross-Entropy, ``_convert_embedding_modules_dtype`` casts every
+    module with "norm" in its name and the embedding and head (``get_linear_embedding_layers``:
+    ``embed_tokens``, ``lm_head``) back to ``cfg.torch_dtype``: the step holds them in 16 bit, as
+    without the preparation (``kbit_prep none``). ``fp32_norms: true`` keeps the norms in fp32
+    (``utils/fp32_norms.py``) beside a 16-bit embedding and head: the ``trl`` preparation's dtypes.
+    The fp32 copies exist only while the model loads (not in the load phase's estimate)."""
     if method == "qlora" and t.values["precision"].endswith("-mixed"):
-        zero3 = False
-        if r.has("deepspeed"):
-            probe = Translation(tool="axolotl", path=t.path)
-            deepspeed(r, "deepspeed", r.doc["deepspeed"], probe)
-            zero3 = probe.values.get("sharding") == "zero3"
-        fsdp = r.has("fsdp") or r.has("fsdp_config")
-        t.set("kbit_prep", "none" if (fsdp or zero3) else "peft", "adapter")
-
-
+        r.boolean("embeddings_skip_upcast", False)  # the same dtypes either way (its table row)
+        norms = bool(r.boolean("fp32_norms", False))
+        t.set("kbit_prep", "trl" if norms else "none", "fp32_norms" if norms else "adapter")
 def _batch(r: Reader, t: Translation) -> None:
     """Micro-batch, accumulation, sequence length and padding."""
     t.set("batch", r.integer("micro_batch_size", 1, minimum=1), "micro_batch_size")
@@ -163,9 +167,11 @@ def _step(r: Reader, t: Translation) -> None:
 
 
 def _loss(r: Reader, t: Translation) -> None:
-    """Liger's fused linear cross-entropy or Cut Cross-Entropy (a plugin), else the standard loss."""
+    """Liger's fused linear cross-entropy or Cut Cross-Entropy (a plugin: listing it turns it on, its
+    ``cut_cross_entropy`` key defaulting to true, ``integrations/cut_cross_entropy/args.py``), else the
+    standard loss."""
     liger = bool(r.boolean("liger_fused_linear_cross_entropy", False))
-    cce = r.get("cut_cross_entropy")
+    cce = r.get("cut_cross_entropy", True)
     plugins = r.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise r.error("plugins", f"must be a list of plugin class paths (got {plugins!r})",

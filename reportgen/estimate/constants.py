@@ -97,10 +97,10 @@ CACHED_AFTER_RELEASE = 0.5
 #: GeForce rows from three other projects in six documents: whyNLP/tinyllama's TinyLlama 1.1B continued
 #: pre-training on one RTX 3090 and one RTX 4090; IST-DASLab/llmq's LLaMA-Factory pre-training runs of Qwen2.5
 #: 0.5B/1.5B on one and four RTX 4090s; jingyaogong/minimind's pre-training on one RTX 3090 (its README) and on
-#: RTX 2080 Tis (issues #60 and #16, the elapsed time decoded from the minutes left it prints); and three RTX
-#: A6000 rows), and measured
+#: RTX 2080 Tis (issues #60 and #16, the elapsed time decoded from the minutes left it prints); three RTX
+#: A6000 rows; and one T4 row, Axolotl's Qwen3-14B QLoRA example, Turing data-center's only, not fitted), and measured
 #: step times of our harness on cards outside Hopper (``sweeps/your-card.yaml``; none yet). Today's
-#: ``calibrate.py`` output (2026-11-28, 7 sources):
+#: ``calibrate.py`` output (2026-11-28, 8 sources):
 #: * Ampere GA10x GeForce alone 0.9351: 9 rows (6 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W; 3 single
 #:   RTX 3090s, tinyllama and minimind, at 0.93-1.0), leave-one-out |error| of tokens/s median 7.0 %. Seven more
 #:   of fsdp_qlora's 3090 pairs are not fitted: that machine has "an older motherboard and slow PCI lanes" (link
