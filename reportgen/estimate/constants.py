@@ -136,6 +136,18 @@ MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
                    "turing-geforce": _GEFORCE_EVIDENCE, "ampere-ga10x-geforce": _GEFORCE_EVIDENCE,
                    "ada-geforce": _GEFORCE_EVIDENCE,
                    "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)"}
+#: published runs on a generation with too few of them to fit its own GEMM rate, against the rate it borrows
+#: (``reportgen compare-published`` and ``scripts/calibrate.py``, 2026-11-28): said in its cards' notes beside the
+#: borrowed rate, so a user of those cards reads what the few runs say
+UNFITTED_EVIDENCE = {
+    "ada": ("the only published runs on Ada cards outside GeForce (AnswerDotAI/fsdp_qlora: Llama-2 70B QLoRA with FSDP "
+            "on 2 and 4 RTX 6000 Ada) ran at half the tokens/s this rate gives (estimated +99 % and +102 %): too few "
+            "to fit"),
+    "turing": ("the only published run on a T4 (Axolotl's Qwen3-14B QLoRA Colab example) ran 20 % faster than this "
+               "rate gives (its Triton LoRA kernels are not modelled): too few to fit"),
+    "ampere-ga10x": ("whyNLP/tinyllama's runs on 1, 4 and 8 RTX A6000s are estimated -14 %, +4 % and +15 % in "
+                     "tokens/s with it (one source: not fitted)"),
+}
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same
 #: product line (GeForce parts from GeForce parts, the others from the data-center parts)

@@ -528,8 +528,9 @@ def rates_source(gpu: GpuSpec, host: HostDispatch | None = None) -> str:
         fit = "the GeForce cards' pooled fit" if source in K.GEFORCE_POOLED else f"{mine}'s fit"
         gemm = f"its GEMM rate ({eff:.0%} of peak) is {fit} to {K.MATMUL_EVIDENCE[source]}"
     else:
-        gemm = (f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): no step time of "
-                f"a {mine} card has been measured or published here")
+        why = K.UNFITTED_EVIDENCE.get(gpu.generation, f"no step time of a {mine} card has been measured or "
+                                                          "published here")
+        gemm = f"its GEMM rate is estimated from {generation_name(source)}'s ({eff:.0%} of peak): {why}"
     l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
     host = host or host_dispatch(gpu)
     cpu = host.cpu.name if host.cpu is not None else "the profiled host"
