@@ -11,7 +11,7 @@ quantization and the k-bit preparation):
   compute dtype of the weights, updated by ``bnb_config_kwargs``; ``prepare_model_for_kbit_training``
   runs for 4/8-bit adapters unless FSDP or ZeRO-3 shards the model, and then Axolotl casts the norms and
   the embedding and head back to the load dtype (``_configure_embedding_dtypes``), so the step holds
-  them in 16 bit (``fp32_norms: true`` keeps the norms in fp32);
+  them in 16 bit;
 * ``micro_batch_size`` 1, ``gradient_accumulation_steps`` 1, ``sequence_len`` 512,
   ``lora_dropout`` 0.0, ``gradient_checkpointing`` false, ``optimizer`` adamw_torch_fused.
 """
@@ -35,6 +35,7 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     method = _method(r, t)
     _precision(r, t, method, bf16_capable)
     _kbit_prep(r, t, method)
+    _fp32_norms(r)
     _batch(r, t)
     _eval(r, t)
     _step(r, t)
@@ -109,13 +110,29 @@ def _kbit_prep(r: Reader, t: Translation, method: str) -> None:
     (``needs_fa2_dtype``) or with Cut Cross-Entropy, ``_convert_embedding_modules_dtype`` casts every
     module with "norm" in its name and the embedding and head (``get_linear_embedding_layers``:
     ``embed_tokens``, ``lm_head``) back to ``cfg.torch_dtype``: the step holds them in 16 bit, as
-    without the preparation (``kbit_prep none``). ``fp32_norms: true`` keeps the norms in fp32
-    (``utils/fp32_norms.py``) beside a 16-bit embedding and head: the ``trl`` preparation's dtypes.
-    The fp32 copies exist only while the model loads (not in the load phase's estimate)."""
+    without the preparation (``kbit_prep none``). Unless ``embeddings_skip_upcast``, the embedding and
+    head are fp32 for a moment while the model loads: said, not in the load phase's figure."""
     if method == "qlora" and t.values["precision"].endswith("-mixed"):
-        r.boolean("embeddings_skip_upcast", False)  # the same dtypes either way (its table row)
-        norms = bool(r.boolean("fp32_norms", False))
-        t.set("kbit_prep", "trl" if norms else "none", "fp32_norms" if norms else "adapter")
+        t.set("kbit_prep", "none", "adapter")
+        if not r.boolean("embeddings_skip_upcast", False):
+            t.approx("embeddings_skip_upcast", "false: while the model loads, Axolotl holds the embedding and head in "
+                     "fp32 for a moment (4 bytes a weight, not the 2 the load phase counts); true avoids it")
+
+
+def _fp32_norms(r: Reader) -> None:
+    """``fp32_norms: true`` keeps the norms' weights in fp32 under FSDP2 (``utils/fp32_norms.py``), their outputs
+    in the 16-bit dtype (``MixedPrecisionPolicy(output_dtype=...)``): a few weights, not modelled. Axolotl
+    refuses it without an ``fsdp_config`` of ``fsdp_version: 2`` (``utils/schemas/config.py``
+    ``check_fp32_norms``), and so does the reader."""
+    if not r.boolean("fp32_norms", False):
+        return
+    fsdp = r.get("fsdp_config")
+    version = r.get("fsdp_version", (fsdp or {}).get("fsdp_version") if isinstance(fsdp, dict) else None)
+    if not fsdp or str(version) != "2":
+        raise r.error("fp32_norms", "Axolotl accepts it only with FSDP2 (check_fp32_norms)",
+                      hint="fsdp_version: 2\nfsdp_config:\n  ...   (or remove fp32_norms)")
+
+
 def _batch(r: Reader, t: Translation) -> None:
     """Micro-batch, accumulation, sequence length and padding."""
     t.set("batch", r.integer("micro_batch_size", 1, minimum=1), "micro_batch_size")

@@ -198,13 +198,9 @@ def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
             d["peft_use_dora"] = True
         if s.frozen_dtype.value == "fp32":
             k.notes.append("fp32 frozen weights: Axolotl loads them in the training dtype")
-        if m == "qlora" and s.precision.value.endswith("-mixed"):
-            if s.kbit.value == "trl":
-                d["fp32_norms"] = True  # norms in fp32, embedding and head in the load dtype
-            elif s.kbit.value != "none":
-                k.notes.append(f"kbit_prep {s.kbit.value}: Axolotl casts the norms, embedding and head back to the "
-                               "load dtype after prepare_model_for_kbit_training (kbit_prep none; fp32_norms: true "
-                               "keeps the norms in fp32, kbit_prep trl)")
+        if m == "qlora" and s.precision.value.endswith("-mixed") and s.kbit.value != "none":
+            k.notes.append(f"kbit_prep {s.kbit.value}: Axolotl casts the norms, embedding and head back to the load "
+                           "dtype after prepare_model_for_kbit_training (kbit_prep none)")
     if p in ("bf16", "bf16-mixed"):
         d["bf16"] = True
         if m == "full" and p == "bf16-mixed":

@@ -167,17 +167,19 @@ ROWS: tuple[Row, ...] = (
     _r("axolotl", "adapter", HONOURED, "method, kbit_prep", "lora, qlora (with load_in_4bit), or unset: full "
        "fine-tuning; QLoRA's norms, embedding and head end in the load dtype (Axolotl casts them back after "
        "prepare_model_for_kbit_training: kbit_prep none)"),
-    _r("axolotl", "embeddings_skip_upcast", HONOURED, "kbit_prep", "the embedding and head end in the load dtype "
-       "with or without it (Axolotl casts them back after prepare_model_for_kbit_training); true only spares their "
-       "fp32 copy while the model loads"),
+    _r("axolotl", "embeddings_skip_upcast", APPROXIMATED, "kbit_prep", "the embedding and head end in the load dtype "
+       "with or without it (Axolotl casts them back after prepare_model_for_kbit_training); false holds them in fp32 "
+       "for a moment while the model loads, which the load phase does not count (said in the report)"),
+    _r("axolotl", "unfrozen_parameters", IGNORED, "", "regexes of weights left trainable (freeze_layers_except): "
+       "their gradients and optimizer states are not modelled"),
     _r("axolotl", "lora_qkv_kernel", IGNORED, "", "Axolotl's Triton LoRA kernels (kernels/lora.py: the base and LoRA "
        "matmuls of q, k, v in one autograd function): not modelled, priced as peft's LoRA layers"),
     _r("axolotl", "lora_o_kernel", IGNORED, "", "Axolotl's Triton LoRA kernel for o_proj: not modelled, priced as "
        "peft's LoRA layer"),
     _r("axolotl", "lora_mlp_kernel", IGNORED, "", "Axolotl's Triton LoRA kernels for the MLP (the SwiGLU fused with "
        "its LoRA matmuls): not modelled, priced as peft's LoRA layers"),
-    _r("axolotl", "fp32_norms", HONOURED, "kbit_prep", "true keeps the norms in fp32 beside a 16-bit embedding and "
-       "head (kbit_prep trl); false (the default): every unquantized weight in the load dtype"),
+    _r("axolotl", "fp32_norms", IGNORED, "", "true (FSDP2 only; refused without it, as Axolotl does): the norms' "
+       "weights in fp32, their outputs in the 16-bit dtype: a few weights, not modelled", affects=False),
     _r("axolotl", "load_in_4bit", HONOURED, "method", "4-bit base linears; Axolotl quantizes only with adapter qlora"),
     _r("axolotl", "load_in_8bit", HONOURED, "method", "false only: 8-bit LoRA is not modelled, true is refused"),
     _r("axolotl", "bnb_config_kwargs", HONOURED, "quant, double_quant", "bnb_4bit_quant_type and "

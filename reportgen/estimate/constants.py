@@ -140,11 +140,12 @@ MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
 #: (``reportgen compare-published`` and ``scripts/calibrate.py``, 2026-11-28): said in its cards' notes beside the
 #: borrowed rate, so a user of those cards reads what the few runs say
 UNFITTED_EVIDENCE = {
-    "ada": ("the only published runs on Ada cards outside GeForce (AnswerDotAI/fsdp_qlora: Llama-2 70B QLoRA with FSDP "
-            "on 2 and 4 RTX 6000 Ada) ran at half the tokens/s this rate gives (estimated +99 % and +102 %): too few "
-            "to fit"),
-    "turing": ("the only published run on a T4 (Axolotl's Qwen3-14B QLoRA Colab example) ran 20 % faster than this "
-               "rate gives (its Triton LoRA kernels are not modelled): too few to fit"),
+    "ada": ("the only compared runs on Ada cards outside GeForce (AnswerDotAI/fsdp_qlora: Llama-2 70B QLoRA with FSDP "
+            "over PCIe on 2 and 4 RTX 6000 Ada) ran at half the tokens/s this rate gives (estimated +99 % and +102 %, "
+            "communication included): too few to fit"),
+    "turing": ("the only compared run on a Turing card outside GeForce (Axolotl's Qwen3-14B QLoRA Colab example on a "
+               "T4) ran at least 20 % faster than this rate gives (its Triton LoRA kernels are not modelled; its clock "
+               "includes two checkpoint saves): too few to fit"),
     "ampere-ga10x": ("whyNLP/tinyllama's runs on 1, 4 and 8 RTX A6000s are estimated -14 %, +4 % and +15 % in "
                      "tokens/s with it (one source: not fitted)"),
 }
