@@ -127,7 +127,7 @@ def _fp32_norms(r: Reader) -> None:
     if not r.boolean("fp32_norms", False):
         return
     fsdp = r.get("fsdp_config")
-    version = r.get("fsdp_version", (fsdp or {}).get("fsdp_version") if isinstance(fsdp, dict) else None)
+    version = r.get("fsdp_version", fsdp.get("fsdp_version") if isinstance(fsdp, dict) else None)
     if not fsdp or str(version) != "2":
         raise r.error("fp32_norms", "Axolotl accepts it only with FSDP2 (check_fp32_norms)",
                       hint="fsdp_version: 2\nfsdp_config:\n  ...   (or remove fp32_norms)")
