@@ -79,6 +79,11 @@ class Modeling(str, Enum):
     torchtune = "torchtune"
 
 
+class Kernels(str, Enum):
+    eager = "eager"
+    liger = "liger"
+
+
 class KeepOutputs(str, Enum):
     none = "none"
     step = "step"
@@ -277,6 +282,7 @@ class TrainingSetup:
     fsdp_param_dtype: FsdpParamDtype = FsdpParamDtype.compute
     modeling: Modeling = Modeling.transformers
     rope_positions: int | None = None
+    kernels: Kernels = Kernels.eager
 
     #: fields ``model_dump`` leaves out while they hold this value: added after result files were
     #: stored, whose setups (and the ids, hashes and pages made from them) must stay as they were
@@ -286,7 +292,7 @@ class TrainingSetup:
         "generation_batch_size": None, "generation": Generation.hf, "vllm_gpu_memory_utilization": 0.3,
         "vllm_enable_sleep_mode": False, "vllm_max_model_length": None, "vllm_importance_sampling_correction": True,
         "beta": 0.0, "fsdp_param_dtype": FsdpParamDtype.compute, "modeling": Modeling.transformers,
-        "rope_positions": None}
+        "rope_positions": None, "kernels": Kernels.eager}
     #: the fields of recipe grpo (TRL GRPOConfig's names; their defaults are TRL 1.16's)
     GRPO_FIELDS: ClassVar[tuple[str, ...]] = (
         "num_generations", "max_completion_length", "max_prompt_length", "generation_batch_size", "generation",
@@ -420,6 +426,10 @@ class TrainingSetup:
                               "k and v copied to every query head before SDPA, no attention mask on padded "
                               "batches, fp32 RoPE caches at the builder's max_seq_len; "
                               "reportgen/estimate/recipes.py)"),
+        "kernels": FieldSpec(Kernels, description="the layers' elementwise kernels: eager (transformers' RMSNorm, "
+                             "RoPE and SwiGLU modules, the default) or liger (Liger-Kernel's Triton RMSNorm, RoPE and "
+                             "SwiGLU: one kernel each way, less saved; TRL use_liger_kernel, LLaMA-Factory "
+                             "enable_liger_kernel; Llama, Mistral, Qwen2 and Qwen3 models; reportgen/estimate/liger.py)"),
         "rope_positions": FieldSpec(int, ge=1, le=16_777_216, optional=True, description="modeling torchtune: "
                                     "the positions its RoPE caches are built for (the builder's max_seq_len; "
                                     "default: the model config's max_position_embeddings)"),
@@ -475,6 +485,9 @@ class TrainingSetup:
         if self.rope_positions is not None and self.modeling != Modeling.torchtune:
             raise SetupError("rope_positions", "is the length torchtune's RoPE caches are built at: needs modeling "
                              "torchtune (transformers' model computes its rotations per step)")
+        if self.kernels == Kernels.liger and self.modeling != Modeling.transformers:
+            raise SetupError("kernels", "liger patches transformers' modules; modeling torchtune runs torchtune's own "
+                             "layers (use kernels eager)")
         if self.modeling == Modeling.torchtune and self.attn != Attention.sdpa:
             raise SetupError("modeling", "torchtune's attention is SDPA (its recipes read no attention setting): "
                              f"attn {self.attn.value} is transformers'")

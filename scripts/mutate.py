@@ -100,7 +100,7 @@ MUTANTS = [
     # ----- formulas: activations and logits ------------------------------------------------------
     m("formulas", E + "activations.py", "converts = not (dt.quantized and dt.autocast)", "converts = True",
       "peft's 4-bit layers cast x under autocast"),
-    m("formulas", E + "activations.py", "per_token += 3 * mlp_dt * i  # gate", "per_token += 2 * mlp_dt * i  # gate",
+    m("formulas", E + "activations.py", "if lg else 3 * mlp_dt * i", "if lg else 2 * mlp_dt * i",
       "one MLP intermediate forgotten"),
     m("formulas", E + "activations.py", "per_token += c * hd * (nq + 2 * kv_heads) + c * nq * hd + 4 * nq",
       "per_token += c * hd * (nq + 2 * kv_heads) + c * nq * hd", "SDPA's logsumexp forgotten"),
@@ -129,7 +129,7 @@ MUTANTS = [
     m("formulas", E + "logits.py", "math.ceil(tokens / CHUNKS) * 4 * v\n", "tokens * 4 * v\n",
       "chunked loss upcasts all chunks at once"),
     # ----- formulas: the timeline, reserved, sharding --------------------------------------------
-    m("formulas", E + "memory.py", "work = t * (2 * dt.stream * h + 3 * c * i)", "work = t * (2 * dt.stream * h + 2 * c * i)",
+    m("formulas", E + "memory.py", "MLP_BACKWARD_GRADIENTS if liger_on else 3", "MLP_BACKWARD_GRADIENTS if liger_on else 2",
       "one MLP gradient forgotten in the backward"),
     m("formulas", E + "memory.py", "    return 2 * layer_bytes\n", "    return layer_bytes\n",
       "FSDP stream pool holds one layer"),

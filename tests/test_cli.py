@@ -49,7 +49,7 @@ def test_every_setup_flag_reaches_the_setup(capsys):
                  "--sharding", "fsdp", "--loss", "fused", "--padding", "packed", "--seq-mean", "500",
                  "--keep-outputs", "next-step", "--act-offload", "--quant-head", "--kbit-prep", "none",
                  "--compile", "--eval-batch", "2", "--eval-seq", "512", "--eval-generate", "64", "--save", "fsdp-full",
-                 "--load", "cpu-rank0")
+                 "--load", "cpu-rank0", "--kernels", "liger")
     expected = {"method": "qlora", "precision": "bf16", "optimizer": "paged-adamw-8bit", "batch": 3,
                 "seq": 1000, "accum": 4, "grad_ckpt": True, "attn": "eager", "loss": "fused", "lora_rank": 32,
                 "lora_alpha": 64, "lora_targets": "qv", "lora_dropout": 0.05, "dora": True, "quant": "fp4",
@@ -57,7 +57,7 @@ def test_every_setup_flag_reaches_the_setup(capsys):
                 "seq_mean": 500, "keep_outputs": "next-step", "optimizer_in_backward": False, "act_offload": True,
                 "quant_head": True, "frozen_dtype": "compute", "kbit_prep": "none",
                 "compile": True, "eval_batch": 2, "eval_seq": 512, "eval_generate": 64, "save": "fsdp-full",
-                "load": "cpu-rank0"}
+                "load": "cpu-rank0", "kernels": "liger"}
     assert d["setup"] == expected
     from reportgen.setup import TrainingSetup
 

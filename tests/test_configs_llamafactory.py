@@ -52,6 +52,8 @@ def test_the_qlora_example_field_by_field():
     ("flash_attn: disabled\n", "attn", "eager"),
     ("flash_attn: fa2\n", "attn", "sdpa"),
     ("enable_liger_kernel: true\n", "loss", "fused"),  # sft: Liger's fused linear cross-entropy
+    ("enable_liger_kernel: true\n", "kernels", "liger"),  # and its RMSNorm, RoPE and SwiGLU
+    ("stage: sft\n", "kernels", "eager"),
     ("quantization_bit: 4\ndouble_quantization: false\n", "double_quant", False),
     ("optim: paged_adamw_8bit\n", "optimizer", "paged-adamw-8bit"),
     ("use_dora: true\n", "dora", True),

@@ -40,6 +40,7 @@ def translate(r: Reader, bf16_capable: bool = True) -> Translation:
     _eval(r, t)
     _step(r, t)
     _loss(r, t)
+    _kernels(r, t)
     _gpus(r, t)
     return finish(r, t)
 
@@ -204,6 +205,20 @@ def _loss(r: Reader, t: Translation) -> None:
                  "chunked linear + cross-entropy)")
     else:
         t.set("loss", "standard", "liger_fused_linear_cross_entropy")
+
+
+#: Axolotl's keys for Liger's three layer kernels (``integrations/liger/args.py``)
+LIGER_LAYER_KEYS = ("liger_rms_norm", "liger_glu_activation", "liger_rope")
+
+
+def _kernels(r: Reader, t: Translation) -> None:
+    """Liger's layer kernels (``kernels: liger``) when all three keys are on; some of them: modelled as
+    transformers' modules, which save and move more (an upper bound)."""
+    on = [k for k in LIGER_LAYER_KEYS if r.boolean(k, False)]
+    t.set("kernels", "liger" if len(on) == len(LIGER_LAYER_KEYS) else "eager", on[0] if on else "liger_rms_norm")
+    if on and len(on) < len(LIGER_LAYER_KEYS):
+        t.approx(on[0], f"only {', '.join(on)} of Liger's three layer kernels: modelled as transformers' modules "
+                 "(an upper bound on memory and time)")
 
 
 def _gpus(r: Reader, t: Translation) -> None:

@@ -15,8 +15,9 @@ What LLaMA-Factory 0.9.5 does with each key, from its source:
   ``disable_gradient_checkpointing``;
 * ``hparams/finetuning_args.py``: ``finetuning_type`` lora by default, ``lora_rank`` 8, ``lora_alpha``
   twice the rank, ``lora_dropout`` 0, ``lora_target`` all (every linear layer);
-* ``model_utils/liger_kernel.py``: ``enable_liger_kernel`` for ``stage: sft`` or ``pt`` also fuses the
-  LM head with the cross-entropy (``fused_linear_cross_entropy``, since the logits are not needed);
+* ``model_utils/liger_kernel.py``: ``enable_liger_kernel`` patches the model with Liger's RMSNorm, RoPE
+  and SwiGLU kernels (``kernels: liger``) and for ``stage: sft`` or ``pt`` also fuses the LM head with
+  the cross-entropy (``fused_linear_cross_entropy``, since the logits are not needed);
 * the trainer is transformers' ``Seq2SeqTrainer`` (``CustomSeq2SeqTrainer``): recipe ``trainer``.
 """
 
@@ -54,7 +55,9 @@ def translate(r: Reader) -> Translation:
     optimizer(r, "optim", t)
     t.set("compile", bool(r.boolean("torch_compile", False)), "torch_compile")
     t.set("recipe", "trainer", "model_name_or_path")
-    t.set("loss", "fused" if r.boolean("enable_liger_kernel", False) else "standard", "enable_liger_kernel")
+    liger = bool(r.boolean("enable_liger_kernel", False))
+    t.set("loss", "fused" if liger else "standard", "enable_liger_kernel")
+    t.set("kernels", "liger" if liger else "eager", "enable_liger_kernel")
     if r.boolean("use_unsloth", False):
         t.approx("use_unsloth", "unsloth's own kernels and LoRA are not modelled: estimated as the Hugging Face step")
     trainer_sharding(r, t)

@@ -124,6 +124,8 @@ def trl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["activation_offloading"] = True
     if s.compile:
         d["torch_compile"] = True
+    if s.kernels.value == "liger":
+        d["use_liger_kernel"] = True
     if s.loss.value != "standard" or s.recipe.value != "trl-sft":
         k.notes.append("TRL 1.16's SFTTrainer computes the loss with its own fused LM head (recipe trl-sft): these "
                        f"keys run that recipe, not this setup's (recipe {s.recipe.value}, loss {s.loss.value})")
@@ -222,8 +224,11 @@ def axolotl_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["activation_offloading"] = True
     d["optimizer"] = OPTIM_NAMES[s.optimizer.value]
     d["sdp_attention" if s.attn.value == "sdpa" else "eager_attention"] = True
-    if s.loss.value == "fused":
+    if s.loss.value == "fused" or s.kernels.value == "liger":
         d["plugins"] = [_LIGER]
+    if s.kernels.value == "liger":
+        d.update(liger_rope=True, liger_rms_norm=True, liger_glu_activation=True)
+    if s.loss.value == "fused":
         d["liger_fused_linear_cross_entropy"] = True
     elif s.loss.value == "chunked":
         k.notes.append("loss chunked (torchtune's) has no Axolotl key; liger_fused_linear_cross_entropy is the "
@@ -291,10 +296,14 @@ def llamafactory_keys(model: str, setup: TrainingSetup | dict) -> Keys:
         d["disable_gradient_checkpointing"] = True
     d["flash_attn"] = LF_ATTENTION[s.attn.value]
     d["optim"] = OPTIM_NAMES[s.optimizer.value]
-    if s.loss.value == "fused":
+    if s.loss.value == "fused" or s.kernels.value == "liger":
         d["enable_liger_kernel"] = True
-    elif s.loss.value == "chunked":
+    if s.loss.value == "chunked":
         k.notes.append("loss chunked (torchtune's) has no LLaMA-Factory key; enable_liger_kernel is the fused loss")
+    elif (s.loss.value == "fused") != (s.kernels.value == "liger"):
+        k.notes.append("enable_liger_kernel turns on Liger's layer kernels and its fused loss together (kernels "
+                       f"liger, loss fused): LLaMA-Factory has no key for kernels {s.kernels.value} with loss "
+                       f"{s.loss.value}")
     if s.compile:
         d["torch_compile"] = True
     if s.act_offload:

@@ -101,9 +101,10 @@ ROWS: tuple[Row, ...] = (
     _r("trl", "loss_type", HONOURED, "recipe, loss", "nll and dft (TRL 1.16) run TRL's fused LM head: "
        "log-probabilities, entropy and token accuracy in tiles of tokens, never the full logits (recipe trl-sft, "
        "loss standard: the recipe's own loss)"),
-    _r("trl", "use_liger_kernel", APPROXIMATED, "loss", "TRL 1.16 applies Liger's layer kernels only (RMSNorm, RoPE, "
-       "SwiGLU: not modelled) and keeps its own fused LM head (recipe trl-sft)"),
-    _r("trl", "liger_kernel_config", IGNORED, "", "which Liger layer kernels: not modelled"),
+    _r("trl", "use_liger_kernel", HONOURED, "kernels", "TRL 1.16 applies Liger's layer kernels only (RMSNorm, RoPE, "
+       "SwiGLU: kernels liger) and keeps its own fused LM head (recipe trl-sft)"),
+    _r("trl", "liger_kernel_config", APPROXIMATED, "kernels", "which Liger kernels: modelled as RMSNorm, RoPE and "
+       "SwiGLU all on"),
     _r("trl", "label_smoothing_factor", IGNORED, "", "above 0 TRL computes the loss from the full logits: not "
        "modelled"),
     _r("trl", "optim", HONOURED, "optimizer", _OPTIM + " (TrainingArguments' default adamw_torch_fused)"),
@@ -233,9 +234,10 @@ ROWS: tuple[Row, ...] = (
        "fused)"),
     _r("axolotl", "cut_cross_entropy", APPROXIMATED, "loss", "Cut Cross-Entropy (its plugin listed): never the "
        "full logits, modelled as loss fused"),
-    _r("axolotl", "liger_rope", IGNORED, "", "Liger's RoPE kernel: not modelled"),
-    _r("axolotl", "liger_rms_norm", IGNORED, "", "Liger's RMSNorm kernel: not modelled"),
-    _r("axolotl", "liger_glu_activation", IGNORED, "", "Liger's SwiGLU kernel: not modelled"),
+    _r("axolotl", "liger_rope", HONOURED, "kernels", "with liger_rms_norm and liger_glu_activation: Liger's layer "
+       "kernels (kernels liger); fewer than the three: transformers' modules, an upper bound"),
+    _r("axolotl", "liger_rms_norm", HONOURED, "kernels", "with liger_rope and liger_glu_activation: kernels liger"),
+    _r("axolotl", "liger_glu_activation", HONOURED, "kernels", "with liger_rope and liger_rms_norm: kernels liger"),
     _r("axolotl", "liger_layer_norm", IGNORED, "", "Liger's LayerNorm kernel: not modelled"),
     _r("axolotl", "liger_cross_entropy", IGNORED, "", "Liger's cross-entropy on full logits: modelled as the "
        "standard loss"),
@@ -298,8 +300,8 @@ ROWS: tuple[Row, ...] = (
        "to host RAM): modelled as checkpointing on the GPU"),
     _r("llamafactory", "flash_attn", HONOURED, "attn", "auto and sdpa: SDPA; fa2/fa3: SDPA's flash kernel (the same "
        "O(seq) memory); disabled: eager"),
-    _r("llamafactory", "enable_liger_kernel", HONOURED, "loss", "for stage sft and pt Liger also fuses the LM head "
-       "with the cross-entropy (loss fused); its RMSNorm, RoPE and SwiGLU kernels are not modelled"),
+    _r("llamafactory", "enable_liger_kernel", HONOURED, "loss, kernels", "Liger's RMSNorm, RoPE and SwiGLU kernels "
+       "(kernels liger); for stage sft and pt Liger also fuses the LM head with the cross-entropy (loss fused)"),
     _r("llamafactory", "use_unsloth", APPROXIMATED, "recipe", "unsloth's kernels and LoRA are not modelled: estimated as "
        "the Hugging Face step"),
     _r("llamafactory", "upcast_layernorm", IGNORED, "", "norms in fp32: not modelled"),

@@ -65,9 +65,10 @@ def translate(r: Reader) -> Translation:
         # the recipe: SFTTrainer's own loss (its fused LM head), adapters and optimizer (estimate/recipes.py)
         t.set("recipe", "trl-sft", "model_name_or_path")
         t.set("loss", "standard", "loss_type")
-    if r.boolean("use_liger_kernel", False):
-        t.approx("use_liger_kernel", "Liger's RMSNorm, RoPE and SwiGLU kernels are not modelled; the loss stays TRL's "
-                 "fused LM head")
+    t.set("kernels", "liger" if r.boolean("use_liger_kernel", False) else "eager", "use_liger_kernel")
+    if r.get("liger_kernel_config") is not None:
+        t.approx("liger_kernel_config", "which of Liger's kernels: modelled as its RMSNorm, RoPE and SwiGLU all on, "
+                 "the loss TRL's fused LM head")
 
     # ----- several GPUs -----
     trainer_sharding(r, t)

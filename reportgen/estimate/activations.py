@@ -21,6 +21,8 @@ weights are trainable, and the attention kernel:
   Eager: q, k and v repeated to all heads, the fp32 softmax and its cast, i.e. O(s^2) per head.
 * SwiGLU: gate output (saved by SiLU), SiLU output and up output (saved by the product), and the
   product when ``down_proj`` is trainable. GeGLU (Gemma's ``gelu_pytorch_tanh``) saves the same.
+* ``kernels: liger`` (``liger.py``): Liger's RMSNorm saves its input and the fp32 ``rstd``, its
+  SwiGLU the gate and up outputs only.
 
 Family by family (``model.py`` ``FAMILIES``), the layer differs in the ops of ``ops.py``:
 
@@ -42,10 +44,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.estimate import dora, fusion, ops
+from reportgen.estimate import dora, fusion, liger, ops
 from reportgen.estimate.dtypes import Dtypes
 from reportgen.model import FP32_WEIGHTED_NORM, GEMMA_NORM, Linear, ModelSpec
-from reportgen.setup import Attention, Modeling, TrainingSetup
+from reportgen.setup import Attention, Kernels, Modeling, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,12 @@ class LayerActivations:
                 + self.constant)
 
 
-def _norm(model: ModelSpec, width: int, in_bytes: int, dt: Dtypes, input_grad: bool, rows: int = 1) -> int:
-    """Bytes per token one of the model's RMSNorms saves (``ops.rms_norm``)."""
+def _norm(model: ModelSpec, width: int, in_bytes: int, dt: Dtypes, input_grad: bool, rows: int = 1,
+          lg: bool = False) -> int:
+    """Bytes per token one of the model's RMSNorms saves (``ops.rms_norm``; ``lg``: Liger's,
+    ``liger.rms_norm_saved``)."""
+    if lg:
+        return liger.rms_norm_saved(width, in_bytes, rows, input_grad or dt.trainable_base)
     return ops.rms_norm(width, in_bytes, rows, dt, input_grad, model.family in FP32_WEIGHTED_NORM)
 
 
@@ -159,8 +165,9 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     input_grad = not (first_layer and setup.is_peft and not setup.grad_ckpt)
     q_req, k_req, v_req = (True, True, True) if input_grad else _qkv_requires_grad(model, lora)
 
-    per_token, const, fc1_out = _attention_input(model, dt, lins, lora, rank, input_grad)
-    t, k = _qk_norms(model, dt, q_req, k_req)
+    lg = setup.kernels is Kernels.liger
+    per_token, const, fc1_out = _attention_input(model, dt, lins, lora, rank, input_grad, lg)
+    t, k = _qk_norms(model, dt, q_req, k_req, lg)
     per_token, const = per_token + t, const + k
     t, per_sq, o_shared = _attention_core(model, setup, dt, attn, masked, q_req, k_req, v_req)
     per_token += t
@@ -171,7 +178,7 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     # does the residual stream need a gradient after the attention block? Always, except in the
     # first layer of LoRA when no attention projection has an adapter
     stream_grad = input_grad or q_req or k_req or v_req or model.attn_out_name in lora
-    t, k = _mlp_block(model, dt, lins, lora, rank, input_grad, stream_grad, fc1_out)
+    t, k = _mlp_block(model, dt, lins, lora, rank, input_grad, stream_grad, fc1_out, lg)
     per_token, const = per_token + t, const + k
     for lin in dora.adapted_linears(model, setup):  # DoRA's norm vectors (and dropout's weight copies)
         grad = input_grad or lin.name not in model.attn_in_names()
@@ -183,7 +190,7 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
 
 
 def _attention_input(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[str], rank: int,
-                     input_grad: bool) -> tuple[int, int, int]:
+                     input_grad: bool, lg: bool = False) -> tuple[int, int, int]:
     """``(per token, constant, fc1's output dtype)``: the attention block's pre-norm and the inputs
     its projections save (Phi-2: one LayerNorm feeds attention and ``fc1``)."""
     h, c, fam = model.hidden_size, dt.compute, model.family
@@ -205,14 +212,14 @@ def _attention_input(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora
         fc1_out = attn_in if dt.quantized else c
     else:
         if fam != "olmo2":  # Olmo2DecoderLayer has no pre-norms: q, k, v read the residual stream
-            per_token += _norm(model, h, dt.stream, dt, input_grad)
+            per_token += _norm(model, h, dt.stream, dt, input_grad, lg=lg)
             const += _norm_const(model, h) if input_grad else 0
         per_token += _linear_group(h, dt.stream, [lins[n] for n in model.attn_in_names()], lora, dt, rank,
                                    input_grad=input_grad)
     return per_token, const, fc1_out
 
 
-def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool) -> tuple[int, int]:
+def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool, lg: bool = False) -> tuple[int, int]:
     """``(per token, constant)`` of the q/k norms (Qwen3, Qwen3-MoE and Gemma 3 per head; OLMo 2
     over the whole width)."""
     per_token = const = 0
@@ -221,7 +228,7 @@ def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool) -> tuple[i
         per_head = model.family != "olmo2"
         qk_dt = dt.stream if dt.quantized else dt.compute  # a 4-bit q/k projection returns its input's dtype
         for req, heads in ((q_req, nq), (k_req, nkv)):
-            per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1)
+            per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1, lg=lg)
             const += _norm_const(model, hd) if req else 0  # Gemma 3: 1 + weight over head_dim
     return per_token, const
 
@@ -287,7 +294,7 @@ def _attention_core(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: At
 
 
 def _mlp_block(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[str], rank: int,
-               input_grad: bool, stream_grad: bool, fc1_out: int) -> tuple[int, int]:
+               input_grad: bool, stream_grad: bool, fc1_out: int, lg: bool = False) -> tuple[int, int]:
     """``(per token, constant)`` from the attention output on: the norms between attention and MLP,
     the MLP (dense, MoE or Phi-2's), the norm after it and MoE's offsets."""
     h, c, fam = model.hidden_size, dt.compute, model.family
@@ -300,7 +307,7 @@ def _mlp_block(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[
     elif fam == "olmo2":  # post_attention_layernorm on the attention output
         per_token += _norm(model, h, c, dt, True)
     elif fam != "phi":  # post_attention_layernorm: the MLP's pre-norm
-        per_token += _norm(model, h, dt.stream, dt, stream_grad)
+        per_token += _norm(model, h, dt.stream, dt, stream_grad, lg=lg)
         const += _norm_const(model, h) if stream_grad else 0
 
     # --- MLP block -----------------------------------------------------------------------------
@@ -319,8 +326,8 @@ def _mlp_block(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora: set[
         # from an fp32 stream (QLoRA prepared by peft or TRL), where an nn.Linear under autocast
         # returns the compute dtype; the activation and the product then run in fp32
         mlp_dt = dt.stream if dt.quantized else c
-        if mlp_grad:
-            per_token += 3 * mlp_dt * i  # gate (or gate_up storage), act output, up
+        if mlp_grad:  # gate (or gate_up storage), act output, up; Liger's SwiGLU keeps no act output
+            per_token += liger.swiglu_saved(i, mlp_dt) if lg else 3 * mlp_dt * i
         per_token += _linear_group(i, mlp_dt, [lins[model.mlp_out_name]], lora, dt, rank, input_grad=mlp_grad)
     if four_norms or fam == "olmo2":  # post_feedforward_layernorm on the MLP output
         per_token += _norm(model, h, c, dt, True)
@@ -474,7 +481,7 @@ def fixed_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, head_m
         ln_token, ln_const, head_in = ops.layer_norm(h, dt)
         saved += ln_token * t + ln_const
     else:
-        saved += _norm(model, h, dt.stream, dt, True) * t + _norm_const(model, h)
+        saved += _norm(model, h, dt.stream, dt, True, lg=setup.kernels is Kernels.liger) * t + _norm_const(model, h)
         head_in = dt.stream
     if dt.trainable_base and head_module:  # lm_head input
         saved += (dt.compute if dt.autocast and head_in != dt.compute else head_in) * h * t

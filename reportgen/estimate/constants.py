@@ -110,24 +110,26 @@ CACHED_AFTER_RELEASE = 0.5
 #:   x16, six of them were fitted and put GA10x GeForce at 0.8156 (efficiencies down to 0.15: the link, not the
 #:   GEMMs). With x8 as the slowest reading, 11 rows: 0.925, leave-one-source-out of the pooled rate 9.4 %;
 #: * Ada GeForce alone 1.0, AT THE CAP: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4),
-#:   leave-one-out 6.5 %;
+#:   leave-one-out 8.9 %; its two big sources disagree: fsdp_qlora's 7B-70B QLoRA pairs reach their tokens/s
+#:   only at the cap, llmq's Qwen2.5 0.5B/1.5B runs (hidden 896/1536, Liger's kernels on) at 0.70-0.81;
 #: * Turing GeForce alone 0.7995: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out
 #:   11.3 %;
-#: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 1.0, AT THE CAP, from 27 rows
-#:   (over half the rows reach their tokens/s only at or above the datasheet peak: GeForce cards boost past the
-#:   clock their datasheet peak is quoted at, and the model's memory-bound and launch time is long for them),
-#:   leave-one-out 6.5 % (0.9825 and 9.8 % from 33 rows with the link-bound pairs). Leave-one-source-out of this
-#:   pooled fit (each source's rows predicted from the others'): Ada GeForce 6.8 % (signed -6.8 %), GA10x
-#:   GeForce 4.6 % (signed +3.8 %), Turing GeForce 8.6 % (3 rows); fitted per generation instead: 6.5 %,
-#:   6.9 %, 6.0 %. These rows' dispatch is priced on the default desktop host (``dispatch.py``);
+#: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 0.9501 from 27 rows,
+#:   leave-one-out 7.5 %. It was 1.0, at the cap, until the runs that used Liger's (llmq, via LLaMA-Factory's
+#:   enable_liger_kernel) or equivalent fused kernels (tinyllama's TINY_FUSED_*) were estimated with them
+#:   (``kernels: liger``, ``liger.py``): their memory-bound time had been priced at transformers' eager
+#:   RMSNorm/RoPE/SwiGLU, and the GEMM rate made up for it. Leave-one-source-out of the pooled fit: Ada GeForce
+#:   18.5 % (signed -15.3 %; NOT within 12 %: holding out fsdp_qlora leaves llmq's small-GEMM rows, and the other
+#:   way round; one GEMM efficiency for every shape cannot hold both), GA10x GeForce 6.4 % (signed -4.9 %),
+#:   Turing GeForce 7.1 % (3 rows). These rows' dispatch is priced on the default desktop host (``dispatch.py``);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %;
-#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.6955 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
-#:   (one source; the multi-card rows fold DDP's all-reduce, which the estimate hides entirely, into the GEMM
-#:   rate: 0.99, 0.70, 0.59), leave-one-out 20.9 %; the A6000 keeps Ampere GA100's 0.7434.
+#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5155 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
+#:   (one source; the multi-card rows fold DDP's lost scaling, 17 % and 25 % a card, which the estimate hides
+#:   entirely, into the GEMM rate: 0.66, 0.52, 0.46), leave-one-out 21.0 %; the A6000 keeps Ampere GA100's 0.7434.
 #: the GeForce generations that ship the pooled fit above (one efficiency for all of them)
 GEFORCE_POOLED = ("turing-geforce", "ampere-ga10x-geforce", "ada-geforce")
-MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 1.0, "ampere-ga10x-geforce": 1.0, "ada-geforce": 1.0,
+MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 0.9501, "ampere-ga10x-geforce": 0.9501, "ada-geforce": 0.9501,
                      "ampere-ga100": 0.7434}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
 _GEFORCE_EVIDENCE = ("27 published runs on RTX 2080 Tis, 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
@@ -146,8 +148,9 @@ UNFITTED_EVIDENCE = {
     "turing": ("the only compared run on a Turing card outside GeForce (Axolotl's Qwen3-14B QLoRA Colab example on a "
                "T4) ran at least 20 % faster than this rate gives (its Triton LoRA kernels are not modelled; its clock "
                "includes two checkpoint saves): too few to fit"),
-    "ampere-ga10x": ("whyNLP/tinyllama's runs on 1, 4 and 8 RTX A6000s are estimated -14 %, +4 % and +15 % in "
-                     "tokens/s with it (one source: not fitted)"),
+    "ampere-ga10x": ("whyNLP/tinyllama's runs on 1, 4 and 8 RTX A6000s are estimated +9 %, +32 % and +45 % in "
+                     "tokens/s with it (one source: not fitted; its 4- and 8-card runs lose 17 % and 25 % a card "
+                     "to DDP, which the estimate hides)"),
 }
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same

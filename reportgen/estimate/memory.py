@@ -43,6 +43,7 @@ from reportgen.estimate import activations as act
 from reportgen.estimate import constants as K
 from reportgen.estimate import dora as DORA
 from reportgen.estimate import host as HOST
+from reportgen.estimate import liger as LG
 from reportgen.estimate import params as P
 from reportgen.estimate import recipes as RC
 from reportgen.estimate import sharding as SH
@@ -52,7 +53,7 @@ from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, loss_logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
-from reportgen.setup import Attention, KbitPrep, Method, Offload, Optimizer, Sharding, TrainingSetup
+from reportgen.setup import Attention, KbitPrep, Kernels, Method, Offload, Optimizer, Sharding, TrainingSetup
 
 
 #: keys of ``MemoryEstimate.as_dict()`` that are totals or side figures, not memory terms
@@ -144,7 +145,9 @@ def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, a
     t = setup.batch * setup.seq
     h, i, c = model.hidden_size, model.intermediate_size * max(1, model.experts_per_token), dt.compute
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
-    work = t * (2 * dt.stream * h + 3 * c * i)
+    liger_on = setup.kernels is Kernels.liger
+    mlp_grads = LG.MLP_BACKWARD_GRADIENTS if liger_on else 3
+    work = t * (2 * dt.stream * h + mlp_grads * c * i)
     if setup.is_peft and model.num_experts:
         # the gradient of one merged expert tensor (act.expert_wrapper_bytes) at a time: down's, then
         # gate_up's, each freed before the next
@@ -499,6 +502,8 @@ def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: A
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
+    if recompute and setup.kernels is Kernels.liger and model.family != "olmo2":  # Liger's pre-norm saves the layer's input,
+        recompute -= act.checkpointed_layer(model, setup, dt, first_layer=False)  # which the checkpoint holds
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
     lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else loss_logits_memory(
@@ -647,6 +652,7 @@ def estimate_memory(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec,
     In three steps: the parameter-side terms placed on the GPUs and the host (``device_placement``),
     the step's timeline of allocated bytes (``timeline``), and the allocator's reserve over its peak
     (``reserved_memory``)."""
+    LG.check(model, setup)
     dt = dtypes_for(setup, libs)
     attn, note = effective_attention(model, setup)
     notes = setup_notes(model, setup, note)

@@ -62,7 +62,7 @@ from reportgen.estimate import params as P
 from reportgen.estimate.activations import sdpa_kernel, sdpa_kv_repeated, sdpa_masked_layers
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.model import Linear, ModelSpec
-from reportgen.setup import Attention, Method, Optimizer, TrainingSetup
+from reportgen.setup import Attention, Kernels, Method, Optimizer, TrainingSetup
 
 #: a GEMM whose arithmetic intensity (FLOPs per byte of its operands and output) is at most this is
 #: memory-bound on the catalog's cards: its bytes count, not its FLOPs. The ridge point of a card is
@@ -220,6 +220,32 @@ def rope(t: float, width: int, c: int, table: int) -> tuple[Work, Work]:
     fbytes = t * width * ((c + o) + c + 2 * c + (c + o) + 3 * o)
     bbytes = t * width * ((c + o) + c + 3 * c + 3 * c + (c + o) + 3 * c + (2 * (o + c) if cast else 0))
     return _k(5, fbytes, views=4), _k(7 + 2 * cast, bbytes, views=4)
+
+
+def liger_rms_norm(t: float, width: int, x: int, rows: int, w: int) -> tuple[Work, Work]:
+    """(forward, backward) of Liger's RMSNorm (``liger.py``) over ``width`` features of ``t`` tokens in
+    ``x``-byte input, ``rows`` groups a token, a ``w``-byte weight: one kernel reads ``X`` and writes
+    ``Y`` and the fp32 ``rstd``; the backward kernel reads ``dY``, ``X``, ``rstd`` and writes ``dX``, then
+    ``_dW.sum(0)`` and, for a 16-bit weight, ``.to(W.dtype)`` (the ``sm_count x width`` partials are
+    under a token's worth: not counted). Each way one ``autograd.Function`` call.
+    Llama 3.2 1B, bf16, 4,096 tokens: forward 4096 x (2048 x 4 + 4) = 33,570,816 bytes, 1 kernel."""
+    fwd = Work(kernels=1, views=2, bytes=t * width * 2 * x + t * rows * 4, calls=1)
+    bwd = Work(kernels=2 + (w != 4), views=2, bytes=t * width * 3 * x + t * rows * 4, calls=1)
+    return fwd, bwd
+
+
+def liger_rope(t: float, q_width: float, k_width: float, c: int, head_dim: int) -> tuple[Work, Work]:
+    """Liger's RoPE (``liger.py``): one kernel rotates q and k in place each way, reading the
+    ``cos``/``sin`` rows of each token (``head_dim`` wide, ``c`` bytes); one Function call each way."""
+    bytes_ = t * ((q_width + k_width) * 2 * c + 2 * head_dim * c)
+    return Work(kernels=1, views=6, bytes=bytes_, calls=1), Work(kernels=1, views=6, bytes=bytes_, calls=1)
+
+
+def liger_swiglu(rows: float, width: int, act: int) -> tuple[Work, Work]:
+    """Liger's SwiGLU (``liger.py``): forward reads gate and up and writes the product (``3 x I``);
+    the backward reads ``dc``, gate and up and writes both gradients in place (``5 x I``)."""
+    return (Work(kernels=1, views=3, bytes=rows * width * 3 * act, calls=1),
+            Work(kernels=1, views=3, bytes=rows * width * 5 * act, calls=1))
 
 
 @dataclass(frozen=True)
@@ -482,6 +508,14 @@ def _input_group(t: float, width: int, x: int, consumers: int, grad_dtype: int) 
     return _k(n, n * t * width * 3 * grad_dtype)
 
 
+def mlp_activation(model: ModelSpec, rows: float, width: int, act: int) -> tuple[Work, Work]:
+    """SwiGLU / GeGLU in eager ATen ops: ``act(gate)`` and the product (Phi-2's ``fc1 -> gelu``: the
+    activation only), over ``rows x width`` elements of ``act`` bytes."""
+    n_act = 1 if model.family == "phi" else 2
+    return (_k(n_act, rows * width * (2 * act + (3 * act if n_act == 2 else 0))),
+            _k(n_act + 1, rows * width * (3 * act + (6 * act if n_act == 2 else 0))))
+
+
 def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attention, batch: int, seq: int,
                input_grad: bool = True) -> tuple[Work, Work]:
     """(forward, backward) of one decoder layer for a micro-batch of ``batch x seq`` tokens."""
@@ -490,7 +524,11 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     lins = {lin.name: lin for lin in model.layer_linears()}
     fp32w = model.family in ("gemma", "gemma2", "gemma3", "olmo2")
     norm_train = dt.trainable_base
+    lg = setup.kernels is Kernels.liger
     fwd, bwd = Work(), Work()
+
+    def norm(width: int, x: int, rows: int = 1) -> tuple[Work, Work]:
+        return liger_rms_norm(t, width, x, rows, dt.base) if lg else rms_norm(t, width, x, norm_train, fp32w)
 
     def add(pair):
         nonlocal fwd, bwd
@@ -506,18 +544,20 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
         return out
 
     if model.family != "olmo2":  # Olmo2DecoderLayer has no pre-norms
-        add(rms_norm(t, h, s, norm_train, fp32w))
+        add(norm(h, s))
     if not input_grad:  # the pre-norm's backward is not run either
-        bwd += rms_norm(t, h, s, norm_train, fp32w)[1] * -1
+        bwd += norm(h, s)[1] * -1
     qkv_out = linears(model.attn_in_names(), s, input_grad)
     if model.qk_norm_widths:
         q_w, k_w = model.qk_norm_widths
         per_head = model.family != "olmo2"
-        add(rms_norm(t, model.q_dim if per_head else q_w, qkv_out, norm_train, fp32w))
-        add(rms_norm(t, model.kv_dim if per_head else k_w, qkv_out, norm_train, fp32w))
+        add(norm(model.q_dim if per_head else q_w, qkv_out, model.num_heads if per_head else 1))
+        add(norm(model.kv_dim if per_head else k_w, qkv_out, model.num_kv_heads if per_head else 1))
     rot = model.rotary_dim / model.head_dim
     table = 4 if model.family == "olmo2" else s
-    for width in (model.q_dim, model.kv_dim):
+    if lg:
+        add(liger_rope(t, model.q_dim, model.kv_dim, qkv_out, model.head_dim))
+    for width in () if lg else (model.q_dim, model.kv_dim):
         add(rope(t, width * rot, qkv_out, table))
     qk = _promote(qkv_out, table)
     add(attention_core(model, setup, attn, batch, seq, c, qk))
@@ -525,7 +565,7 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     # residual add (stream + attention output) and the norms between attention and MLP
     add((_k(1, t * h * (s + o_out + s)), _k(1, t * h * 3 * s)))
     if model.family not in ("olmo2", "phi"):  # post_attention_layernorm (Gemma 2/3: pre_feedforward_layernorm)
-        add(rms_norm(t, h, s, norm_train, fp32w))
+        add(norm(h, s))
     i = model.intermediate_size
     rows = t  # tokens through the MLP's linears (MoE: each token through its top-k experts)
     if model.num_experts:  # the router, its softmax and top-k, the dispatch to the experts and back
@@ -539,11 +579,7 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     else:
         up_out = linears(model.mlp_in_names(), s, True)
     act = up_out if dt.quantized else c
-    # SwiGLU / GeGLU: act(gate) and the product (Phi-2's fc1 -> gelu: the activation only)
-    n_act = 1 if model.family == "phi" else 2
-    fwd_act = _k(n_act, rows * i * (2 * act + (3 * act if n_act == 2 else 0)))
-    bwd_act = _k(n_act + 1, rows * i * (3 * act + (6 * act if n_act == 2 else 0)))
-    add((fwd_act, bwd_act))
+    add(liger_swiglu(rows, i, act) if lg else mlp_activation(model, rows, i, act))
     if model.num_experts:
         down = dataclasses.replace(lins["experts.down_proj"], count=1)
         add(linear_unit(rows, _Lin(down, act, down.name in lora, True), setup, dt)[:2])
@@ -586,7 +622,8 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     never writes the logits to HBM (its kernels read the chunk's logits once each way). Adapters on the
     head and a 4-bit head (``quant_head``) are not counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
-    norm_f, norm_b = rms_norm(t, h, s, dt.trainable_base, model.family in ("gemma", "gemma2", "gemma3", "olmo2"))
+    norm_f, norm_b = liger_rms_norm(t, h, s, 1, dt.base) if setup.kernels is Kernels.liger else rms_norm(
+        t, h, s, dt.trainable_base, model.family in ("gemma", "gemma2", "gemma3", "olmo2"))
     emb_f = _k(1 + (1 if model.family in ("gemma", "gemma2", "gemma3") else 0), t * h * s * 2)
     # the model's prologue: position ids, the causal mask's checks and the RoPE table (``rotary_emb``:
     # arange, cumsum, the inverse frequencies' outer product, cat, cos, sin, scaling, casts)

@@ -52,7 +52,7 @@ GROUPS = (
     ("LoRA", ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora")),
     ("QLoRA", ("quant", "double_quant", "quant_head", "kbit_prep")),
     ("Batch and sequence", ("batch", "seq", "accum", "padding", "seq_mean", "seq_padded")),
-    ("Memory savers", ("grad_ckpt", "attn", "loss", "offload", "act_offload")),
+    ("Memory savers", ("grad_ckpt", "attn", "loss", "kernels", "offload", "act_offload")),
     ("Training loop", ("recipe", "modeling", "rope_positions", "keep_outputs", "optimizer_in_backward", "compile")),
     ("GPUs", ("gpus", "sharding", "fsdp_param_dtype")),
     ("The whole run", ("eval_batch", "eval_seq", "eval_generate", "save", "load")),

@@ -107,6 +107,9 @@ def check_recipe_traced(setup, torchtune_recipe: bool = False) -> None:
     """Refuse the losses the tracer does not run (chunked-compiled, no-upcast: they would be traced as the standard
     loss), torchtune's model outside torchtune's own recipe (the loop traces transformers' model), and recipe grpo's
     vLLM generation (``trace/grpo.check_grpo_traced``)."""
+    if setup.kernels.value == "liger":
+        raise UserError("reportgen trace: kernels=liger runs Liger-Kernel's Triton kernels, which the trace does not "
+                        "emulate", hint="reportgen estimate models them (estimate/liger.py)")
     if setup.modeling.value == "torchtune" and not torchtune_recipe:
         raise UserError("reportgen trace: modeling=torchtune is torchtune's own model; the harness's loop traces "
                         "transformers' model", hint="reportgen trace --recipe torchtune --from YOUR_TORCHTUNE.yaml "

@@ -1,0 +1,126 @@
+"""Liger-Kernel's layer kernels (``kernels: liger``, ``estimate/liger.py``): what they save, what they move,
+which configs turn them on, and what is refused. The numbers are read from Liger-Kernel 0.6.4's code
+(``ops/rms_norm.py``, ``ops/rope.py``, ``ops/swiglu.py``); the kernels are Triton and need a GPU, so these
+CPU tests pin the worked examples of the docstrings rather than run the kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from reportgen import catalog
+from reportgen.configs import setup_from, translate_file
+from reportgen.configs.reverse import axolotl_keys, llamafactory_keys, trl_keys
+from reportgen.errors import UserError
+from reportgen.estimate import activations as act
+from reportgen.estimate import estimate, liger
+from reportgen.estimate import work as W
+from reportgen.estimate.dtypes import dtypes_for
+from reportgen.estimate.memory import backward_working_bytes
+from reportgen.setup import Attention, SetupError, TrainingSetup
+
+LLAMA_1B = catalog.load_model("llama-3.2-1b")  # hidden 2048, intermediate 8192
+
+
+def _setup(**kw) -> TrainingSetup:
+    return TrainingSetup(**{"method": "full", "precision": "bf16", "batch": 2, "seq": 2048, "padding": "packed", **kw})
+
+
+def test_liger_norm_saves_its_input_and_rstd_where_transformers_saves_an_fp32_copy_and_the_normalised_tensor():
+    # pure bf16 full fine-tuning, one norm over 2048 features: 2 x 2048 + 4 against 4 x 2048 + 4 + 2 x 2048
+    assert liger.rms_norm_saved(2048, 2, 1, True) == 4100
+    assert act.ops.rms_norm(2048, 2, 1, dtypes_for(_setup()), True, False) == 12292
+    assert liger.rms_norm_saved(2048, 2, 1, False) == 0  # no gradient wanted: no graph, nothing saved
+
+
+def test_a_llama_layer_saves_two_norms_and_one_swiglu_tensor_less():
+    """Per token of one Llama 3.2 1B layer, pure bf16: each of the two norms saves 12292 - 4100 = 8192 bytes
+    less, and SwiGLU drops silu(gate), 2 x 8192 bytes."""
+    dt = dtypes_for(_setup())
+    eager = act.layer_activations(LLAMA_1B, _setup(), dt).per_token
+    fused = act.layer_activations(LLAMA_1B, _setup(kernels="liger"), dt).per_token
+    assert eager - fused == 2 * 8192 + 2 * 8192
+
+
+def test_liger_swiglu_backward_holds_one_intermediate_gradient_instead_of_three():
+    s_e, s_l = _setup(), _setup(kernels="liger")
+    t, i = 2 * 2048, LLAMA_1B.intermediate_size
+    diff = (backward_working_bytes(LLAMA_1B, s_e, dtypes_for(s_e), Attention.sdpa)
+            - backward_working_bytes(LLAMA_1B, s_l, dtypes_for(s_l), Attention.sdpa))
+    assert diff == 2 * t * i * 2
+
+
+def test_liger_rms_norm_moves_one_read_and_one_write_a_feature():
+    fwd, bwd = W.liger_rms_norm(4096, 2048, 2, 1, 2)
+    assert (fwd.kernels, fwd.bytes) == (1, 4096 * (2048 * 4 + 4)) == (1, 33_570_816)
+    assert bwd.kernels == 3 and bwd.bytes == 4096 * (2048 * 6 + 4)  # kernel, _dW.sum, cast to the bf16 weight
+    assert W.liger_rms_norm(4096, 2048, 4, 1, 4)[1].kernels == 2  # an fp32 weight: no cast
+    eager_f, eager_b = W.rms_norm(4096, 2048, 2, True, False)
+    assert eager_f.kernels == 8 and eager_f.bytes > 8 * fwd.bytes and eager_b.bytes > 10 * bwd.bytes
+
+
+def test_liger_makes_a_memory_bound_step_faster_and_smaller_and_changes_no_flops():
+    m, g = catalog.load_model("tinyllama-1.1b"), catalog.load_gpu("rtx-3090")
+    e, f = (estimate(m, g, _setup(batch=4, kernels=k), reverse=False) for k in ("eager", "liger"))
+    assert f.time.compute_s == e.time.compute_s and f.time.memory_s < 0.5 * e.time.memory_s
+    assert 0.8 < f.time.step_s / e.time.step_s < 0.95
+    assert f.memory.terms["activations"] < e.memory.terms["activations"]
+
+
+@pytest.mark.parametrize("model", ["phi-2", "gemma-2b", "mixtral-8x7b"])
+def test_families_liger_is_not_modelled_for_are_refused_with_what_to_do(model):
+    with pytest.raises(UserError, match="modelled for model types llama, mistral, qwen2, qwen3") as e:
+        estimate(catalog.load_model(model), catalog.load_gpu("h100-sxm"), _setup(kernels="liger"), reverse=False)
+    assert "--kernels eager" in e.value.hint
+
+
+def test_liger_with_torchtunes_model_is_a_setup_error():
+    with pytest.raises(SetupError, match="kernels"):
+        TrainingSetup(kernels="liger", modeling="torchtune")
+
+
+def test_the_trace_and_the_harness_refuse_liger_naming_why():
+    from reportgen.measure.harness import check_supported
+    from reportgen.measure.optimizers import SetupNotSupported
+    from reportgen.trace.runner import check_recipe_traced
+
+    with pytest.raises(UserError, match="kernels=liger runs Liger-Kernel's Triton kernels"):
+        check_recipe_traced(_setup(kernels="liger"))
+    with pytest.raises(SetupNotSupported, match="not yet built by the harness"):
+        check_supported(_setup(kernels="liger"), "cuda")
+
+
+def _translated(tmp_path, name: str, text: str) -> TrainingSetup:
+    path = tmp_path / name
+    path.write_text(text)
+    return setup_from(translate_file(path))
+
+
+def test_trl_use_liger_kernel_turns_on_the_layer_kernels_and_keeps_trls_loss(tmp_path):
+    s = _translated(tmp_path, "trl.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_liger_kernel: true\n")
+    assert (s.kernels.value, s.loss.value, s.recipe.value) == ("liger", "standard", "trl-sft")
+
+
+@pytest.mark.parametrize("keys, kernels", [
+    ({"liger_rms_norm": True, "liger_rope": True, "liger_glu_activation": True}, "liger"),
+    ({"liger_rms_norm": True}, "eager"),  # one of three: transformers' modules, said in the report
+    ({}, "eager"),
+])
+def test_axolotl_turns_on_liger_when_all_three_layer_keys_are_on(tmp_path, keys, kernels):
+    text = "base_model: meta-llama/Llama-3.2-1B\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+    text += "".join(f"{k}: {str(v).lower()}\n" for k, v in keys.items())
+    path = tmp_path / "ax.yml"
+    path.write_text(text)
+    t = translate_file(path)
+    assert setup_from(t).kernels.value == kernels
+    assert any("only liger_rms_norm" in note for _, note in t.approximated) == (len(keys) == 1)
+
+
+def test_the_written_configs_turn_liger_on():
+    s = TrainingSetup(method="lora", kernels="liger", loss="fused")
+    assert trl_keys("llama-3.2-1b", s).keys["use_liger_kernel"] is True
+    ax = axolotl_keys("llama-3.2-1b", s).keys
+    assert ax["liger_rms_norm"] and ax["liger_rope"] and ax["liger_glu_activation"]
+    assert ax["liger_fused_linear_cross_entropy"]
+    lf = llamafactory_keys("llama-3.2-1b", TrainingSetup(method="lora", kernels="liger"))
+    assert lf.keys["enable_liger_kernel"] is True
+    assert any("no key for kernels liger with loss standard" in n for n in lf.notes)
