@@ -64,6 +64,7 @@ def test_liger_makes_a_memory_bound_step_faster_and_smaller_and_changes_no_flops
     assert f.time.compute_s == e.time.compute_s and f.time.memory_s < 0.5 * e.time.memory_s
     assert 0.8 < f.time.step_s / e.time.step_s < 0.95
     assert f.memory.terms["activations"] < e.memory.terms["activations"]
+    assert liger.NOTE in f.notes and liger.NOTE not in e.notes
 
 
 @pytest.mark.parametrize("model", ["phi-2", "gemma-2b", "mixtral-8x7b"])

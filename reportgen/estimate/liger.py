@@ -66,6 +66,10 @@ def swiglu_saved(width: int, act_bytes: int) -> int:
     return 2 * act_bytes * width
 
 
+#: what every estimate with ``kernels: liger`` says of it
+NOTE = ("kernels liger: Liger-Kernel's RMSNorm, RoPE and SwiGLU priced from its code (0.6.4: one Triton kernel "
+        "each way, less saved); not yet measured by this project on a GPU")
+
 #: the ``T x I`` gradients alive inside one layer's MLP backward: ``dc`` only (``da`` and ``db``
 #: overwrite the saved ``a`` and ``b``), where the eager MLP holds gate, up and product gradients
 MLP_BACKWARD_GRADIENTS = 1

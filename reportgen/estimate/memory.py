@@ -378,6 +378,8 @@ def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | No
             lin.name in model.lora_selection(setup.lora_targets).linears for lin in model.layer_linears()
             if lin.count > 1 or lin.name == "router"):
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
+    if setup.kernels is Kernels.liger:
+        notes.append(LG.NOTE)
     return notes
 
 
