@@ -736,6 +736,8 @@ class TrainingSetup:
             parts.append(self.attn.value)
         if self.loss != Loss.standard:
             parts.append(f"{self.loss.value}-ce")
+        if self.kernels == Kernels.liger:
+            parts.append("liger")
         parts.append(f"b{self.batch} s{self.seq}")
         if self.accum > 1:
             parts.append(f"ga{self.accum}")

@@ -74,6 +74,11 @@ def test_families_liger_is_not_modelled_for_are_refused_with_what_to_do(model):
     assert "--kernels eager" in e.value.hint
 
 
+def test_the_case_label_says_liger():
+    assert "fused-ce liger b2 s2048" in _setup(kernels="liger", loss="fused").short()
+    assert "liger" not in _setup().short()
+
+
 def test_liger_with_torchtunes_model_is_a_setup_error():
     with pytest.raises(SetupError, match="kernels"):
         TrainingSetup(kernels="liger", modeling="torchtune")
