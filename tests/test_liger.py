@@ -84,15 +84,76 @@ def test_liger_with_torchtunes_model_is_a_setup_error():
         TrainingSetup(kernels="liger", modeling="torchtune")
 
 
-def test_the_trace_and_the_harness_refuse_liger_naming_why():
+def test_the_trace_refuses_liger_and_the_harness_needs_cuda():
     from reportgen.measure.harness import check_supported
     from reportgen.measure.optimizers import SetupNotSupported
     from reportgen.trace.runner import check_recipe_traced
 
     with pytest.raises(UserError, match="kernels=liger runs Liger-Kernel's Triton kernels"):
         check_recipe_traced(_setup(kernels="liger"))
-    with pytest.raises(SetupNotSupported, match="not yet built by the harness"):
-        check_supported(_setup(kernels="liger"), "cuda")
+    with pytest.raises(SetupNotSupported, match="kernels='liger' uses Liger-Kernel's Triton kernels, which need a CUDA"):
+        check_supported(_setup(kernels="liger"), "cpu")
+
+
+class _Module:
+    """A stand-in module: ``forward``'s ``__module__`` says who wrote it, as a bound method's does."""
+
+    def __init__(self, owner: str):
+        def forward():
+            return None
+        forward.__module__ = owner
+        self.forward = forward
+
+
+class _Model:
+    def __init__(self, owners: list[str]):
+        self.config = type("C", (), {"model_type": "llama"})()
+        self._modules = [_Module(o) for o in owners]
+
+    def modules(self):
+        return iter(self._modules)
+
+
+def _fake_liger(monkeypatch, patch_to: str):
+    """A liger_kernel whose instance patch rewrites every module's forward to ``patch_to``'s, recording its kwargs."""
+    import sys
+    import types
+
+    seen = {}
+
+    def apply(model, **kw):
+        seen.update(kw)
+        for m in model.modules():
+            m.forward.__module__ = patch_to
+    pkg, sub = types.ModuleType("liger_kernel"), types.ModuleType("liger_kernel.transformers")
+    sub._apply_liger_kernel_to_instance = apply
+    monkeypatch.setitem(sys.modules, "liger_kernel", pkg)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", sub)
+    return seen
+
+
+def test_the_harness_patches_the_layer_kernels_only_and_refuses_a_model_liger_left_alone(monkeypatch):
+    from reportgen.measure.liger import apply_layer_kernels
+    from reportgen.measure.optimizers import SetupNotSupported
+
+    seen, notes = _fake_liger(monkeypatch, "liger_kernel.transformers.rms_norm"), []
+    apply_layer_kernels(_Model(["transformers.models.llama.modeling_llama"] * 3), notes)
+    assert seen["rms_norm"] and seen["rope"] and seen["swiglu"] and not seen["fused_linear_cross_entropy"]
+    assert notes == ["Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels (3 modules patched)"]
+    _fake_liger(monkeypatch, "transformers.models.phi.modeling_phi")  # Liger logs and patches nothing
+    with pytest.raises(SetupNotSupported, match="patched no module"):
+        apply_layer_kernels(_Model(["transformers.models.phi.modeling_phi"]), [])
+
+
+def test_the_harness_names_the_package_when_liger_is_not_installed(monkeypatch):
+    import sys
+
+    from reportgen.measure.liger import apply_layer_kernels
+    from reportgen.measure.optimizers import SetupNotSupported
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    with pytest.raises(SetupNotSupported, match="pip install liger-kernel"):
+        apply_layer_kernels(_Model([]), [])
 
 
 def _translated(tmp_path, name: str, text: str) -> TrainingSetup:

@@ -172,11 +172,9 @@ def check_supported(setup: TrainingSetup, device: str, world_size: int = 1, *, c
     if setup.modeling.value != "transformers":
         raise SetupNotSupported("modeling=torchtune (torchtune's own model) is modelled by the estimator and traced by "
                                 "reportgen trace --recipe torchtune; the harness builds transformers' models")
-    if setup.loss.value == "fused" and device != "cuda":
-        raise SetupNotSupported("loss='fused' uses Liger-Kernel's Triton kernels, which need a CUDA device")
-    if setup.kernels.value == "liger":
-        raise SetupNotSupported("kernels='liger' (Liger's RMSNorm, RoPE and SwiGLU) is modelled by the estimator "
-                                "(estimate/liger.py) but not yet built by the harness")
+    if (setup.loss.value == "fused" or setup.kernels.value == "liger") and device != "cuda":
+        what = "loss='fused'" if setup.loss.value == "fused" else "kernels='liger'"
+        raise SetupNotSupported(f"{what} uses Liger-Kernel's Triton kernels, which need a CUDA device")
     if setup.recipe.value != "loop" and setup.gpus > 1:
         raise SetupNotSupported(f"recipe {setup.recipe.value}: the trainer is measured on one GPU (its accelerate "
                                 "launch on several is not run by the harness)")
@@ -390,6 +388,10 @@ def _build(spec, setup: TrainingSetup, fault: str | None, dev: _Device, dist, me
         built = build(spec, setup, dev.name)
     else:
         built = build(spec, setup, dev.name, quant_storage=dist.quant_storage(setup))
+    if setup.kernels.value == "liger":
+        from reportgen.measure.liger import apply_layer_kernels
+
+        apply_layer_kernels(built.model, built.notes)
     out = _Model(built.model, built)
     if setup.recipe.value != "loop":
         import tempfile
