@@ -67,11 +67,42 @@ def test_liger_makes_a_memory_bound_step_faster_and_smaller_and_changes_no_flops
     assert liger.NOTE in f.notes and liger.NOTE not in e.notes
 
 
-@pytest.mark.parametrize("model", ["phi-2", "gemma-2b", "mixtral-8x7b"])
-def test_families_liger_is_not_modelled_for_are_refused_with_what_to_do(model):
+@pytest.mark.parametrize("model", ["gemma-2b", "mixtral-8x7b", "phi-3-mini", "olmo-2-7b"])
+def test_families_liger_patches_with_kernels_not_modelled_are_refused_with_what_to_do(model):
     with pytest.raises(UserError, match="modelled for model types llama, mistral, qwen2, qwen3") as e:
         estimate(catalog.load_model(model), catalog.load_gpu("h100-sxm"), _setup(kernels="liger"), reverse=False)
     assert "--kernels eager" in e.value.hint
+
+
+def test_a_model_type_liger_has_no_kernels_for_runs_transformers_modules_and_says_so():
+    m, g = catalog.load_model("phi-2"), catalog.load_gpu("h100-sxm")
+    e, f = (estimate(m, g, _setup(kernels=k), reverse=False) for k in ("eager", "liger"))
+    assert (f.memory.peak_allocated, f.time.step_s) == (e.memory.peak_allocated, e.time.step_s)
+    assert any("no kernels for model type 'phi'" in n for n in f.notes)
+
+
+def test_qwen3_q_k_norms_stay_transformers_as_the_instance_patch_leaves_them():
+    """Liger's instance patch replaces the model's, input and post-attention norms of each Qwen3 layer, not
+    q_norm/k_norm: per token of a layer, only the two layer norms' and SwiGLU's savings."""
+    q = catalog.load_model("qwen3-8b")
+    dt = dtypes_for(_setup())
+    eager = act.layer_activations(q, _setup(), dt).per_token
+    fused = act.layer_activations(q, _setup(kernels="liger"), dt).per_token
+    h, i = q.hidden_size, q.intermediate_size
+    assert eager - fused == 2 * (4 * h + 4 + 2 * h - (2 * h + 4)) + 2 * i
+    assert liger.QWEN3_NOTE in liger.note(q)
+
+
+def test_liger_rope_keeps_q_and_k_in_their_dtype_for_attention():
+    """bf16-mixed full fine-tuning: the RoPE table is fp32 (the stream's), so transformers' rotation returns
+    fp32 q and k that are cast back for SDPA; Liger rotates them in place in bf16: no casts."""
+    s = TrainingSetup(method="full", precision="bf16-mixed", batch=2, seq=2048)
+    e = W.layer_work(LLAMA_1B, s, dtypes_for(s), Attention.sdpa, 2, 2048)[0]
+    f = W.layer_work(LLAMA_1B, s.model_copy(update={"kernels": "liger"}), dtypes_for(s), Attention.sdpa, 2, 2048)[0]
+    rope_e = W.rope(4096, LLAMA_1B.q_dim, 2, 4)[0] + W.rope(4096, LLAMA_1B.kv_dim, 2, 4)[0]
+    norm_e = W.rms_norm(4096, LLAMA_1B.hidden_size, 4, True, False)[0]  # the fp32 stream: no casts, 6 kernels
+    # two norms, RoPE (q and k in one kernel), SwiGLU (act and product in one), and the casts of q and k for SDPA
+    assert e.kernels - f.kernels == 2 * (norm_e.kernels - 1) + (rope_e.kernels - 1) + (2 - 1) + 2 == 22
 
 
 def test_the_case_label_says_liger():
@@ -167,19 +198,40 @@ def test_trl_use_liger_kernel_turns_on_the_layer_kernels_and_keeps_trls_loss(tmp
     assert (s.kernels.value, s.loss.value, s.recipe.value) == ("liger", "standard", "trl-sft")
 
 
-@pytest.mark.parametrize("keys, kernels", [
-    ({"liger_rms_norm": True, "liger_rope": True, "liger_glu_activation": True}, "liger"),
-    ({"liger_rms_norm": True}, "eager"),  # one of three: transformers' modules, said in the report
-    ({}, "eager"),
+@pytest.mark.parametrize("keys, plugin, kernels, approx", [
+    ({"liger_rms_norm": True, "liger_rope": True, "liger_glu_activation": True}, True, "liger", None),
+    ({"liger_rms_norm": True, "liger_rope": True, "liger_swiglu": True}, True, "liger", None),  # the old name
+    ({"liger_rms_norm": True}, True, "eager", "only liger_rms_norm"),  # one of three: an upper bound
+    ({"liger_rms_norm": True, "liger_rope": True, "liger_glu_activation": True}, False, "eager", "act only with"),
+    ({}, True, "eager", None),
 ])
-def test_axolotl_turns_on_liger_when_all_three_layer_keys_are_on(tmp_path, keys, kernels):
-    text = "base_model: meta-llama/Llama-3.2-1B\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+def test_axolotl_turns_on_liger_with_its_plugin_and_all_three_layer_keys(tmp_path, keys, plugin, kernels, approx):
+    text = "base_model: meta-llama/Llama-3.2-1B\n"
+    text += "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" if plugin else ""
     text += "".join(f"{k}: {str(v).lower()}\n" for k, v in keys.items())
     path = tmp_path / "ax.yml"
     path.write_text(text)
     t = translate_file(path)
     assert setup_from(t).kernels.value == kernels
-    assert any("only liger_rms_norm" in note for _, note in t.approximated) == (len(keys) == 1)
+    notes = [note for _, note in t.approximated]
+    assert any(approx in n for n in notes) if approx else not any("Liger" in n for n in notes)
+
+
+def test_axolotl_refuses_both_names_of_the_glu_key(tmp_path):
+    from reportgen.configs import ConfigError
+
+    path = tmp_path / "ax.yml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\nliger_swiglu: true\nliger_glu_activation: true\n")
+    with pytest.raises(ConfigError, match="liger_swiglu: is the deprecated name of liger_glu_activation"):
+        translate_file(path)
+
+
+@pytest.mark.parametrize("extra, kernels", [("", "liger"), ("liger_kernel_config: {rope: false}\n", "eager"),
+                                            ("liger_kernel_config: {cross_entropy: false}\n", "liger")])
+def test_trl_liger_kernel_config_turning_a_layer_kernel_off_is_eager(tmp_path, extra, kernels):
+    s = _translated(tmp_path, "trl.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nuse_liger_kernel: true\n"
+                    + extra)
+    assert s.kernels.value == kernels
 
 
 def test_the_written_configs_turn_liger_on():

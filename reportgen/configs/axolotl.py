@@ -207,16 +207,23 @@ def _loss(r: Reader, t: Translation) -> None:
         t.set("loss", "standard", "liger_fused_linear_cross_entropy")
 
 
-#: Axolotl's keys for Liger's three layer kernels (``integrations/liger/args.py``)
-LIGER_LAYER_KEYS = ("liger_rms_norm", "liger_glu_activation", "liger_rope")
-
-
 def _kernels(r: Reader, t: Translation) -> None:
-    """Liger's layer kernels (``kernels: liger``) when all three keys are on; some of them: modelled as
-    transformers' modules, which save and move more (an upper bound)."""
-    on = [k for k in LIGER_LAYER_KEYS if r.boolean(k, False)]
-    t.set("kernels", "liger" if len(on) == len(LIGER_LAYER_KEYS) else "eager", on[0] if on else "liger_rms_norm")
-    if on and len(on) < len(LIGER_LAYER_KEYS):
+    """Liger's layer kernels (``kernels: liger``) when its plugin is listed and all three keys are on
+    (``liger_swiglu``: the deprecated name of ``liger_glu_activation``, ``integrations/liger/args.py``);
+    some of them: modelled as transformers' modules, which save and move more (an upper bound); without
+    the plugin the keys do nothing."""
+    if r.get("liger_swiglu") is not None and r.get("liger_glu_activation") is not None:
+        raise r.error("liger_swiglu", "is the deprecated name of liger_glu_activation: set one of them",
+                      hint="liger_glu_activation: true")
+    glu = "liger_swiglu" if r.get("liger_swiglu") is not None else "liger_glu_activation"
+    keys = ("liger_rms_norm", glu, "liger_rope")
+    on = [k for k in keys if r.boolean(k, False)]
+    plugin = any("integrations.liger" in p for p in r.get("plugins") or [])
+    t.set("kernels", "liger" if plugin and len(on) == len(keys) else "eager", on[0] if on else "liger_rms_norm")
+    if on and not plugin:
+        t.approx(on[0], "Liger's keys act only with its plugin (plugins: - axolotl.integrations.liger.LigerPlugin), "
+                 "which is not listed: transformers' modules")
+    elif on and len(on) < len(keys):
         t.approx(on[0], f"only {', '.join(on)} of Liger's three layer kernels: modelled as transformers' modules "
                  "(an upper bound on memory and time)")
 

@@ -103,8 +103,8 @@ ROWS: tuple[Row, ...] = (
        "loss standard: the recipe's own loss)"),
     _r("trl", "use_liger_kernel", HONOURED, "kernels", "TRL 1.16 applies Liger's layer kernels only (RMSNorm, RoPE, "
        "SwiGLU: kernels liger) and keeps its own fused LM head (recipe trl-sft)"),
-    _r("trl", "liger_kernel_config", APPROXIMATED, "kernels", "which Liger kernels: modelled as RMSNorm, RoPE and "
-       "SwiGLU all on"),
+    _r("trl", "liger_kernel_config", APPROXIMATED, "kernels", "rope, rms_norm or swiglu false: transformers' "
+       "modules (an upper bound); else Liger's three layer kernels"),
     _r("trl", "label_smoothing_factor", IGNORED, "", "above 0 TRL computes the loss from the full logits: not "
        "modelled"),
     _r("trl", "optim", HONOURED, "optimizer", _OPTIM + " (TrainingArguments' default adamw_torch_fused)"),
@@ -234,10 +234,11 @@ ROWS: tuple[Row, ...] = (
        "fused)"),
     _r("axolotl", "cut_cross_entropy", APPROXIMATED, "loss", "Cut Cross-Entropy (its plugin listed): never the "
        "full logits, modelled as loss fused"),
-    _r("axolotl", "liger_rope", HONOURED, "kernels", "with liger_rms_norm and liger_glu_activation: Liger's layer "
-       "kernels (kernels liger); fewer than the three: transformers' modules, an upper bound"),
+    _r("axolotl", "liger_rope", HONOURED, "kernels", "with liger_rms_norm and liger_glu_activation, Liger's plugin "
+       "listed: its layer kernels (kernels liger); fewer than the three: transformers' modules, an upper bound"),
     _r("axolotl", "liger_rms_norm", HONOURED, "kernels", "with liger_rope and liger_glu_activation: kernels liger"),
     _r("axolotl", "liger_glu_activation", HONOURED, "kernels", "with liger_rope and liger_rms_norm: kernels liger"),
+    _r("axolotl", "liger_swiglu", HONOURED, "kernels", "the deprecated name of liger_glu_activation"),
     _r("axolotl", "liger_layer_norm", IGNORED, "", "Liger's LayerNorm kernel: not modelled"),
     _r("axolotl", "liger_cross_entropy", IGNORED, "", "Liger's cross-entropy on full logits: modelled as the "
        "standard loss"),

@@ -65,10 +65,7 @@ def translate(r: Reader) -> Translation:
         # the recipe: SFTTrainer's own loss (its fused LM head), adapters and optimizer (estimate/recipes.py)
         t.set("recipe", "trl-sft", "model_name_or_path")
         t.set("loss", "standard", "loss_type")
-    t.set("kernels", "liger" if r.boolean("use_liger_kernel", False) else "eager", "use_liger_kernel")
-    if r.get("liger_kernel_config") is not None:
-        t.approx("liger_kernel_config", "which of Liger's kernels: modelled as its RMSNorm, RoPE and SwiGLU all on, "
-                 "the loss TRL's fused LM head")
+    _liger(r, t)
 
     # ----- several GPUs -----
     trainer_sharding(r, t)
@@ -255,3 +252,19 @@ def _precision(r: Reader, t: Translation, init: dict, method: str) -> None:
         t.approx(key, f"QLoRA with {raw} weights: embeddings, norms and head in {raw} "
                  + ("(as peft's prepare_model_for_kbit_training leaves them, kbit_prep peft)" if weights == "fp32"
                     else "(kbit_prep none)") + "; TRL casts the adapters to bf16 (recipe trl-sft)")
+
+
+def _liger(r: Reader, t: Translation) -> None:
+    """``use_liger_kernel``: Liger's RMSNorm, RoPE and SwiGLU (``kernels: liger``; TRL keeps its own fused LM
+    head), unless ``liger_kernel_config`` turns one of them off (``rope``, ``rms_norm``, ``swiglu``: False),
+    then transformers' modules, an upper bound."""
+    on = bool(r.boolean("use_liger_kernel", False))
+    config = r.get("liger_kernel_config")
+    if config is not None and not isinstance(config, dict):
+        raise r.error("liger_kernel_config", f"must be a mapping of Liger's kernels to true/false (got {config!r})",
+                      hint="liger_kernel_config: {rope: true, rms_norm: true, swiglu: true}")
+    off = [k for k in ("rope", "rms_norm", "swiglu") if (config or {}).get(k) is False]
+    t.set("kernels", "liger" if on and not off else "eager", "use_liger_kernel")
+    if on and off:
+        t.approx("liger_kernel_config", f"{', '.join(off)} off: Liger's layer kernels modelled as transformers' "
+                 "modules (an upper bound on memory and time)")

@@ -165,9 +165,9 @@ def layer_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, first_
     input_grad = not (first_layer and setup.is_peft and not setup.grad_ckpt)
     q_req, k_req, v_req = (True, True, True) if input_grad else _qkv_requires_grad(model, lora)
 
-    lg = setup.kernels is Kernels.liger
+    lg = setup.kernels is Kernels.liger and model.model_type in liger.LIGER_MODEL_TYPES
     per_token, const, fc1_out = _attention_input(model, dt, lins, lora, rank, input_grad, lg)
-    t, k = _qk_norms(model, dt, q_req, k_req, lg)
+    t, k = _qk_norms(model, dt, q_req, k_req)  # Liger leaves Qwen3's q/k norms (liger.QWEN3_NOTE)
     per_token, const = per_token + t, const + k
     t, per_sq, o_shared = _attention_core(model, setup, dt, attn, masked, q_req, k_req, v_req)
     per_token += t
@@ -219,7 +219,7 @@ def _attention_input(model: ModelSpec, dt: Dtypes, lins: dict[str, Linear], lora
     return per_token, const, fc1_out
 
 
-def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool, lg: bool = False) -> tuple[int, int]:
+def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool) -> tuple[int, int]:
     """``(per token, constant)`` of the q/k norms (Qwen3, Qwen3-MoE and Gemma 3 per head; OLMo 2
     over the whole width)."""
     per_token = const = 0
@@ -228,7 +228,7 @@ def _qk_norms(model: ModelSpec, dt: Dtypes, q_req: bool, k_req: bool, lg: bool =
         per_head = model.family != "olmo2"
         qk_dt = dt.stream if dt.quantized else dt.compute  # a 4-bit q/k projection returns its input's dtype
         for req, heads in ((q_req, nq), (k_req, nkv)):
-            per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1, lg=lg)
+            per_token += _norm(model, heads * hd, qk_dt, dt, req, rows=heads if per_head else 1)
             const += _norm_const(model, hd) if req else 0  # Gemma 3: 1 + weight over head_dim
     return per_token, const
 
@@ -481,7 +481,8 @@ def fixed_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, head_m
         ln_token, ln_const, head_in = ops.layer_norm(h, dt)
         saved += ln_token * t + ln_const
     else:
-        saved += _norm(model, h, dt.stream, dt, True, lg=setup.kernels is Kernels.liger) * t + _norm_const(model, h)
+        lg = setup.kernels is Kernels.liger and model.model_type in liger.LIGER_MODEL_TYPES
+        saved += _norm(model, h, dt.stream, dt, True, lg=lg) * t + _norm_const(model, h)
         head_in = dt.stream
     if dt.trainable_base and head_module:  # lm_head input
         saved += (dt.compute if dt.autocast and head_in != dt.compute else head_in) * h * t

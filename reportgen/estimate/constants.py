@@ -119,12 +119,12 @@ CACHED_AFTER_RELEASE = 0.5
 #:   enable_liger_kernel) or equivalent fused kernels (tinyllama's TINY_FUSED_*) were estimated with them
 #:   (``kernels: liger``, ``liger.py``): their memory-bound time had been priced at transformers' eager
 #:   RMSNorm/RoPE/SwiGLU, and the GEMM rate made up for it. Leave-one-source-out of the pooled fit: Ada GeForce
-#:   18.5 % (signed -15.3 %; NOT within 12 %: holding out fsdp_qlora leaves llmq's small-GEMM rows, and the other
+#:   18.6 % (signed -15.4 %; NOT within 12 %: holding out fsdp_qlora leaves llmq's small-GEMM rows, and the other
 #:   way round; one GEMM efficiency for every shape cannot hold both), GA10x GeForce 6.4 % (signed -4.9 %),
 #:   Turing GeForce 7.1 % (3 rows). These rows' dispatch is priced on the default desktop host (``dispatch.py``);
 #: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %;
-#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5155 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
+#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5154 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
 #:   (one source; the multi-card rows fold DDP's lost scaling, 17 % and 25 % a card, which the estimate hides
 #:   entirely, into the GEMM rate: 0.66, 0.52, 0.46), leave-one-out 21.0 %; the A6000 keeps Ampere GA100's 0.7434.
 #: the GeForce generations that ship the pooled fit above (one efficiency for all of them)

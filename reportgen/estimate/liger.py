@@ -24,7 +24,8 @@ ops. TRL's ``use_liger_kernel``, LLaMA-Factory's ``enable_liger_kernel`` and Axo
 
 Each kernel is a Python-level ``autograd.Function`` call both ways (Triton's launcher is Python).
 Not modelled: Liger's kernels for other families (Gemma's offset RMSNorm and GeGLU, Phi-3's fused
-``gate_up_proj``, Mixtral's experts), its LayerNorm and its plain ``cross_entropy``.
+``gate_up_proj``, Mixtral's experts: refused), its LayerNorm and its plain ``cross_entropy``; a model type
+Liger has no kernels for runs transformers' modules. Qwen3's q/k norms stay transformers' (``QWEN3_NOTE``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from reportgen.setup import Kernels, TrainingSetup
 #: the transformers ``model_type``s whose Liger patch (RMSNorm casting mode llama, SwiGLU MLP,
 #: Llama's RoPE) is modelled here (Liger-Kernel 0.6.4 ``MODEL_TYPE_TO_APPLY_LIGER_FN``)
 LIGER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: the catalog's other model types Liger 0.6.4 patches (its own kernels for them are not modelled)
+LIGER_PATCHES_TOO = ("gemma", "gemma2", "gemma3_text", "gemma3", "mixtral", "olmo2", "qwen3_moe", "phi3",
+                     "mistral3")
 
 
 def on(setup: TrainingSetup) -> bool:
@@ -43,12 +47,22 @@ def on(setup: TrainingSetup) -> bool:
 
 
 def check(model: ModelSpec, setup: TrainingSetup) -> None:
-    """Refuse ``kernels: liger`` where this module does not know what Liger patches."""
-    if setup.kernels is Kernels.liger and model.model_type not in LIGER_MODEL_TYPES:
+    """Refuse ``kernels: liger`` on a model type Liger patches with kernels this module does not model.
+    A model type Liger has no kernels for (Phi-2's ``phi``) runs transformers' modules: Liger logs and
+    patches nothing, and the estimate says so (``note``)."""
+    if setup.kernels is Kernels.liger and model.model_type in LIGER_PATCHES_TOO:
         raise UserError(f"kernels=liger: Liger-Kernel's layer kernels are modelled for model types "
-                        f"{', '.join(LIGER_MODEL_TYPES)}; {model.name} is {model.model_type!r}",
-                        hint="estimate it with --kernels eager (transformers' own modules): an upper bound "
-                        "on memory and time, Liger's kernels saving both")
+                        f"{', '.join(LIGER_MODEL_TYPES)}; {model.name} is {model.model_type!r}, whose Liger kernels "
+                        "are not", hint="estimate it with --kernels eager (transformers' own modules): an upper "
+                        "bound on memory and time, Liger's kernels saving both")
+
+
+def note(model: ModelSpec) -> str:
+    """What an estimate with ``kernels: liger`` says of it."""
+    if model.model_type in LIGER_MODEL_TYPES:
+        return NOTE + (QWEN3_NOTE if model.model_type == "qwen3" else "")
+    return (f"kernels liger: Liger-Kernel has no kernels for model type {model.model_type!r} (it patches nothing): "
+            "estimated with transformers' modules")
 
 
 def rms_norm_saved(width: int, in_bytes: int, rows: int, needs_backward: bool) -> int:
@@ -69,6 +83,12 @@ def swiglu_saved(width: int, act_bytes: int) -> int:
 #: what every estimate with ``kernels: liger`` says of it
 NOTE = ("kernels liger: Liger-Kernel's RMSNorm, RoPE and SwiGLU priced from its code (0.6.4: one Triton kernel "
         "each way, less saved); not yet measured by this project on a GPU")
+
+#: Qwen3's per-head q/k norms: the Trainer's ``use_liger_kernel`` (and the harness) patch the built model
+#: (``_apply_liger_kernel_to_instance``), which replaces the model's, the layers' input and post-attention
+#: norms only; LLaMA-Factory and Axolotl patch the classes before loading, so theirs are Liger's too
+QWEN3_NOTE = ("; Qwen3's q/k norms priced as transformers' (the Trainer patches the built model, which leaves "
+              "them; LLaMA-Factory and Axolotl patch them too: a few KB a token a layer less)")
 
 #: the ``T x I`` gradients alive inside one layer's MLP backward: ``dc`` only (``da`` and ``db``
 #: overwrite the saved ``a`` and ``b``), where the eager MLP holds gate, up and product gradients

@@ -145,7 +145,7 @@ def backward_working_bytes(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, a
     t = setup.batch * setup.seq
     h, i, c = model.hidden_size, model.intermediate_size * max(1, model.experts_per_token), dt.compute
     nq, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
-    liger_on = setup.kernels is Kernels.liger
+    liger_on = setup.kernels is Kernels.liger and model.model_type in LG.LIGER_MODEL_TYPES
     mlp_grads = LG.MLP_BACKWARD_GRADIENTS if liger_on else 3
     work = t * (2 * dt.stream * h + mlp_grads * c * i)
     if setup.is_peft and model.num_experts:
@@ -379,7 +379,7 @@ def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | No
             if lin.count > 1 or lin.name == "router"):
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
     if setup.kernels is Kernels.liger:
-        notes.append(LG.NOTE)
+        notes.append(LG.note(model))
     return notes
 
 
@@ -504,8 +504,9 @@ def step_activations(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: A
     stack = act.all_layers(model, setup, dt, attn=attn)
     # with checkpointing, each layer's backward first recomputes its full activations
     recompute = act.layer_activations(model, setup, dt, attn=attn).bytes if setup.grad_ckpt else 0
-    if recompute and setup.kernels is Kernels.liger and model.family != "olmo2":  # Liger's pre-norm saves the layer's input,
-        recompute -= act.checkpointed_layer(model, setup, dt, first_layer=False)  # which the checkpoint holds
+    if recompute and setup.kernels is Kernels.liger and model.model_type in LG.LIGER_MODEL_TYPES:
+        # Liger's pre-norm saves the layer's input, which the checkpoint holds already
+        recompute -= act.checkpointed_layer(model, setup, dt, first_layer=False)
     bottom_layer = act.checkpointed_layer(model, setup, dt) if setup.grad_ckpt else act.layer_activations(
         model, setup, dt, first_layer=True, attn=attn).bytes
     lm = RC.trl_head_memory(model, setup, dt, tokens) if trl_head else loss_logits_memory(

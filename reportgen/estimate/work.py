@@ -61,6 +61,7 @@ from functools import lru_cache
 from reportgen.estimate import params as P
 from reportgen.estimate.activations import sdpa_kernel, sdpa_kv_repeated, sdpa_masked_layers
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
+from reportgen.estimate.liger import LIGER_MODEL_TYPES
 from reportgen.model import Linear, ModelSpec
 from reportgen.setup import Attention, Kernels, Method, Optimizer, TrainingSetup
 
@@ -234,10 +235,12 @@ def liger_rms_norm(t: float, width: int, x: int, rows: int, w: int) -> tuple[Wor
     return fwd, bwd
 
 
-def liger_rope(t: float, q_width: float, k_width: float, c: int, head_dim: int) -> tuple[Work, Work]:
-    """Liger's RoPE (``liger.py``): one kernel rotates q and k in place each way, reading the
-    ``cos``/``sin`` rows of each token (``head_dim`` wide, ``c`` bytes); one Function call each way."""
-    bytes_ = t * ((q_width + k_width) * 2 * c + 2 * head_dim * c)
+def liger_rope(t: float, q_width: float, k_width: float, c: int, head_dim: int, table: int) -> tuple[Work, Work]:
+    """Liger's RoPE (``liger.py``): one kernel rotates q and k (``c`` bytes) in place each way, reading
+    half a row of ``cos`` and of ``sin`` per token (``head_dim / 2`` each, ``table`` bytes); one Function
+    call each way. (A gradient handed back head-major, by eager attention or SDPA's math path, is first
+    copied by the backward's ``.contiguous()``: not counted.)"""
+    bytes_ = t * ((q_width + k_width) * 2 * c + head_dim * table)
     return Work(kernels=1, views=6, bytes=bytes_, calls=1), Work(kernels=1, views=6, bytes=bytes_, calls=1)
 
 
@@ -524,7 +527,7 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     lins = {lin.name: lin for lin in model.layer_linears()}
     fp32w = model.family in ("gemma", "gemma2", "gemma3", "olmo2")
     norm_train = dt.trainable_base
-    lg = setup.kernels is Kernels.liger
+    lg = setup.kernels is Kernels.liger and model.model_type in LIGER_MODEL_TYPES
     fwd, bwd = Work(), Work()
 
     def norm(width: int, x: int, rows: int = 1) -> tuple[Work, Work]:
@@ -551,15 +554,16 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     if model.qk_norm_widths:
         q_w, k_w = model.qk_norm_widths
         per_head = model.family != "olmo2"
-        add(norm(model.q_dim if per_head else q_w, qkv_out, model.num_heads if per_head else 1))
-        add(norm(model.kv_dim if per_head else k_w, qkv_out, model.num_kv_heads if per_head else 1))
+        # transformers' even under Liger, whose instance patch leaves Qwen3's q/k norms (liger.QWEN3_NOTE)
+        add(rms_norm(t, model.q_dim if per_head else q_w, qkv_out, norm_train, fp32w))
+        add(rms_norm(t, model.kv_dim if per_head else k_w, qkv_out, norm_train, fp32w))
     rot = model.rotary_dim / model.head_dim
     table = 4 if model.family == "olmo2" else s
     if lg:
-        add(liger_rope(t, model.q_dim, model.kv_dim, qkv_out, model.head_dim))
+        add(liger_rope(t, model.q_dim, model.kv_dim, qkv_out, model.head_dim, table))
     for width in () if lg else (model.q_dim, model.kv_dim):
         add(rope(t, width * rot, qkv_out, table))
-    qk = _promote(qkv_out, table)
+    qk = qkv_out if lg else _promote(qkv_out, table)  # Liger rotates q and k in place, in their own dtype
     add(attention_core(model, setup, attn, batch, seq, c, qk))
     o_out = linears([model.attn_out_name], c, True)
     # residual add (stream + attention output) and the norms between attention and MLP
@@ -622,7 +626,8 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     never writes the logits to HBM (its kernels read the chunk's logits once each way). Adapters on the
     head and a 4-bit head (``quant_head``) are not counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
-    norm_f, norm_b = liger_rms_norm(t, h, s, 1, dt.base) if setup.kernels is Kernels.liger else rms_norm(
+    lg = setup.kernels is Kernels.liger and model.model_type in LIGER_MODEL_TYPES
+    norm_f, norm_b = liger_rms_norm(t, h, s, 1, dt.base) if lg else rms_norm(
         t, h, s, dt.trainable_base, model.family in ("gemma", "gemma2", "gemma3", "olmo2"))
     emb_f = _k(1 + (1 if model.family in ("gemma", "gemma2", "gemma3") else 0), t * h * s * 2)
     # the model's prologue: position ids, the causal mask's checks and the RoPE table (``rotary_emb``:
