@@ -11,7 +11,8 @@ from reportgen.setup import TrainingSetup
 from tests.test_advise import build_fixture, make_site, render
 
 SLUGS = ("mixed-precision", "lora", "qlora", "gradient-checkpointing", "gradient-accumulation",
-         "8bit-paged-optimizers", "cpu-offload", "fsdp", "flash-attention", "fused-cross-entropy")
+         "8bit-paged-optimizers", "cpu-offload", "fsdp", "flash-attention", "fused-cross-entropy",
+         "liger-kernels")
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,18 @@ TECHNIQUES: tuple[Technique, ...] = (
                         commands=_cmds("llama-3.1-8b", "--method qlora --grad-ckpt",
                                        "--method qlora --grad-ckpt --loss fused")),),
         functions=("reportgen.estimate.logits",)),
+    Technique(
+        slug="liger-kernels", title="Liger's layer kernels (RMSNorm, RoPE, SwiGLU)", memory="down",
+        terms="activations: no fp32 copy in each norm, no activation output in the MLP; one MLP gradient "
+              "instead of three in the backward",
+        throughput="up where the step is memory-bound: one kernel each way instead of a chain of them",
+        quality="no change (the same arithmetic, fp32 inside the kernels)",
+        when="Llama, Mistral, Qwen2 and Qwen3 models, small hidden sizes and fast cards most",
+        pairs=(PairSpec("transformers' modules vs Liger's kernels", _fs("kernels"),
+                        off=lambda s: s.get("kernels", "eager") == "eager", on=lambda s: s.get("kernels") == "liger",
+                        commands=_cmds("llama-3.2-1b", "--method full --precision bf16",
+                                       "--method full --precision bf16 --kernels liger")),),
+        functions=("reportgen.estimate.liger", "reportgen.estimate.work:liger_rms_norm")),
 )
 BY_SLUG = {t.slug: t for t in TECHNIQUES}
 SYMBOL = {"down": "↓", "up": "↑", "depends": "●"}
