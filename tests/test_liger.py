@@ -217,6 +217,14 @@ def test_axolotl_turns_on_liger_with_its_plugin_and_all_three_layer_keys(tmp_pat
     assert any(approx in n for n in notes) if approx else not any("Liger" in n for n in notes)
 
 
+@pytest.mark.parametrize("plugin, loss", [(True, "fused"), (False, "standard")])
+def test_axolotl_fused_loss_key_needs_the_liger_plugin_too(tmp_path, plugin, loss):
+    path = tmp_path / "ax.yml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\nliger_fused_linear_cross_entropy: true\n"
+                    + ("plugins:\n  - axolotl.integrations.liger.LigerPlugin\n" if plugin else ""))
+    assert setup_from(translate_file(path)).loss.value == loss
+
+
 def test_axolotl_refuses_both_names_of_the_glu_key(tmp_path):
     from reportgen.configs import ConfigError
 

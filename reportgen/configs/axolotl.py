@@ -197,6 +197,10 @@ def _loss(r: Reader, t: Translation) -> None:
     cce_on = bool(r.as_boolean("cut_cross_entropy", cce)) and any("cut_cross_entropy" in p for p in plugins)
     if liger and cce_on:
         raise r.error("cut_cross_entropy", "contradicts liger_fused_linear_cross_entropy: one fused loss at a time")
+    if liger and not any("integrations.liger" in p for p in plugins):  # the key is the plugin's (LigerArgs)
+        t.approx("liger_fused_linear_cross_entropy", "acts only with Liger's plugin (plugins: - "
+                 "axolotl.integrations.liger.LigerPlugin), which is not listed: the standard loss")
+        liger = False
     if liger:
         t.set("loss", "fused", "liger_fused_linear_cross_entropy")
     elif cce_on:
