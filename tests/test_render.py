@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OWN = render.DATA_PROVIDERS
 TECHNIQUE_SLUGS = ["mixed-precision", "lora", "qlora", "gradient-checkpointing", "gradient-accumulation",
-                   "8bit-paged-optimizers", "cpu-offload", "fsdp", "flash-attention", "fused-cross-entropy"]
+                   "8bit-paged-optimizers", "cpu-offload", "fsdp", "flash-attention", "fused-cross-entropy",
+                   "liger-kernels"]
 
 
 @pytest.fixture(scope="module")

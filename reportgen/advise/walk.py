@@ -185,8 +185,15 @@ def _p_compute_bound(n: dict, setup: TrainingSetup, ev: _Estimates) -> tuple[str
     return ("yes" if n["bound"] == "compute" else "no"), f"per optimizer step (est.): {parts}"
 
 
+def _p_liger_supported(n: dict, setup: TrainingSetup, ev: _Estimates) -> tuple[str, str]:
+    from reportgen.estimate.liger import LIGER_MODEL_TYPES
+
+    t = ev.model.model_type
+    return ("yes" if t in LIGER_MODEL_TYPES else "no"), f"model_type {t!r}"
+
+
 PREDICATES = {"fits": _p_fits, "larger_batch": _p_larger_batch, "below_target": _p_below_target,
-              "compute_bound": _p_compute_bound}
+              "compute_bound": _p_compute_bound, "liger_supported": _p_liger_supported}
 
 
 # ----- options beyond one card -------------------------------------------------------------------

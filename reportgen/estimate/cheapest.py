@@ -5,6 +5,7 @@ decision-tree walk (``advise/walk.py``) compares its answer with this search."""
 from __future__ import annotations
 
 from reportgen.estimate import estimate
+from reportgen.estimate.liger import LIGER_MODEL_TYPES
 from reportgen.estimate.search import default_precision, max_batch
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
@@ -29,10 +30,13 @@ def candidate_setups(gpu: GpuSpec, seq: int) -> list[TrainingSetup]:
 def cheapest_setup(model: ModelSpec, gpu: GpuSpec, seq: int, max_micro_batch: int = 64):
     """For a (model, GPU, sequence length): the setup that fits and trains at the lowest cost per
     token, i.e. the highest estimated tokens/s on one GPU. Each candidate recipe runs at its
-    largest fitting micro-batch (capped at ``max_micro_batch``). Returns the winning ``Estimate``,
-    or None when no single-GPU recipe fits (then offload or more GPUs are needed)."""
+    largest fitting micro-batch (capped at ``max_micro_batch``), with Liger's layer kernels where the
+    model has them (``liger.py``: less memory and time, as the decision tree turns them on). Returns the
+    winning ``Estimate``, or None when no single-GPU recipe fits (then offload or more GPUs are needed)."""
     best = None
+    kernels = "liger" if model.model_type in LIGER_MODEL_TYPES else "eager"
     for cand in candidate_setups(gpu, seq):
+        cand = cand.model_copy(update={"kernels": kernels}) if kernels == "liger" else cand
         b = max_batch(model, cand, gpu)
         if b is None:
             continue
