@@ -2,8 +2,9 @@
 on which some data-parallel strategy fits, the strategy that is fastest there, and its estimated
 speed.
 
-The recipe is the one the decision tree's Step 1 checks (``tree.MIN_ACTIVATIONS``: activation
-checkpointing, fused cross-entropy, micro-batch 1, at the card's default mixed precision, AdamW;
+The recipe is the one the decision tree's Step 1 checks (``tree.min_activations``: activation
+checkpointing, fused cross-entropy, micro-batch 1, Liger's layer kernels for Llama, Mistral, Qwen2 and
+Qwen3 models, at the card's default mixed precision, AdamW;
 LoRA and QLoRA rank 16 on every linear), and for QLoRA also the tree's next steps on one card,
 double quantization and then paged 8-bit AdamW. So "one card" here is exactly where the tree's walk
 (``reportgen advise``, the guides) finds the method fitting on one card, and the answer is a
@@ -58,12 +59,12 @@ class CardsNeeded:
         return asdict(self)
 
 
-def method_setups(method: str, seq: int, precision: str = "bf16-mixed") -> list[TrainingSetup]:
+def method_setups(method: str, seq: int, precision: str = "bf16-mixed", model_type: str = "") -> list[TrainingSetup]:
     """The setups the decision tree's Step 1 checks for ``method`` on one card, in its order: the
-    method with ``tree.MIN_ACTIVATIONS`` (checkpointing, fused loss, micro-batch 1); for QLoRA then
-    with double quantization, then also with paged 8-bit AdamW (the tree's ``double_quant`` and
-    ``paged_8bit`` steps)."""
-    base = TrainingSetup(method=method, precision=precision, seq=seq, **T.MIN_ACTIVATIONS)
+    method with ``tree.min_activations`` (checkpointing, fused loss, micro-batch 1, Liger's kernels for
+    the model types that have them); for QLoRA then with double quantization, then also with paged
+    8-bit AdamW (the tree's ``double_quant`` and ``paged_8bit`` steps)."""
+    base = TrainingSetup(method=method, precision=precision, seq=seq, **T.min_activations(model_type))
     if method != "qlora":
         return [base]
     dq = base.model_copy(update={"double_quant": True})
@@ -75,8 +76,8 @@ def base_setup(method: str, seq: int, precision: str = "bf16-mixed") -> Training
     return method_setups(method, seq, precision)[0]
 
 
-def _candidates(method: str, seq: int, n: int, offload: str, precision: str = "bf16-mixed"):
-    for base in method_setups(method, seq, precision):
+def _candidates(method: str, seq: int, n: int, offload: str, precision: str = "bf16-mixed", model_type: str = ""):
+    for base in method_setups(method, seq, precision, model_type):
         base = base.model_copy(update={"offload": offload})
         if n == 1:
             yield base
@@ -95,7 +96,7 @@ def smallest_fit(model: ModelSpec, gpu: GpuSpec, method: str, seq: int, offload:
     precision = default_precision(gpu)
     for n in counts:
         fitting = []
-        for setup in _candidates(method, seq, n, offload, precision):
+        for setup in _candidates(method, seq, n, offload, precision, model.model_type):
             e = estimate(model, gpu, setup, reverse=False)
             if e.fits:
                 fitting.append((e.time.tokens_per_s or 0.0, setup, e))

@@ -38,6 +38,14 @@ FSDP_GPU_COUNTS = (2, 4, 8)
 #: Step 2 has made the activations as small as it can without shortening the sequence
 MIN_ACTIVATIONS = {"grad_ckpt": True, "loss": "fused", "batch": START_BATCH, "accum": 1}
 
+
+def min_activations(model_type: str) -> dict:
+    """``MIN_ACTIVATIONS`` for a model: with Liger's layer kernels where Step 2 would turn them on
+    (``estimate/liger.py``: Llama, Mistral, Qwen2, Qwen3), so Step 1 looks ahead to all of Step 2."""
+    from reportgen.estimate.liger import LIGER_MODEL_TYPES
+
+    return {**MIN_ACTIVATIONS, "kernels": "liger"} if model_type in LIGER_MODEL_TYPES else MIN_ACTIVATIONS
+
 #: symbolic values in ``change``, resolved by the walk for the model and GPU at hand
 SYMBOLS = {
     "@default-precision": "bf16-mixed where the GPU has bf16 tensor cores, else fp16-mixed "

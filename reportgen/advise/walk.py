@@ -198,7 +198,7 @@ PREDICATES = {"fits": _p_fits, "larger_batch": _p_larger_batch, "below_target": 
 
 # ----- options beyond one card -------------------------------------------------------------------
 def _options(end: T.End, setup: TrainingSetup, ev: _Estimates) -> list[dict]:
-    base = _with(setup, T.MIN_ACTIVATIONS)
+    base = _with(setup, T.min_activations(ev.model.model_type))
     out = []
     for oid in end.options:
         opt = T.OPTION_BY_ID[oid]
@@ -301,7 +301,7 @@ def walk(model: ModelSpec | str, gpu: GpuSpec | str, seq: int = 2048, train_toke
             steps.append(step)
             node_id = node.next
         elif isinstance(node, T.Check):
-            evaluated = setup if node.variant == "as-is" else _with(setup, T.MIN_ACTIVATIONS)
+            evaluated = setup if node.variant == "as-is" else _with(setup, T.min_activations(ev.model.model_type))
             nums = ev.numbers(evaluated)
             outcome, explain = PREDICATES[node.test](nums, setup, ev)
             if node.variant != "as-is":
