@@ -42,10 +42,6 @@ LIGER_PATCHES_TOO = ("gemma", "gemma2", "gemma3_text", "gemma3", "mixtral", "olm
                      "mistral3")
 
 
-def on(setup: TrainingSetup) -> bool:
-    return setup.kernels is Kernels.liger
-
-
 def check(model: ModelSpec, setup: TrainingSetup) -> None:
     """Refuse ``kernels: liger`` on a model type Liger patches with kernels this module does not model.
     A model type Liger has no kernels for (Phi-2's ``phi``) runs transformers' modules: Liger logs and

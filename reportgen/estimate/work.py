@@ -561,8 +561,9 @@ def layer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, attn: Attenti
     table = 4 if model.family == "olmo2" else s
     if lg:
         add(liger_rope(t, model.q_dim, model.kv_dim, qkv_out, model.head_dim, table))
-    for width in () if lg else (model.q_dim, model.kv_dim):
-        add(rope(t, width * rot, qkv_out, table))
+    else:
+        for width in (model.q_dim, model.kv_dim):
+            add(rope(t, width * rot, qkv_out, table))
     qk = qkv_out if lg else _promote(qkv_out, table)  # Liger rotates q and k in place, in their own dtype
     add(attention_core(model, setup, attn, batch, seq, c, qk))
     o_out = linears([model.attn_out_name], c, True)
