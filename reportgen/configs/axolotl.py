@@ -184,20 +184,30 @@ def _step(r: Reader, t: Translation) -> None:
     _attention(r, t)
 
 
+def _plugins(r: Reader) -> list[str]:
+    """The ``plugins`` list of class paths, checked."""
+    plugins = r.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise r.error("plugins", f"must be a list of plugin class paths (got {plugins!r})",
+                      hint="plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin")
+    return plugins
+
+
+def _liger_plugin(r: Reader) -> bool:
+    """Whether Liger's plugin is listed: its keys (``LigerArgs``) act only then."""
+    return any("integrations.liger" in p for p in _plugins(r))
+
+
 def _loss(r: Reader, t: Translation) -> None:
     """Liger's fused linear cross-entropy or Cut Cross-Entropy (a plugin: listing it turns it on, its
     ``cut_cross_entropy`` key defaulting to true, ``integrations/cut_cross_entropy/args.py``), else the
     standard loss."""
     liger = bool(r.boolean("liger_fused_linear_cross_entropy", False))
     cce = r.get("cut_cross_entropy", True)
-    plugins = r.get("plugins") or []
-    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        raise r.error("plugins", f"must be a list of plugin class paths (got {plugins!r})",
-                      hint="plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin")
-    cce_on = bool(r.as_boolean("cut_cross_entropy", cce)) and any("cut_cross_entropy" in p for p in plugins)
+    cce_on = bool(r.as_boolean("cut_cross_entropy", cce)) and any("cut_cross_entropy" in p for p in _plugins(r))
     if liger and cce_on:
         raise r.error("cut_cross_entropy", "contradicts liger_fused_linear_cross_entropy: one fused loss at a time")
-    if liger and not any("integrations.liger" in p for p in plugins):  # the key is the plugin's (LigerArgs)
+    if liger and not _liger_plugin(r):
         t.approx("liger_fused_linear_cross_entropy", "acts only with Liger's plugin (plugins: - "
                  "axolotl.integrations.liger.LigerPlugin), which is not listed: the standard loss")
         liger = False
@@ -222,7 +232,7 @@ def _kernels(r: Reader, t: Translation) -> None:
     glu = "liger_swiglu" if r.get("liger_swiglu") is not None else "liger_glu_activation"
     keys = ("liger_rms_norm", glu, "liger_rope")
     on = [k for k in keys if r.boolean(k, False)]
-    plugin = any("integrations.liger" in p for p in r.get("plugins") or [])
+    plugin = _liger_plugin(r)
     t.set("kernels", "liger" if plugin and len(on) == len(keys) else "eager", on[0] if on else "liger_rms_norm")
     if on and not plugin:
         t.approx(on[0], "Liger's keys act only with its plugin (plugins: - axolotl.integrations.liger.LigerPlugin), "
