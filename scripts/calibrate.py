@@ -453,8 +453,8 @@ def speed_row(row_id: str, model, gpu, setup: TrainingSetup, tokens_per_s: float
 
     def time_on(card):
         return estimate_time(model, setup, card, mem.terms["activations"], mem.terms["logits"],
-                             offloaded_bytes=mem.offloaded_activations)
-    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "time": time_on(gpu),
+                             offloaded_bytes=mem.offloaded_activations, libs=libs)
+    return {"id": row_id, "model": model, "gpu": gpu, "setup": setup, "mem": mem, "libs": libs, "time": time_on(gpu),
             "slowest_time": time_on(slowest) if slowest else None,
             "tokens_per_s": tokens_per_s, "source": source, "file": file}
 
@@ -485,7 +485,8 @@ def source_of(text: str) -> str:
 
 def _published_error(r: dict, f: float) -> float:
     """Relative error of the estimator's tokens/s for published row ``r`` at GEMM efficiency ``f``."""
-    t = estimate_time(r["model"], r["setup"], r["gpu"], matmul_efficiency=f, offloaded_bytes=r["mem"].offloaded_activations)
+    t = estimate_time(r["model"], r["setup"], r["gpu"], matmul_efficiency=f, offloaded_bytes=r["mem"].offloaded_activations,
+                      libs=r["libs"])
     return (t.tokens_per_s - r["tokens_per_s"]) / r["tokens_per_s"]
 
 

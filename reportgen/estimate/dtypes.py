@@ -48,6 +48,7 @@ class Dtypes:
     frozen_cast: bool = False  # frozen fp32 layer weights cast to the compute dtype per use (LoRA)
     head_cast: bool = False  # a frozen fp32 LM head cast to the compute dtype per forward (PEFT)
     dora: bool = False  # peft use_dora: DoRA's saved tensors and transients (``dora.py``)
+    flce_in_place: bool = True  # Liger's fused loss sums the head's gradient in the GEMM (``Libraries.flce_in_place``)
 
     @property
     def embed_bytes(self) -> int:
@@ -80,4 +81,4 @@ def dtypes_for(setup: TrainingSetup, libs: Libraries = CURRENT) -> Dtypes:
                   lora_dropout=setup.is_peft and setup.lora_dropout > 0,
                   quant_holds_input=quantized and libs.bnb_4bit_holds_input, embed=embed,
                   frozen_cast=cast and not quantized, head_cast=cast and (embed or base) == 4,
-                  dora=setup.is_peft and setup.dora)
+                  dora=setup.is_peft and setup.dora, flce_in_place=libs.flce_in_place(c, embed or base))

@@ -18,6 +18,13 @@ measurements published with those versions (``reportgen/published``) can be comp
   (``keep_outputs``): what stays alive is that returned tensor.
 * Lightning Fabric (litgpt): ``_FabricModule.forward`` casts every floating output to the default
   dtype, fp32 (``precision.convert_output``), so the logits a litgpt loop keeps are fp32.
+* Liger-Kernel's fused linear cross-entropy sums the LM head's weight gradient chunk by chunk
+  (``ops/fused_linear_cross_entropy.py``): up to 0.6.1 with ``torch.addmm(..., out=grad_weight)`` in
+  place; 0.6.2 (2025-08-21) to 0.8.2 with ``grad_weight += torch.mm(...).float()``, a ``V x H`` product
+  and its fp32 copy per chunk (read in the 0.6.2-0.8.2 tags); 0.8.1 adds ``torch.addmm(...,
+  out_dtype=torch.float32, out=grad_weight)`` for an fp32 gradient of 16-bit products (PR #1239,
+  issue #1232); 0.8.3 accumulates 16-bit gradients in place too (PR #1454, the 0.8.3 release notes'
+  "low-precision weight-gradient accumulation"). ``logits.liger_grad_weight_traffic`` prices both paths.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class Libraries:
     bitsandbytes: str = "0.50.2"
     transformers: str = "5.23.0"
     lightning: str | None = None  # Lightning Fabric wraps the model (litgpt)
+    liger_kernel: str = "0.8.5"
 
     @property
     def bnb_4bit_holds_input(self) -> bool:
@@ -47,6 +55,17 @@ class Libraries:
     def returned_logits_fp32(self) -> bool:
         """The model hands back fp32 logits (module doc: Fabric, or transformers < 4.46)."""
         return self.lightning is not None or _version(self.transformers) < (4, 46)
+
+
+    def flce_in_place(self, c: int, w: int) -> bool:
+        """Liger's fused linear cross-entropy adds each chunk's head gradient (products in ``c`` bytes) into a
+        ``w``-byte ``grad_weight`` inside the GEMM, without a ``V x H`` temporary (module doc)."""
+        v = _version(self.liger_kernel)
+        if v < (0, 6, 2):
+            return True
+        if w == 4 and c != 4:
+            return v >= (0, 8, 1)
+        return v >= (0, 8, 3) and w == c and c != 4
 
 
 #: the versions the measuring harness installs (``scripts/gpu_wheels.sh``)

@@ -93,10 +93,14 @@ def logits_memory(model: ModelSpec, dt: Dtypes, tokens: int, fused: bool = False
         backward_live = tokens * (4 * v + soft + 8) + math.ceil(tokens / CHUNKS) * (8 * v + c * v)
         return LogitsMemory(saved=saved, forward_live=forward_live, backward_live=backward_live)
     if fused:
-        chunk = _liger_chunk_tokens(tokens, v, model.hidden_size)
+        chunk = liger_chunk_tokens(tokens, v, model.hidden_size)
         work = chunk * v * (c + 4)  # one chunk's logits and their fp32 softmax/gradient
         grad_in = tokens * model.hidden_size * c  # grad of the hidden states, filled chunk by chunk
-        return LogitsMemory(saved=grad_in, forward_live=grad_in + work, backward_live=grad_in)
+        head = v * model.hidden_size
+        grad_w = head * dt.embed_bytes if dt.trainable_base else 0  # the head's gradient, zeroed before the loop
+        temp = liger_grad_weight_traffic(head, c, dt.embed_bytes, dt.flce_in_place)[1] if dt.trainable_base else 0
+        return LogitsMemory(saved=grad_in + grad_w, forward_live=grad_in + grad_w + work + temp,
+                            backward_live=grad_in + grad_w)
     soft = c * v if model.final_logit_softcapping else 0
     saved = tokens * (4 * v + 8 + soft) + 4  # + nll_loss's fp32 total_weight
     head_out = c * v if c != 4 else 0  # with fp32 compute .float() returns the same tensor
@@ -114,6 +118,36 @@ def kept_output_bytes(model: ModelSpec, dt: Dtypes, tokens: int, returned_fp32: 
     return tokens * model.vocab_size * (4 if returned_fp32 else dt.compute)
 
 
-def _liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
+def liger_chunk_tokens(tokens: int | float, vocab: int, hidden: int) -> int:
+    """Rows of one chunk of Liger's fused linear cross-entropy: ``next_power_of_2(cdiv(BT, cdiv(V, H)))``
+    (``ops/fused_linear_cross_entropy.py``), so one chunk's logits are about as large as the hidden states."""
     inc = math.ceil(vocab / hidden)
     return 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc)))))
+
+
+def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tuple[int, int]:
+    """Liger's fused linear cross-entropy sums the LM head's weight gradient over its chunks during the
+    forward (``ops/fused_linear_cross_entropy.py``): ``(HBM bytes per chunk beyond the product's FLOPs,
+    bytes of the transient)`` for a ``head = V x H`` weight stored in ``w`` bytes, products in ``c``;
+    ``in_place``: the Liger version adds the product in the GEMM (``Libraries.flce_in_place``).
+
+    * in place (``torch.addmm(..., out=grad_weight)``): the GEMM's epilogue reads and writes the
+      gradient: ``2w`` bytes per element and chunk, no transient.
+    * Liger 0.6.2 to 0.8.2 for a 16-bit head (and any version for an fp32 one with fp32 products):
+      ``grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float()``: the product (``c``
+      bytes per element), its fp32 copy (``.float()`` reads ``c`` and writes 4; a no-op on fp32) and
+      the in-place add (reads ``w`` and 4, writes ``w``): 14 bytes per element and chunk for bf16,
+      with a transient of 6 (issue #1232 and PR #1239 measured it: 3,072 MiB for 131,072 x 4,096).
+
+    The 0.8.x in-place paths need compute capability 8.0 (Turing cards take the other path; not told
+    apart). Liger 0.8.3 also changed how many chunks it cuts (its release notes: "workload-specific chunk
+    sizing"): not read here, ``liger_chunk_tokens`` is the 0.8.2 rule for every version.
+
+    Worked example (``tests/test_liger_loss.py``): Qwen2.5 1.5B in pure bf16 (``V x H`` = 151,936 x
+    1,536) on Liger 0.6.4, 16 x 1,024 tokens make 64 chunks of 256 rows: 64 x 14 x 233.4 M = 209 GB a
+    micro-batch, about 0.21 s on an RTX 4090's 1,008 GB/s, and a transient of 1.4 GB at the end of the
+    forward; in place (0.8.3 on) 64 x 4 x 233.4 M = 60 GB."""
+    if in_place:
+        return 2 * w * head, 0
+    cast = c + 4 if c != 4 else 0
+    return head * (cast + 2 * w + 4), head * (c + (4 if c != 4 else 0))

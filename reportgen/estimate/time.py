@@ -62,6 +62,7 @@ from reportgen.estimate.comm import communication
 from reportgen.estimate.dispatch import HostDispatch, host_dispatch
 from reportgen.estimate.dtypes import BYTES, dtypes_for
 from reportgen.estimate.fusion import fusion_saved_bytes_per_micro_batch
+from reportgen.estimate.libraries import Libraries
 from reportgen.estimate.lengths import padded_length, real_tokens_per_step
 from reportgen.estimate.memory import effective_attention
 from reportgen.estimate.work import StepWork, Work, dequant_bytes_per_weight, step_work
@@ -423,12 +424,13 @@ def _bound(by: dict[str, float], host_s: float, busy: float, kernels: float, not
 def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activation_bytes: int = 0,
                   logits_bytes: int = 0, train_tokens: int = 100_000_000,
                   matmul_efficiency: float | None = None, offloaded_bytes: int = 0,
-                  work: StepWork | None = None) -> TimeEstimate:
+                  work: StepWork | None = None, libs: Libraries | None = None) -> TimeEstimate:
     """``matmul_efficiency``: use this fraction of the peak instead of ``K.MATMUL_EFFICIENCY`` (the
     calibration script's held-out predictions). ``activation_bytes`` and ``logits_bytes`` are kept for
     callers that pass the memory terms; the inventory (``work.step_work``) counts the traffic itself.
     ``work``: price this inventory instead of the analytic one (the traced step's, ``trace/work.py``:
-    the traced step time is the same model on what the real step dispatched).
+    the traced step time is the same model on what the real step dispatched). ``libs``: the library
+    versions of a published run (``libraries.py``; None: the harness's).
 
     Variable-length data (``lengths.py``): the kernels process micro-batches of the padded length,
     while tokens/s, MFU and hours count real tokens only.
@@ -452,7 +454,7 @@ def estimate_time(model: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, activati
     consts = TimeConstants.current(gpu, matmul_efficiency, dtype, host)
     hidden = hidden_state_bytes(model, setup, length)
     eff, bw = consts.matmul_efficiency, memory_bandwidth(gpu, consts, hidden)
-    work = work or step_work(model, setup, attn, seq=seq)
+    work = work or step_work(model, setup, attn, seq, libs)
     if setup.gpus > 1:  # each rank runs its share of the micro-batch's work (sharding.py divides the memory)
         notes.append(f"{setup.gpus} GPUs ({setup.sharding.value}): each rank's own micro-batch; collectives in comm.py")
     tokens_mb = setup.batch * length

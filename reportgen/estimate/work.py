@@ -61,7 +61,9 @@ from functools import lru_cache
 from reportgen.estimate import params as P
 from reportgen.estimate.activations import sdpa_kernel, sdpa_kv_repeated, sdpa_masked_layers
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
+from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.liger import LIGER_MODEL_TYPES
+from reportgen.estimate.logits import liger_chunk_tokens, liger_grad_weight_traffic
 from reportgen.model import Linear, ModelSpec
 from reportgen.setup import Attention, Kernels, Method, Optimizer, TrainingSetup
 
@@ -623,9 +625,14 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     (``nll_loss_backward`` writes ``4V`` per token, ``_log_softmax_backward_data`` reads ``8V`` and
     writes ``4V``, the cast back ``4V + cV``) and the head's input (and weight) gradient GEMMs.
     Torchtune's chunked loss moves the same bytes in 8 chunks (compiled or not: the compiled chunk's
-    fewer bytes are not counted apart; nor are the no-upcast loss's 16-bit ones); Liger's fused linear cross-entropy
-    never writes the logits to HBM (its kernels read the chunk's logits once each way). Adapters on the
-    head and a 4-bit head (``quant_head``) are not counted here."""
+    fewer bytes are not counted apart; nor are the no-upcast loss's 16-bit ones). Liger's fused linear
+    cross-entropy (``ops/fused_linear_cross_entropy.py``) runs everything in its forward, chunk by chunk
+    (``logits.liger_chunk_tokens``): per chunk the logits GEMM, its loss kernel (reads and writes the
+    chunk's logits in place), the input-gradient GEMM and its copy into ``grad_input``, and for a
+    trainable head the weight-gradient GEMM summed into ``grad_weight`` (``logits.liger_grad_weight_traffic``:
+    a small chunk makes this traffic rival the GEMMs); the loss's backward only scales the two
+    gradients (``element_mul_kernel``). Adapters on the head and a 4-bit head (``quant_head``) are not
+    counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
     lg = setup.kernels is Kernels.liger and model.model_type in LIGER_MODEL_TYPES
     norm_f, norm_b = liger_rms_norm(t, h, s, 1, dt.base) if lg else rms_norm(
@@ -645,9 +652,13 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
             bwd += _k(1, v * h * (c + 4))
         if model.tie_word_embeddings:  # the head's and the embedding's gradients summed into one
             bwd += _k(1, v * h * 3 * head_w)
-    if setup.loss.value == "fused":
-        fwd += _k(6, t * v * c * 2)
-        bwd += _k(2, t * h * c * 2)
+    if setup.loss.value == "fused":  # Liger's chunk loop: its three GEMMs, loss kernel and copies per chunk
+        n, tb = math.ceil(t / liger_chunk_tokens(t, v, h)), dt.trainable_base
+        acc = liger_grad_weight_traffic(v * h, c, head_w, dt.flce_in_place)[0] if tb else 0
+        sums = 0 if dt.flce_in_place else 2 * tb  # ``.float()`` and the add per chunk
+        fwd += Work(kernels=6 + n * (3 + sums) + (n - 1) * (2 + tb), bytes=t * v * c * 2 + 2 * t * h * c + n * acc,
+                    calls=n)
+        bwd += _k(1 + tb, t * h * c * 2 + 2 * v * h * head_w * tb)
         return fwd, bwd
     chunks = 8 if setup.loss.value in ("chunked", "chunked-compiled") else 1
     soft = 3 if model.final_logit_softcapping else 0  # div, tanh, mul
@@ -699,11 +710,13 @@ def layer_recompute_tail(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, t: 
 
 
 @lru_cache(maxsize=4096)
-def step_work(model: ModelSpec, setup: TrainingSetup, attn: Attention, seq: int | None = None) -> StepWork:
+def step_work(model: ModelSpec, setup: TrainingSetup, attn: Attention, seq: int | None = None,
+              libs: Libraries | None = None) -> StepWork:
     """The whole step's inventory for micro-batches of ``setup.batch x seq`` tokens (``seq``: the
-    padded length the kernels process; default ``setup.seq``). Memoized: a sweep, a search or the
-    calibration prices the same step many times."""
-    dt = dtypes_for(setup)
+    padded length the kernels process; default ``setup.seq``; ``libs``: a published run's library
+    versions, None for the harness's). Memoized: a sweep, a search or the calibration prices the same
+    step many times (None keeps the memo's key cheap: a ``Libraries`` hashes in Python)."""
+    dt = dtypes_for(setup, libs or CURRENT)
     seq = seq or setup.seq
     f, b = layer_work(model, setup, dt, attn, setup.batch, seq)
     L = model.num_layers

@@ -145,7 +145,7 @@ def estimated_tokens_per_s(r: SpeedRow) -> float | None:
     model, gpu = catalog.load_model(r.model), r.card()
     mem = estimate_memory(model, r.setup, gpu, libs=r.libs)
     t = estimate_time(model, r.setup, gpu, mem.terms["activations"], mem.terms["logits"],
-                      offloaded_bytes=mem.offloaded_activations)
+                      offloaded_bytes=mem.offloaded_activations, libs=r.libs)
     return t.tokens_per_s
 
 
@@ -211,7 +211,7 @@ def slowdown_rows(rows: list[dict]) -> list[dict]:
             spec, card = run["mapped"].spec, catalog.load_gpu(gpu)
             mem = estimate_memory(spec, run["mapped"].setup, card, libs=LITGPT_LIBS)
             est[key] = estimate_time(spec, run["mapped"].setup, card, mem.terms["activations"],
-                                     mem.terms["logits"]).tokens_per_s
+                                     mem.terms["logits"], libs=LITGPT_LIBS).tokens_per_s
         published = float(q["minutes"]) / float(lora["minutes"])
         estimated = est["lora"] / est["qlora"] if est["lora"] and est["qlora"] else None
         out.append({"ids": [lora["raw"]["id"], q["raw"]["id"]], "model": q["raw"]["model"], "gpu": gpu,
