@@ -4,7 +4,7 @@ import pytest
 
 from reportgen import catalog
 from reportgen.estimate import constants as K
-from reportgen.estimate.time import TimeConstants, matmul_efficiency_of, memory_bandwidth
+from reportgen.estimate.time import TimeConstants, attention_efficiency_for, matmul_efficiency_of, memory_bandwidth
 
 MIB = 2**20
 
@@ -76,3 +76,13 @@ def test_a_generation_without_evidence_borrows_a_named_one():
     for key in ("rtx-3090", "rtx-4090", "a100-80gb", "h100-sxm"):
         gpu = catalog.load_gpu(key)
         assert TimeConstants.current(gpu).matmul_efficiency == K.MATMUL_EFFICIENCY[gpu.generation]
+
+
+def test_attention_reaches_the_share_of_the_peak_the_cards_gemms_reach_times_hoppers_ratio():
+    """``attention_efficiency_for`` (inlined in ``TimeConstants.current``): the H100 keeps the fitted 0.3982;
+    an RTX 4090 on the GeForce rate 0.9165 gets 0.3982 x 0.9165 / 0.7411 = 0.4924, as a profile scales it."""
+    h100, rtx = (TimeConstants.current(catalog.load_gpu(k)) for k in ("h100-sxm", "rtx-4090"))
+    assert h100.attention_efficiency == pytest.approx(K.ATTENTION_EFFICIENCY)
+    assert rtx.attention_efficiency == pytest.approx(attention_efficiency_for(rtx.matmul_efficiency))
+    assert attention_efficiency_for(0.9165) == pytest.approx(0.4924, abs=1e-4)
+    assert attention_efficiency_for(1.0) < 1.0 and attention_efficiency_for(2.0) == 1.0  # never above the peak

@@ -101,8 +101,8 @@ CACHED_AFTER_RELEASE = 0.5
 #: A6000 rows; and one T4 row, Axolotl's Qwen3-14B QLoRA example, Turing data-center's only, not fitted), and measured
 #: step times of our harness on cards outside Hopper (``sweeps/your-card.yaml``; none yet). Today's
 #: ``calibrate.py`` output (2026-11-28, 8 sources):
-#: * Ampere GA10x GeForce alone 0.9351: 9 rows (6 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W; 3 single
-#:   RTX 3090s, tinyllama and minimind, at 0.93-1.0), leave-one-out |error| of tokens/s median 7.0 %. Seven more
+#: * Ampere GA10x GeForce alone 0.9107: 9 rows (6 RTX 3090 pairs of fsdp_qlora, power-limited to 280 W; 3 single
+#:   RTX 3090s, tinyllama and minimind, at 0.90-1.0), leave-one-out |error| of tokens/s median 5.7 %. Seven more
 #:   of fsdp_qlora's 3090 pairs are not fitted: that machine has "an older motherboard and slow PCI lanes" (link
 #:   not stated; ``published.speed.SLOW_3090_LINK``: estimated on PCIe 3.0 x8), and their FSDP steps hinge on
 #:   it: more than 10 % of the step is exposed transfer on PCIe 3.0 x4, the slowest we take the words to mean
@@ -110,27 +110,29 @@ CACHED_AFTER_RELEASE = 0.5
 #:   x16, six of them were fitted and put GA10x GeForce at 0.8156 (efficiencies down to 0.15: the link, not the
 #:   GEMMs). With x8 as the slowest reading, 11 rows: 0.925, leave-one-source-out of the pooled rate 9.4 %;
 #: * Ada GeForce alone 1.0, AT THE CAP: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4),
-#:   leave-one-out 8.9 %; its two big sources disagree: fsdp_qlora's 7B-70B QLoRA pairs reach their tokens/s
-#:   only at the cap, llmq's Qwen2.5 0.5B/1.5B runs (hidden 896/1536, Liger's kernels on) at 0.70-0.81;
-#: * Turing GeForce alone 0.7995: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out
-#:   11.3 %;
-#: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 0.9501 from 27 rows,
-#:   leave-one-out 7.5 %. It was 1.0, at the cap, until the runs that used Liger's (llmq, via LLaMA-Factory's
-#:   enable_liger_kernel) or equivalent fused kernels (tinyllama's TINY_FUSED_*) were estimated with them
-#:   (``kernels: liger``, ``liger.py``): their memory-bound time had been priced at transformers' eager
-#:   RMSNorm/RoPE/SwiGLU, and the GEMM rate made up for it. Leave-one-source-out of the pooled fit: Ada GeForce
-#:   18.6 % (signed -15.4 %; NOT within 12 %: holding out fsdp_qlora leaves llmq's small-GEMM rows, and the other
-#:   way round; one GEMM efficiency for every shape cannot hold both), GA10x GeForce 6.4 % (signed -4.9 %),
-#:   Turing GeForce 7.1 % (3 rows). These rows' dispatch is priced on the default desktop host (``dispatch.py``);
-#: * Ampere GA100 0.7434: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
+#:   leave-one-out 8.0 %; its two big sources still lean apart: fsdp_qlora's 7B-70B QLoRA pairs reach their
+#:   tokens/s only at the cap, llmq's Qwen2.5 0.5B/1.5B runs at 0.75-0.87 (the 4-card ones lowest: DDP's lost
+#:   scaling is hidden by the overlapped all-reduce);
+#: * Turing GeForce alone 0.7905: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out
+#:   11.6 %;
+#: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 0.9165 from 27 rows,
+#:   leave-one-out 7.0 %. Leave-one-source-out of the pooled fit: Ada GeForce 11.4 % (signed -11.2 %), GA10x
+#:   GeForce 5.8 % (signed -2.3 %), Turing GeForce 7.2 % (3 rows). Two changes of the model brought Ada GeForce
+#:   there from 18.6 %, neither a fit to these rows: Liger's fused linear cross-entropy sums the head's weight
+#:   gradient chunk by chunk (``logits.liger_grad_weight_traffic``: in the 0.6.4 llmq ran, a V x H product and
+#:   its fp32 copy per chunk, 14 bytes an element, several seconds of llmq's 1.5B step), and the fused
+#:   attention kernels reach the share of the peak that the generation's GEMMs reach times Hopper's ratio
+#:   (``time.attention_efficiency_for``, the rule a profile already followed; it was Hopper's 0.3982 on every
+#:   card). These rows' dispatch is priced on the default desktop host (``dispatch.py``);
+#: * Ampere GA100 0.7432: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.3 %, leave-one-source-out 6.0 %;
-#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5154 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
+#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5422 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
 #:   (one source; the multi-card rows fold DDP's lost scaling, 17 % and 25 % a card, which the estimate hides
-#:   entirely, into the GEMM rate: 0.66, 0.52, 0.46), leave-one-out 21.0 %; the A6000 keeps Ampere GA100's 0.7434.
+#:   entirely, into the GEMM rate: 0.67, 0.54, 0.49), leave-one-out 21.0 %; the A6000 keeps Ampere GA100's 0.7432.
 #: the GeForce generations that ship the pooled fit above (one efficiency for all of them)
 GEFORCE_POOLED = ("turing-geforce", "ampere-ga10x-geforce", "ada-geforce")
-MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 0.9501, "ampere-ga10x-geforce": 0.9501, "ada-geforce": 0.9501,
-                     "ampere-ga100": 0.7434}
+MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 0.9165, "ampere-ga10x-geforce": 0.9165, "ada-geforce": 0.9165,
+                     "ampere-ga100": 0.7432}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
 _GEFORCE_EVIDENCE = ("27 published runs on RTX 2080 Tis, 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
                      "LLaMA-Factory runs in IST-DASLab/llmq, jingyaogong/minimind)")

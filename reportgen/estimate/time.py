@@ -229,7 +229,8 @@ class TimeConstants:
         that runs the step (``on_host``: the profile's measured host, ``--host-cpu``, or the card's
         default host, ``dispatch.host_dispatch``, or ``host`` when the caller has it)."""
         eff = matmul_efficiency or matmul_efficiency_of(gpu.generation)[0]
-        base = cls(eff, K.ATTENTION_EFFICIENCY, K.DRAM_EFFICIENCY, K.L2_REUSE, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
+        att = min(1.0, K.ATTENTION_EFFICIENCY * eff / K.MATMUL_EFFICIENCY["hopper"])  # attention_efficiency_for, inlined
+        base = cls(eff, att, K.DRAM_EFFICIENCY, K.L2_REUSE, K.KERNEL_DEVICE_S, K.HOST_S_PER_KERNEL,
                    K.HOST_S_PER_CALL, K.HOST_S_PER_AUTOCAST_KERNEL)
         if gpu.profile is not None:
             base = profiled(base, gpu, dtype, keep_matmul=matmul_efficiency is not None)
@@ -243,6 +244,17 @@ class TimeConstants:
         return TimeConstants(self.matmul_efficiency, self.attention_efficiency, self.dram_efficiency, self.l2_reuse,
                              self.kernel_device_s, self.host_s_per_kernel * factor, self.host_s_per_call * factor,
                              self.host_s_per_autocast_kernel * factor)
+
+
+def attention_efficiency_for(matmul_efficiency: float) -> float:
+    """The fused attention kernels' fraction of the peak on a card whose GEMMs reach ``matmul_efficiency``
+    of it: ``ATTENTION_EFFICIENCY`` (fitted on our H100, where the GEMMs reach ``MATMUL_EFFICIENCY["hopper"]``)
+    scaled by the ratio of the two GEMM efficiencies, the rule a profile's measured GEMM rate follows
+    (``profiled``): FlashAttention's kernels run on the same tensor cores. Conservative off Hopper, where
+    FlashAttention-2 reaches a smaller share of cuBLAS's rate than on Ampere (FlashAttention-2, arXiv
+    2307.08691: up to 72 % of an A100's peak forward and backward; FlashAttention-3, arXiv 2407.08608:
+    35 % of an H100's). No efficiency above 1."""
+    return min(1.0, K.ATTENTION_EFFICIENCY * matmul_efficiency / K.MATMUL_EFFICIENCY["hopper"])
 
 
 def matmul_efficiency_of(generation: str, fitted: dict | None = None) -> tuple[float, str]:
