@@ -140,8 +140,11 @@ def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tupl
       with a transient of 6 (issue #1232 and PR #1239 measured it: 3,072 MiB for 131,072 x 4,096).
 
     The 0.8.x in-place paths need compute capability 8.0 (Turing cards take the other path; not told
-    apart). Liger 0.8.3 also changed how many chunks it cuts (its release notes: "workload-specific chunk
-    sizing"): not read here, ``liger_chunk_tokens`` is the 0.8.2 rule for every version.
+    apart). The chunk rule (``liger_chunk_tokens``) is every release's for the models modelled here: a
+    16x wider budget (PR #1414) was set back to it by default before 0.8.3, which keeps a wider one for
+    GPT-OSS only (PR #1472, the release notes' "workload-specific chunk sizing"). 0.8.3's reuse of one
+    logits buffer and direct writes of the input gradient (PR #1468) are not modelled (the copy they
+    save moves ``2 T H c`` bytes a micro-batch).
 
     Worked example (``tests/test_liger_loss.py``): Qwen2.5 1.5B in pure bf16 (``V x H`` = 151,936 x
     1,536) on Liger 0.6.4, 16 x 1,024 tokens make 64 chunks of 256 rows: 64 x 14 x 233.4 M = 209 GB a

@@ -626,13 +626,8 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     writes ``4V``, the cast back ``4V + cV``) and the head's input (and weight) gradient GEMMs.
     Torchtune's chunked loss moves the same bytes in 8 chunks (compiled or not: the compiled chunk's
     fewer bytes are not counted apart; nor are the no-upcast loss's 16-bit ones). Liger's fused linear
-    cross-entropy (``ops/fused_linear_cross_entropy.py``) runs everything in its forward, chunk by chunk
-    (``logits.liger_chunk_tokens``): per chunk the logits GEMM, its loss kernel (reads and writes the
-    chunk's logits in place), the input-gradient GEMM and its copy into ``grad_input``, and for a
-    trainable head the weight-gradient GEMM summed into ``grad_weight`` (``logits.liger_grad_weight_traffic``:
-    a small chunk makes this traffic rival the GEMMs); the loss's backward only scales the two
-    gradients (``element_mul_kernel``). Adapters on the head and a 4-bit head (``quant_head``) are not
-    counted here."""
+    cross-entropy runs the head's GEMMs and the loss chunk by chunk in its forward (``liger_loss_work``).
+    Adapters on the head and a 4-bit head (``quant_head``) are not counted here."""
     h, v, c, s, t = model.hidden_size, model.vocab_size, dt.compute, dt.stream, tokens
     lg = setup.kernels is Kernels.liger and model.model_type in LIGER_MODEL_TYPES
     norm_f, norm_b = liger_rms_norm(t, h, s, 1, dt.base) if lg else rms_norm(
@@ -642,29 +637,43 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     # arange, cumsum, the inverse frequencies' outer product, cat, cos, sin, scaling, casts)
     emb_f += Work(kernels=PROLOGUE_KERNELS, views=PROLOGUE_VIEWS, bytes=t * model.head_dim * 4 * 6,
                   calls=MODEL_CALLS)
-    head_w = dt.embed_bytes
+    head_w, fused = dt.embed_bytes, setup.loss.value == "fused"
     cast = dt.autocast and head_w != c
-    fwd = norm_f + emb_f + gemm(t, h, v, c) + _k(cast, v * h * (head_w + c))
-    bwd = norm_b + gemm(t, v, h, c) + (gemm(v, t, h, c) if dt.trainable_base else Work())
+    head_f, head_b = liger_loss_work(v, h, c, dt, t) if fused else (
+        gemm(t, h, v, c), gemm(t, v, h, c) + (gemm(v, t, h, c) if dt.trainable_base else Work()))
+    fwd = norm_f + emb_f + head_f + _k(cast, v * h * (head_w + c))
+    bwd = norm_b + head_b
     if dt.trainable_base:  # embedding_dense_backward: zero the V x h gradient, scatter-add the rows
         bwd += _k(3, v * h * 4 + t * h * (s + 4))
         if cast:  # the head's weight gradient cast back to its fp32 weight
             bwd += _k(1, v * h * (c + 4))
         if model.tie_word_embeddings:  # the head's and the embedding's gradients summed into one
             bwd += _k(1, v * h * 3 * head_w)
-    if setup.loss.value == "fused":  # Liger's chunk loop: its three GEMMs, loss kernel and copies per chunk
-        n, tb = math.ceil(t / liger_chunk_tokens(t, v, h)), dt.trainable_base
-        acc = liger_grad_weight_traffic(v * h, c, head_w, dt.flce_in_place)[0] if tb else 0
-        sums = 0 if dt.flce_in_place else 2 * tb  # ``.float()`` and the add per chunk
-        fwd += Work(kernels=6 + n * (3 + sums) + (n - 1) * (2 + tb), bytes=t * v * c * 2 + 2 * t * h * c + n * acc,
-                    calls=n)
-        bwd += _k(1 + tb, t * h * c * 2 + 2 * v * h * head_w * tb)
+    if fused:
         return fwd, bwd
     chunks = 8 if setup.loss.value in ("chunked", "chunked-compiled") else 1
     soft = 3 if model.final_logit_softcapping else 0  # div, tanh, mul
     fwd += _k(chunks * (3 + soft), t * v * ((c + 4) + 8 + soft * 2 * c) + t * 16)
     bwd += _k(chunks * (4 + soft), t * v * (4 + 12 + (4 + c) + soft * 3 * c))
     return fwd, bwd
+
+
+def liger_loss_work(v: int, h: int, c: int, dt: Dtypes, t: float) -> tuple[Work, Work]:
+    """Liger's fused linear cross-entropy over ``t`` tokens (``ops/fused_linear_cross_entropy.py``), all in the
+    loss's forward, ``n`` chunks of ``t / n`` rows (``logits.liger_chunk_tokens``): per chunk the logits
+    GEMM, its loss kernel (reads and writes the chunk's logits in place), the input-gradient GEMM and its
+    copy into ``grad_input``, and for a trainable head the weight-gradient GEMM summed into ``grad_weight``
+    (``logits.liger_grad_weight_traffic``). Each chunk's GEMMs read the whole ``V x h`` head, so small
+    chunks make them memory-bound (``gemm``). The loss's backward only scales the two gradients
+    (``element_mul_kernel``). Fixed per call: the zeroed ``grad_input``/``grad_weight``/loss buffers, the
+    target mask and its sum, the loss's sum."""
+    n, tb, w = math.ceil(t / liger_chunk_tokens(t, v, h)), dt.trainable_base, dt.embed_bytes
+    rows = t / n
+    gemms = gemm(rows, h, v, c) + gemm(rows, v, h, c) + (gemm(v, rows, h, c) if tb else Work())
+    acc = liger_grad_weight_traffic(v * h, c, w, dt.flce_in_place)[0] if tb else 0
+    sums = 0 if dt.flce_in_place else 2 * tb  # ``.float()`` and the add per chunk
+    loop = Work(kernels=6 + n * (3 + sums), bytes=t * v * c * 2 + 2 * t * h * c + n * acc, calls=n)
+    return gemms * n + loop, _k(1 + tb, t * h * c * 2 + 2 * v * h * w * tb)
 
 
 def optimizer_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> Work:
