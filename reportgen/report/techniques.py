@@ -182,13 +182,14 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         slug="fused-cross-entropy", title="Fused linear + cross-entropy", memory="down",
         terms="logits and loss: one chunk of tokens x vocabulary at a time instead of fp32 logits of all tokens",
-        throughput="about the same FLOPs", quality="no change",
+        throughput="about the same with a frozen head; down with full fine-tuning at small micro-batches (each "
+                   "chunk moves the whole head and its gradient)", quality="no change",
         when="large vocabularies (128k-256k: Llama 3, Gemma, Qwen) and long sequences",
         pairs=(PairSpec("Standard vs fused cross-entropy", _fs("loss"), off=lambda s: s["loss"] == "standard",
                         on=lambda s: s["loss"] == "fused",
                         commands=_cmds("llama-3.1-8b", "--method qlora --grad-ckpt",
                                        "--method qlora --grad-ckpt --loss fused")),),
-        functions=("reportgen.estimate.logits",)),
+        functions=("reportgen.estimate.logits", "reportgen.estimate.work:liger_loss_work")),
     Technique(
         slug="liger-kernels", title="Liger's layer kernels (RMSNorm, RoPE, SwiGLU)", memory="down",
         terms="activations: no fp32 copy in each norm, no activation output in the MLP; one MLP gradient "
