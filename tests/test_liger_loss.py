@@ -48,18 +48,18 @@ def test_which_liger_versions_sum_the_head_gradient_in_the_gemm(version, c, w, i
     assert Libraries(liger_kernel=version).flce_in_place(c, w) is in_place
 
 
-@pytest.mark.parametrize("libs, per_chunk, kernels", [(LIGER_064, 14, 64 * 3), (CURRENT, 4, 64)])
+@pytest.mark.parametrize("libs, per_chunk, kernels", [(LIGER_064, 14, 1 + 64 * 3), (CURRENT, 4, 1 + 64)])
 def test_the_fused_head_counts_the_accumulation_per_chunk_only_when_the_head_trains(libs, per_chunk, kernels):
     full, lora = _setup(), _setup(method="lora")
     t = 16 * 1024
     f_full, b_full = W.head_work(QWEN_15B, full, dtypes_for(full, libs), t)
     f_lora, b_lora = W.head_work(QWEN_15B, lora, dtypes_for(lora, libs), t)
-    # the head's weight-gradient GEMM is counted as FLOPs; beyond it, 64 chunks of the accumulation's bytes
-    # (the final norm's forward differs too: a trainable weight)
+    # the head's weight-gradient GEMM is counted as FLOPs; beyond it, the zeroed gradient and 64 chunks of the
+    # accumulation's bytes (the final norm's forward differs too: a trainable weight)
     norm = W.rms_norm(t, 1_536, 2, True, False)[0].bytes - W.rms_norm(t, 1_536, 2, False, False)[0].bytes
-    assert f_full.bytes - f_lora.bytes == 64 * per_chunk * HEAD + norm
+    assert f_full.bytes - f_lora.bytes == 2 * HEAD + 64 * per_chunk * HEAD + norm
     assert b_full.bytes - b_lora.bytes > 2 * HEAD * 2  # element_mul_kernel, and the embedding's scatter-add
-    assert f_full.kernels - f_lora.kernels == kernels  # one GEMM more a chunk (and .float() and the add)
+    assert f_full.kernels - f_lora.kernels == kernels  # zeroing grad_weight; a GEMM more a chunk (.float(), add)
 
 
 def test_small_chunks_make_the_heads_gemms_read_the_whole_head_each_time():
@@ -72,6 +72,18 @@ def test_small_chunks_make_the_heads_gemms_read_the_whole_head_each_time():
     head = 128_256 * 2_048
     assert liger_chunk_tokens(2048, 128_256, 2_048) == 64
     assert f.bytes > 32 * 3 * 2 * head and f.matmul_flops == 0
+
+
+def test_a_frozen_fp32_head_is_cast_before_each_of_its_gemms_a_trainable_one_once():
+    """Autocast caches the cast of a leaf that needs a gradient only: Llama 3.2 1B under bf16 autocast, 32 chunks."""
+    llama, head = catalog.load_model("llama-3.2-1b"), 128_256 * 2_048
+    frozen = _setup(method="lora", precision="bf16-mixed", batch=1, seq=2048, frozen_dtype="fp32")
+    trained = _setup(precision="bf16-mixed", batch=1, seq=2048)
+    for s, casts in ((frozen, 64), (trained, 1)):
+        dt = dtypes_for(s)
+        cast = W.liger_loss_work(128_256, 2_048, 2, dt, 2048, cast=True)[0]
+        plain = W.liger_loss_work(128_256, 2_048, 2, dt, 2048, cast=False)[0]
+        assert (cast.kernels - plain.kernels, cast.bytes - plain.bytes) == (casts, casts * head * (4 + 2))
 
 
 @pytest.mark.parametrize("libs, transient", [(LIGER_064, 6), (CURRENT, 0)])

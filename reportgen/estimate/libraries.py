@@ -22,9 +22,10 @@ measurements published with those versions (``reportgen/published``) can be comp
   (``ops/fused_linear_cross_entropy.py``): up to 0.6.1 with ``torch.addmm(..., out=grad_weight)`` in
   place; 0.6.2 (2025-08-21) to 0.8.2 with ``grad_weight += torch.mm(...).float()``, a ``V x H`` product
   and its fp32 copy per chunk (read in the 0.6.2-0.8.2 tags); 0.8.1 adds ``torch.addmm(...,
-  out_dtype=torch.float32, out=grad_weight)`` for an fp32 gradient of 16-bit products (PR #1239,
-  issue #1232); 0.8.3 accumulates 16-bit gradients in place too (PR #1454, the 0.8.3 release notes'
-  "low-precision weight-gradient accumulation"). ``logits.liger_grad_weight_traffic`` prices both paths.
+  out_dtype=torch.float32, out=grad_weight)`` for an fp32 gradient of 16-bit products on torch 2.8 or
+  later (PR #1239, issue #1232; 0.8.2 limits it to compute capability 8.0 and up); 0.8.3 accumulates
+  16-bit gradients in place too (PR #1454, the 0.8.3 release notes' "low-precision weight-gradient
+  accumulation"). ``logits.liger_grad_weight_traffic`` prices both paths.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def logits_memory(model: ModelSpec, dt: Dtypes, tokens: int, fused: bool = False
         return LogitsMemory(saved=saved, forward_live=forward_live, backward_live=backward_live)
     if fused:
         chunk = liger_chunk_tokens(tokens, v, model.hidden_size)
-        work = chunk * v * (c + 4)  # one chunk's logits and their fp32 softmax/gradient
+        work = chunk * v * c  # one chunk's logits, their gradient written in place (Liger 0.5.0 on; before, an fp32 copy too)
         grad_in = tokens * model.hidden_size * c  # grad of the hidden states, filled chunk by chunk
         head = v * model.hidden_size
         grad_w = head * dt.embed_bytes if dt.trainable_base else 0  # the head's gradient, zeroed before the loop
@@ -137,11 +137,13 @@ def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tupl
       ``grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float()``: the product (``c``
       bytes per element), its fp32 copy (``.float()`` reads ``c`` and writes 4; a no-op on fp32) and
       the in-place add (reads ``w`` and 4, writes ``w``): 14 bytes per element and chunk for bf16,
-      with a transient of 6 (issue #1232 and PR #1239 measured it: 3,072 MiB for 131,072 x 4,096).
+      with a transient of 6 (issue #1232; PR #1239 measured 3,072 MiB of extra peak for 131,072 x 4,096
+      on an RTX 4090).
 
-    The 0.8.x in-place paths need compute capability 8.0 (Turing cards take the other path; not told
-    apart). The chunk rule (``liger_chunk_tokens``) is every release's for the models modelled here: a
-    16x wider budget (PR #1414) was set back to it by default before 0.8.3, which keeps a wider one for
+    The 0.8.x fp32 path needs torch 2.8 and, from 0.8.2 (PR #1316), compute capability 8.0 (Turing cards
+    take the other path; not told apart). Up to 0.6.1 an fp32 head under autocast went through an fp32
+    ``addmm`` of upcast products: counted as in place. The chunk rule (``liger_chunk_tokens``) is every
+    release's for the models modelled here: a 16x wider budget (PR #1414) was set back to it by default before 0.8.3, which keeps a wider one for
     GPT-OSS only (PR #1472, the release notes' "workload-specific chunk sizing"). 0.8.3's reuse of one
     logits buffer and direct writes of the input gradient (PR #1468) are not modelled (the copy they
     save moves ``2 T H c`` bytes a micro-batch).

@@ -639,13 +639,14 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
                   calls=MODEL_CALLS)
     head_w, fused = dt.embed_bytes, setup.loss.value == "fused"
     cast = dt.autocast and head_w != c
-    head_f, head_b = liger_loss_work(v, h, c, dt, t) if fused else (
-        gemm(t, h, v, c), gemm(t, v, h, c) + (gemm(v, t, h, c) if dt.trainable_base else Work()))
-    fwd = norm_f + emb_f + head_f + _k(cast, v * h * (head_w + c))
+    head_f, head_b = liger_loss_work(v, h, c, dt, t, cast) if fused else (
+        gemm(t, h, v, c) + _k(cast, v * h * (head_w + c)),
+        gemm(t, v, h, c) + (gemm(v, t, h, c) if dt.trainable_base else Work()))
+    fwd = norm_f + emb_f + head_f
     bwd = norm_b + head_b
     if dt.trainable_base:  # embedding_dense_backward: zero the V x h gradient, scatter-add the rows
         bwd += _k(3, v * h * 4 + t * h * (s + 4))
-        if cast:  # the head's weight gradient cast back to its fp32 weight
+        if cast and not fused:  # the head's weight gradient cast back to its fp32 weight (Liger's is fp32)
             bwd += _k(1, v * h * (c + 4))
         if model.tie_word_embeddings:  # the head's and the embedding's gradients summed into one
             bwd += _k(1, v * h * 3 * head_w)
@@ -658,21 +659,28 @@ def head_work(model: ModelSpec, setup: TrainingSetup, dt: Dtypes, tokens: float)
     return fwd, bwd
 
 
-def liger_loss_work(v: int, h: int, c: int, dt: Dtypes, t: float) -> tuple[Work, Work]:
+def liger_loss_work(v: int, h: int, c: int, dt: Dtypes, t: float, cast: bool) -> tuple[Work, Work]:
     """Liger's fused linear cross-entropy over ``t`` tokens (``ops/fused_linear_cross_entropy.py``), all in the
     loss's forward, ``n`` chunks of ``t / n`` rows (``logits.liger_chunk_tokens``): per chunk the logits
     GEMM, its loss kernel (reads and writes the chunk's logits in place), the input-gradient GEMM and its
     copy into ``grad_input``, and for a trainable head the weight-gradient GEMM summed into ``grad_weight``
-    (``logits.liger_grad_weight_traffic``). Each chunk's GEMMs read the whole ``V x h`` head, so small
-    chunks make them memory-bound (``gemm``). The loss's backward only scales the two gradients
-    (``element_mul_kernel``). Fixed per call: the zeroed ``grad_input``/``grad_weight``/loss buffers, the
-    target mask and its sum, the loss's sum."""
+    (``logits.liger_grad_weight_traffic``; in place, the GEMM's epilogue reads and writes it, and a
+    memory-bound ``gemm`` already counts the write). Each chunk's GEMMs read the whole ``V x h`` head, so
+    small chunks make them memory-bound (``gemm``). Fixed per call: the zeroed ``grad_input``, loss and
+    (trainable head) ``grad_weight`` buffers, the target mask and its sum. ``cast``: the head is cast to the
+    compute dtype under autocast, once for a trainable head (autocast caches the cast of a leaf that needs a
+    gradient), before each of its two GEMMs a chunk for a frozen one. The loss's backward only scales the
+    two gradients (``element_mul_kernel``)."""
     n, tb, w = math.ceil(t / liger_chunk_tokens(t, v, h)), dt.trainable_base, dt.embed_bytes
     rows = t / n
     gemms = gemm(rows, h, v, c) + gemm(rows, v, h, c) + (gemm(v, rows, h, c) if tb else Work())
     acc = liger_grad_weight_traffic(v * h, c, w, dt.flce_in_place)[0] if tb else 0
-    sums = 0 if dt.flce_in_place else 2 * tb  # ``.float()`` and the add per chunk
-    loop = Work(kernels=6 + n * (3 + sums), bytes=t * v * c * 2 + 2 * t * h * c + n * acc, calls=n)
+    if tb and dt.flce_in_place and not gemm_is_compute_bound(v, rows, h, c):
+        acc -= c * v * h
+    sums = 0 if dt.flce_in_place or not tb else (2 if c != 4 else 1)  # ``.float()`` (a no-op on fp32), the add
+    casts = (1 if tb else 2 * n) if cast else 0
+    loop = Work(kernels=5 + tb + n * (2 + sums) + casts, calls=n,
+                bytes=t * v * c * 2 + 3 * t * h * c + tb * v * h * w + n * acc + casts * v * h * (w + c))
     return gemms * n + loop, _k(1 + tb, t * h * c * 2 + 2 * v * h * w * tb)
 
 
