@@ -76,7 +76,7 @@ def test_small_chunks_make_the_heads_gemms_read_the_whole_head_each_time():
 
 def test_a_frozen_fp32_head_is_cast_before_each_of_its_gemms_a_trainable_one_once():
     """Autocast caches the cast of a leaf that needs a gradient only: Llama 3.2 1B under bf16 autocast, 32 chunks."""
-    llama, head = catalog.load_model("llama-3.2-1b"), 128_256 * 2_048
+    head = 128_256 * 2_048  # Llama 3.2 1B
     frozen = _setup(method="lora", precision="bf16-mixed", batch=1, seq=2048, frozen_dtype="fp32")
     trained = _setup(precision="bf16-mixed", batch=1, seq=2048)
     for s, casts in ((frozen, 64), (trained, 1)):

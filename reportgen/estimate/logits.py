@@ -143,10 +143,10 @@ def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tupl
     The 0.8.x fp32 path needs torch 2.8 and, from 0.8.2 (PR #1316), compute capability 8.0 (Turing cards
     take the other path; not told apart). Up to 0.6.1 an fp32 head under autocast went through an fp32
     ``addmm`` of upcast products: counted as in place. The chunk rule (``liger_chunk_tokens``) is every
-    release's for the models modelled here: a 16x wider budget (PR #1414) was set back to it by default before 0.8.3, which keeps a wider one for
-    GPT-OSS only (PR #1472, the release notes' "workload-specific chunk sizing"). 0.8.3's reuse of one
-    logits buffer and direct writes of the input gradient (PR #1468) are not modelled (the copy they
-    save moves ``2 T H c`` bytes a micro-batch).
+    release's for the models modelled here: a 16x wider budget (PR #1414) was set back to it by default
+    before 0.8.3, which keeps a wider one for GPT-OSS only (PR #1472, the release notes'
+    "workload-specific chunk sizing"). 0.8.3's reuse of one logits buffer and direct writes of the input
+    gradient (PR #1468) are not modelled (the copy they save moves ``2 T H c`` bytes a micro-batch).
 
     Worked example (``tests/test_liger_loss.py``): Qwen2.5 1.5B in pure bf16 (``V x H`` = 151,936 x
     1,536) on Liger 0.6.4, 16 x 1,024 tokens make 64 chunks of 256 rows: 64 x 14 x 233.4 M = 209 GB a
