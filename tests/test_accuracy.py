@@ -134,25 +134,27 @@ def test_published_memory_overall_and_per_source(published):
 
 
 def test_published_tokens_per_second(published):
-    """The 30 fsdp_qlora rows with a rate (all on 2-8 GPUs; today median |error| 11.7 %, signed +1.1 %: their
-    wall times include loading the model, so the estimate of the loop should be above them; worst +102 % and
-    +99 %: R029 and R028, QLoRA of Llama-2 70B on 4 and 2 RTX 6000 Ada; then +69 %, R001, QLoRA with FSDP at
+    """The 30 fsdp_qlora rows with a rate (all on 2-8 GPUs; today median |error| 7.6 %, signed +2.1 %: their
+    wall times include loading the model, so the estimate of the loop should be above them; worst +115 % and
+    +112 %: R029 and R028, QLoRA of Llama-2 70B on 4 and 2 RTX 6000 Ada; then +69 %, R001, QLoRA with FSDP at
     batch 1 on the two RTX 3090s of a machine with 'slow PCI lanes', estimated on PCIe 3.0 x8), and the 15 rows
     of data/consumer_speed.csv that are mapped (whyNLP/tinyllama on 1 RTX 3090, 4090 and 1-8 A6000s,
     LLaMA-Factory runs on 1 and 4 RTX 4090s in IST-DASLab/llmq, both with Liger's or equal fused kernels,
-    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -17 %: median 12.8 %,
-    worst +45 %, whyNLP's 8-card DDP run on A6000s); all 45 together median 12.3 %. Before the runs with Liger's
-    kernels were estimated with them (kernels liger), the GEMM rate fitted to them was at its cap and these
-    were 9.9 %, 8.6 % and 9.8 %: the pooled GeForce rate no longer makes up for their eager memory-bound time."""
+    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -18 %: median 6.1 %,
+    worst +39 %, whyNLP's 8-card DDP run on A6000s); all 45 together median 7.5 %. They were 11.7 %, 12.8 % and
+    12.3 % before three corrections of the model, none fitted to these rows: Liger's fused loss sums the head's
+    gradient chunk by chunk (llmq's runs), the attention kernels' rate follows the card's GEMM rate, and a cast
+    the setup does not need no longer moves bytes (``work._k``: every 4-bit linear of a bf16 QLoRA step was
+    charged two casts' traffic)."""
     speed = published["speed"]
     fsdp = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("R")]
     consumer = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("CS")]
     assert len(fsdp) == 30 and len(consumer) == 15
-    assert statistics.median(abs(e) for e in fsdp) <= 0.12
+    assert statistics.median(abs(e) for e in fsdp) <= 0.09
     assert 0 <= statistics.median(fsdp) <= 0.06
-    assert max(abs(e) for e in fsdp) <= 1.05
+    assert max(abs(e) for e in fsdp) <= 1.2
     assert sorted(abs(e) for e in fsdp)[-3] <= 0.7  # beyond the two RTX 6000 Ada rows, within 70 %
-    assert statistics.median(abs(e) for e in consumer) <= 0.13 and max(abs(e) for e in consumer) <= 0.46
-    assert speed["median_abs_rel_error"] <= 0.125
+    assert statistics.median(abs(e) for e in consumer) <= 0.08 and max(abs(e) for e in consumer) <= 0.40
+    assert speed["median_abs_rel_error"] <= 0.09
     multi = published["multi_gpu"]
-    assert multi["speed_rows"] == 34 and multi["speed_median_abs_rel_error"] <= 0.13
+    assert multi["speed_rows"] == 34 and multi["speed_median_abs_rel_error"] <= 0.11

@@ -92,3 +92,21 @@ def test_a_gemms_arithmetic_intensity_counts_bytes_not_elements():
     bf16, fp32 = gemm(n, n, n, 2), gemm(n, n, n, 4)
     assert bf16.matmul_flops == 2 * n**3 and bf16.bytes == 0
     assert fp32.matmul_flops == 0 and fp32.bytes == 4 * 3 * n**2
+
+
+def test_a_cast_the_setup_does_not_need_moves_no_bytes():
+    """bitsandbytes' Linear4bit casts its input to the compute dtype and its output back only when they differ
+    (``x.to(compute dtype)``): a bf16 QLoRA step's 4-bit linears, bf16 in and out, launch no cast and move no
+    bytes for one. Before ``_k`` dropped the bytes of zero kernels, each such linear was charged two casts'
+    traffic, ``t x (in + out) x 4`` bytes each way (330 GB a 16k-token micro-batch of Llama-2 7B)."""
+    from reportgen.estimate import work as W
+    from reportgen.estimate.dtypes import dtypes_for
+
+    assert W._k(False, 1e9).bytes == 0 and W._k(2, 1e9).bytes == 1e9
+    llama = catalog.load_model("llama-2-7b")
+    lin = llama.layer_linears()[0]
+    for x, stream in ((2, "bf16"), (4, "fp32")):
+        s = TrainingSetup(method="qlora", precision="bf16-mixed" if x == 4 else "bf16")
+        f, _, _ = W.linear_unit(1024, W._Lin(lin, x, False, True), s, dtypes_for(s))
+        casts = 1024 * (lin.in_features + lin.out_features) * (x + 2) if x != 2 else 0
+        assert f.bytes == W.dequant_bytes_per_weight(s) * lin.in_features * lin.out_features + casts, stream

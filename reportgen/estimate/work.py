@@ -149,7 +149,9 @@ class StepWork:
 
 
 def _k(n: float = 1, nbytes: float = 0.0, views: float = 0) -> Work:
-    return Work(kernels=n, bytes=nbytes, views=views)
+    """``n`` kernels moving ``nbytes`` in all; none (``n`` 0 or False: a cast or copy the setup does not
+    need) move nothing."""
+    return Work(kernels=n, bytes=nbytes if n else 0.0, views=views)
 
 
 def gemm_is_compute_bound(m: float, k: float, n: float, c: int) -> bool:
