@@ -221,12 +221,13 @@ def test_an_estimate_says_where_its_rates_come_from():
     assert "estimated from Ampere GA100's" in note("rtx-a6000")
     assert "estimated from Hopper's" in note("l4")
     # where a few published runs exist but too few to fit, the note says what they showed against the borrowed rate
-    assert "RTX 6000 Ada) ran at half the tokens/s this rate gives" in note("l4")
+    assert "RTX 6000 Ada) ran at under half the tokens/s this rate gives" in note("l4")
     assert "Axolotl's Qwen3-14B QLoRA Colab example on a T4) ran at least 20 % faster" in note("t4")
     # a fitted generation names its evidence; the rates fitted on the H100 alone are said to be the H100's
     assert "Ampere GA100's fit to 3 published runs on A100 40GB" in note("a100-80gb")
     assert "the GeForce cards' pooled fit to 27 published runs on RTX 2080 Tis, 3090s and 4090s" in note("rtx-4090")
-    assert "attention and launch rates are the H100's, its dispatch the H100 machine's scaled to AMD Ryzen 5 7600X" \
+    assert "attention at the H100's ratio of attention to GEMM rate, launches at the H100's, its dispatch the H100 " \
+        "machine's scaled to AMD Ryzen 5 7600X" \
         in note("rtx-4090") and "72 MB L2" in note("rtx-4090")
     assert note("h100-sxm") == ""  # the machine everything was fitted on
     profiled = _est(attach(catalog.load_gpu("h100-pcie"), dataclasses.replace(_reference(), card="h100-pcie")), **s)

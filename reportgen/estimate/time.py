@@ -548,7 +548,8 @@ def rates_source(gpu: GpuSpec, host: HostDispatch | None = None) -> str:
     l2 = f"{gpu.l2_cache_bytes / 2**20:g} MB L2" if gpu.l2_cache_bytes else "no L2 figure"
     host = host or host_dispatch(gpu)
     cpu = host.cpu.name if host.cpu is not None else "the profiled host"
-    return (f"{gemm}; attention and launch rates are the H100's, its dispatch the H100 machine's scaled to {cpu} "
+    return (f"{gemm}; attention at the H100's ratio of attention to GEMM rate, launches at the H100's, its "
+            f"dispatch the H100 machine's scaled to {cpu} "
             f"(x{host.factor:.2f}, single-thread speed), memory-bound kernels at the H100's "
             f"DRAM efficiency with this card's {l2} (reportgen profile-gpu on the card measures them)")
 
