@@ -63,6 +63,20 @@ def test_each_key_as_llamafactory_reads_it(tmp_path, text, field, value):
     assert (got.value if hasattr(got, "value") else got) == value
 
 
+def test_liger_on_a_model_llamafactory_does_not_patch_keeps_transformers_modules_and_loss(tmp_path):
+    """LLaMA-Factory's apply_liger_kernel lists the model types it patches; Phi-2 (model_type phi) is not one:
+    it logs "Current model does not support liger kernel." and the step is transformers' own."""
+    path = tmp_path / "lf.yaml"
+    path.write_text("model_name_or_path: microsoft/phi-2\nstage: sft\nbf16: true\nenable_liger_kernel: true\n")
+    t = translate_file(path)
+    s = setup_from(t)
+    assert (t.model, s.loss.value, s.kernels.value) == ("phi-2", "standard", "eager")
+    assert any("does not patch model type 'phi'" in note for _, note in t.approximated)
+    path.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nbf16: true\nenable_liger_kernel: true\n")
+    s = setup_from(translate_file(path))
+    assert (s.loss.value, s.kernels.value) == ("fused", "liger")
+
+
 @pytest.mark.parametrize("text, says", [
     ("stage: dpo\n", "lf.yaml:3: stage: 'dpo': reward modelling and preference training"),
     ("quantization_bit: 8\n", "lf.yaml:4: quantization_bit: 8-bit training is not modelled"),

@@ -17,7 +17,8 @@ What LLaMA-Factory 0.9.5 does with each key, from its source:
   twice the rank, ``lora_dropout`` 0, ``lora_target`` all (every linear layer);
 * ``model_utils/liger_kernel.py``: ``enable_liger_kernel`` patches the model with Liger's RMSNorm, RoPE
   and SwiGLU kernels (``kernels: liger``) and for ``stage: sft`` or ``pt`` also fuses the LM head with
-  the cross-entropy (``fused_linear_cross_entropy``, since the logits are not needed);
+  the cross-entropy (``fused_linear_cross_entropy``, since the logits are not needed), for the model types
+  it lists (``LIGER_MODEL_TYPES``), nothing for the others;
 * the trainer is transformers' ``Seq2SeqTrainer`` (``CustomSeq2SeqTrainer``): recipe ``trainer``.
 """
 
@@ -55,14 +56,35 @@ def translate(r: Reader) -> Translation:
     optimizer(r, "optim", t)
     t.set("compile", bool(r.boolean("torch_compile", False)), "torch_compile")
     t.set("recipe", "trainer", "model_name_or_path")
-    liger = bool(r.boolean("enable_liger_kernel", False))
-    t.set("loss", "fused" if liger else "standard", "enable_liger_kernel")
-    t.set("kernels", "liger" if liger else "eager", "enable_liger_kernel")
+    _liger(r, t)
     if r.boolean("use_unsloth", False):
         t.approx("use_unsloth", "unsloth's own kernels and LoRA are not modelled: estimated as the Hugging Face step")
     trainer_sharding(r, t)
     trainer_eval(r, t)
     return finish(r, t)
+
+
+#: the model types LLaMA-Factory 0.9.5's ``apply_liger_kernel`` patches (``model_utils/liger_kernel.py``); for any
+#: other it logs "Current model does not support liger kernel." and patches nothing
+LIGER_MODEL_TYPES = frozenset({
+    "gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4v", "granite", "llama", "llava", "mistral",
+    "mixtral", "mllama", "olmo2", "paligemma", "phi3", "qwen2", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe",
+    "qwen3_next", "qwen3_5", "gpt_oss"})
+
+
+def _liger(r: Reader, t: Translation) -> None:
+    """``enable_liger_kernel``: Liger's layer kernels and fused loss, for the model types LLaMA-Factory patches;
+    a model it does not patch keeps transformers' modules and loss (known once the file names its model)."""
+    from reportgen import catalog
+
+    liger = bool(r.boolean("enable_liger_kernel", False))
+    model_type = catalog.load_model(t.model).model_type if liger and t.model else None
+    if model_type is not None and model_type not in LIGER_MODEL_TYPES:
+        t.approx("enable_liger_kernel", f"LLaMA-Factory 0.9.5 does not patch model type {model_type!r} (it logs "
+                 "'Current model does not support liger kernel.'): transformers' modules and loss")
+        liger = False
+    t.set("loss", "fused" if liger else "standard", "enable_liger_kernel")
+    t.set("kernels", "liger" if liger else "eager", "enable_liger_kernel")
 
 
 def _stage(r: Reader) -> None:

@@ -302,7 +302,8 @@ ROWS: tuple[Row, ...] = (
     _r("llamafactory", "flash_attn", HONOURED, "attn", "auto and sdpa: SDPA; fa2/fa3: SDPA's flash kernel (the same "
        "O(seq) memory); disabled: eager"),
     _r("llamafactory", "enable_liger_kernel", HONOURED, "loss, kernels", "Liger's RMSNorm, RoPE and SwiGLU kernels "
-       "(kernels liger); for stage sft and pt Liger also fuses the LM head with the cross-entropy (loss fused)"),
+       "(kernels liger); for stage sft and pt Liger also fuses the LM head with the cross-entropy (loss fused); "
+       "a model type LLaMA-Factory does not patch (e.g. phi) keeps transformers' modules and loss"),
     _r("llamafactory", "use_unsloth", APPROXIMATED, "recipe", "unsloth's kernels and LoRA are not modelled: estimated as "
        "the Hugging Face step"),
     _r("llamafactory", "upcast_layernorm", IGNORED, "", "norms in fp32: not modelled"),
