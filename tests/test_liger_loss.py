@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reportgen import catalog
+from reportgen.estimate import estimate
 from reportgen.estimate import work as W
 from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.libraries import CURRENT, Libraries
@@ -107,3 +108,11 @@ def test_the_accumulation_makes_a_small_chunk_step_slower_on_a_4090(monkeypatch)
     W.step_work.cache_clear()
     extra = with_it.parts["memory"] - without.parts["memory"]
     assert 32 * 209.1e9 / gpu.memory_bandwidth_gbs / 1e9 < extra < 32 * 209.1e9 / (0.8 * gpu.memory_bandwidth_gbs * 1e9)
+
+
+def test_a_full_fine_tune_with_the_fused_loss_says_which_liger_it_prices():
+    s = _setup(accum=32, grad_ckpt=True, kernels="liger", recipe="trainer")
+    notes = estimate(QWEN_15B, catalog.load_gpu("rtx-4090"), s, reverse=False).notes
+    assert any("priced as Liger-Kernel 0.8.5 runs it" in n and "each of a micro-batch's 64 chunks" in n for n in notes)
+    lora = estimate(QWEN_15B, catalog.load_gpu("rtx-4090"), s.model_copy(update={"method": "lora"}), reverse=False)
+    assert not any("trainable LM head" in n for n in lora.notes)

@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass
 
 from reportgen.estimate.dtypes import Dtypes
+from reportgen.estimate.libraries import CURRENT
 from reportgen.model import ModelSpec
 
 
@@ -156,3 +157,14 @@ def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tupl
         return 2 * w * head, 0
     cast = c + 4 if c != 4 else 0
     return head * (cast + 2 * w + 4), head * (c + (4 if c != 4 else 0))
+
+
+def liger_head_note(model: ModelSpec, tokens: int) -> str:
+    """What an estimate with Liger's fused loss and a trainable head says of the Liger version it prices
+    (``liger_grad_weight_traffic``): the harness's, which sums the head's gradient inside its GEMM."""
+    v, h = model.vocab_size, model.hidden_size
+    n = math.ceil(tokens / liger_chunk_tokens(tokens, v, h))
+    return (f"loss fused with a trainable LM head: priced as Liger-Kernel {CURRENT.liger_kernel} runs it (the "
+            f"head's gradient summed inside its GEMM, chunk by chunk); Liger 0.6.2 to 0.8.2 add a {v:,} x {h:,} "
+            f"product and its fp32 copy for each of a micro-batch's {n} chunks (14 bytes an element in bf16): "
+            "slower than this estimate")

@@ -50,7 +50,7 @@ from reportgen.estimate import sharding as SH
 from reportgen.estimate.sharding import full_shard_gathered_bytes as fsdp_gathered_bytes  # noqa: F401 (re-export)
 from reportgen.estimate.dtypes import Dtypes, dtypes_for
 from reportgen.estimate.libraries import CURRENT, Libraries
-from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, loss_logits_memory
+from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, liger_head_note, loss_logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
 from reportgen.setup import Attention, KbitPrep, Kernels, Method, Offload, Optimizer, Sharding, TrainingSetup
@@ -380,6 +380,8 @@ def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | No
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
     if setup.kernels is Kernels.liger:
         notes.append(LG.note(model))
+    if setup.loss.value == "fused" and setup.method == Method.full:
+        notes.append(liger_head_note(model, setup.batch * setup.seq))
     return notes
 
 
