@@ -53,7 +53,7 @@ from reportgen.estimate.libraries import CURRENT, Libraries
 from reportgen.estimate.logits import LogitsMemory, kept_output_bytes, liger_head_note, loss_logits_memory
 from reportgen.hardware import GpuSpec
 from reportgen.model import ModelSpec
-from reportgen.setup import Attention, KbitPrep, Kernels, Method, Offload, Optimizer, Sharding, TrainingSetup
+from reportgen.setup import Attention, KbitPrep, Kernels, Loss, Method, Offload, Optimizer, Sharding, TrainingSetup
 
 
 #: keys of ``MemoryEstimate.as_dict()`` that are totals or side figures, not memory terms
@@ -380,7 +380,7 @@ def setup_notes(model: ModelSpec, setup: TrainingSetup, attention_note: str | No
         notes.append("MoE experts with LoRA all-linear (peft ParamWrapper): adapter activations are approximate")
     if setup.kernels is Kernels.liger:
         notes.append(LG.note(model))
-    if setup.loss.value == "fused" and setup.method == Method.full:
+    if setup.method is Method.full and setup.loss is Loss.fused:
         notes.append(liger_head_note(model, setup.batch * setup.seq))
     return notes
 
