@@ -173,7 +173,7 @@ MUTANTS = [
       "return Work(kernels=n, bytes=nbytes, views=views)", "a cast the setup does not need still moves bytes"),
     m("time", E + "time.py", 'att = min(1.0, K.ATTENTION_EFFICIENCY * eff / K.MATMUL_EFFICIENCY["hopper"])',
       "att = K.ATTENTION_EFFICIENCY", "attention at the H100's share of the peak on every card"),
-    m("time", E + "logits.py", "    cast = c + 4 if c != 4 else 0\n", "    cast = 0\n",
+    m("time", E + "logits.py", "head * ((c + 4) * upcast + 2 * w + 4)", "head * (2 * w + 4)",
       "Liger's head gradient summed without its fp32 copy"),
     m("time", E + "libraries.py", "return v >= (0, 8, 3) and w == c and c != 4", "return w == c and c != 4",
       "every Liger release sums a 16-bit head gradient in place"),

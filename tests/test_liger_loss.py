@@ -32,14 +32,14 @@ def _setup(**kw) -> TrainingSetup:
 def test_the_worked_example_a_bf16_head_moves_14_bytes_an_element_a_chunk():
     assert (QWEN_15B.vocab_size, QWEN_15B.hidden_size) == (151_936, 1_536)
     assert liger_chunk_tokens(16 * 1024, 151_936, 1_536) == 256  # 64 chunks
-    assert liger_grad_weight_traffic(HEAD, 2, 2, in_place=False) == (14 * HEAD, 6 * HEAD)
+    assert liger_grad_weight_traffic(HEAD, 2, 2, in_place=False) == (14 * HEAD, 6 * HEAD, 2)
     assert 64 * 14 * HEAD == 209_102_831_616  # about 0.21 s a micro-batch at an RTX 4090's 1,008 GB/s
 
 
 def test_in_place_the_gemm_reads_and_writes_the_gradient_and_an_fp32_step_moves_12():
-    assert liger_grad_weight_traffic(HEAD, 2, 2, in_place=True) == (4 * HEAD, 0)
-    assert liger_grad_weight_traffic(HEAD, 2, 4, in_place=True) == (8 * HEAD, 0)  # addmm(out_dtype=float32)
-    assert liger_grad_weight_traffic(HEAD, 4, 4, in_place=False) == (12 * HEAD, 4 * HEAD)  # .float() is a no-op
+    assert liger_grad_weight_traffic(HEAD, 2, 2, in_place=True) == (4 * HEAD, 0, 0)
+    assert liger_grad_weight_traffic(HEAD, 2, 4, in_place=True) == (8 * HEAD, 0, 0)  # addmm(out_dtype=float32)
+    assert liger_grad_weight_traffic(HEAD, 4, 4, in_place=False) == (12 * HEAD, 4 * HEAD, 1)  # .float() is a no-op
 
 
 @pytest.mark.parametrize("version, c, w, in_place", [
@@ -102,7 +102,7 @@ def test_the_accumulation_makes_a_small_chunk_step_slower_on_a_4090(monkeypatch)
     each; the accumulation adds 32 x 209 GB of memory-bound traffic, several seconds of a 56 s step."""
     s, gpu = _setup(accum=32, grad_ckpt=True, kernels="liger", recipe="trainer"), catalog.load_gpu("rtx-4090")
     with_it = estimate_time(QWEN_15B, s, gpu, libs=LIGER_064)
-    monkeypatch.setattr(W, "liger_grad_weight_traffic", lambda head, c, w, in_place: (0, 0))
+    monkeypatch.setattr(W, "liger_grad_weight_traffic", lambda head, c, w, in_place: (0, 0, 0))
     W.step_work.cache_clear()
     without = estimate_time(QWEN_15B, s, gpu, libs=LIGER_064)
     W.step_work.cache_clear()

@@ -126,10 +126,11 @@ def liger_chunk_tokens(tokens: int | float, vocab: int, hidden: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc)))))
 
 
-def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tuple[int, int]:
+def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tuple[int, int, int]:
     """Liger's fused linear cross-entropy sums the LM head's weight gradient over its chunks during the
     forward (``ops/fused_linear_cross_entropy.py``): ``(HBM bytes per chunk beyond the product's FLOPs,
-    bytes of the transient)`` for a ``head = V x H`` weight stored in ``w`` bytes, products in ``c``;
+    bytes of the transient, kernels per chunk beyond the GEMM)`` for a ``head = V x H`` weight stored in
+    ``w`` bytes, products in ``c``;
     ``in_place``: the Liger version adds the product in the GEMM (``Libraries.flce_in_place``).
 
     * in place (``torch.addmm(..., out=grad_weight)``): the GEMM's epilogue reads and writes the
@@ -154,9 +155,9 @@ def liger_grad_weight_traffic(head: int, c: int, w: int, in_place: bool) -> tupl
     micro-batch, about 0.21 s on an RTX 4090's 1,008 GB/s, and a transient of 1.4 GB at the end of the
     forward; in place (0.8.3 on) 64 x 4 x 233.4 M = 60 GB."""
     if in_place:
-        return 2 * w * head, 0
-    cast = c + 4 if c != 4 else 0
-    return head * (cast + 2 * w + 4), head * (c + (4 if c != 4 else 0))
+        return 2 * w * head, 0, 0
+    upcast = c != 4  # ``.float()`` of an fp32 product is the product itself: no kernel, no copy
+    return head * ((c + 4) * upcast + 2 * w + 4), head * (c + 4 * upcast), 1 + upcast
 
 
 def liger_head_note(model: ModelSpec, tokens: int) -> str:

@@ -249,8 +249,9 @@ class TimeConstants:
 def attention_efficiency_for(matmul_efficiency: float) -> float:
     """The fused attention kernels' fraction of the peak on a card whose GEMMs reach ``matmul_efficiency``
     of it: ``ATTENTION_EFFICIENCY`` (fitted on our H100, where the GEMMs reach ``MATMUL_EFFICIENCY["hopper"]``)
-    scaled by the ratio of the two GEMM efficiencies, the rule a profile's measured GEMM rate follows
-    (``profiled``): FlashAttention's kernels run on the same tensor cores. Conservative off Hopper, where
+    scaled by the ratio of the two GEMM efficiencies, for a profile's measured GEMM rate (``profiled``) as for
+    a generation's fitted one (``TimeConstants.current``, inlined there: the bare estimate's call budget):
+    FlashAttention's kernels run on the same tensor cores. Conservative off Hopper, where
     FlashAttention-2 reaches a smaller share of cuBLAS's rate than on Ampere (FlashAttention-2, arXiv
     2307.08691: up to 72 % of an A100's peak forward and backward; FlashAttention-3, arXiv 2407.08608:
     35 % of an H100's). No efficiency above 1."""
@@ -316,7 +317,8 @@ def profiled(base: TimeConstants, gpu: GpuSpec, dtype: str | None, keep_matmul: 
     rate = prof.matmul_rate(dtype) if dtype else None
     if rate and gpu.peak_flops(dtype) and dtype in ref["matmul_tflops"] and not keep_matmul:
         r = (rate / gpu.peak_flops(dtype)) / (ref["matmul_tflops"][dtype] * 1e12 / ref_gpu.peak_flops(dtype))
-        mm, att = min(1.0, K.MATMUL_EFFICIENCY["hopper"] * r), min(1.0, K.ATTENTION_EFFICIENCY * r)
+        scaled = K.MATMUL_EFFICIENCY["hopper"] * r
+        mm, att = min(1.0, scaled), attention_efficiency_for(scaled)
     dram = base.dram_efficiency
     if prof.copy_1gib_gbs:  # the card's own streaming copy (beyond any L2) over the H100 machine's
         card_frac = prof.copy_1gib_gbs / gpu.memory_bandwidth_gbs

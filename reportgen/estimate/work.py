@@ -676,10 +676,9 @@ def liger_loss_work(v: int, h: int, c: int, dt: Dtypes, t: float, cast: bool) ->
     n, tb, w = math.ceil(t / liger_chunk_tokens(t, v, h)), dt.trainable_base, dt.embed_bytes
     rows = t / n
     gemms = gemm(rows, h, v, c) + gemm(rows, v, h, c) + (gemm(v, rows, h, c) if tb else Work())
-    acc = liger_grad_weight_traffic(v * h, c, w, dt.flce_in_place)[0] if tb else 0
+    acc, _, sums = liger_grad_weight_traffic(v * h, c, w, dt.flce_in_place) if tb else (0, 0, 0)
     if tb and dt.flce_in_place and not gemm_is_compute_bound(v, rows, h, c):
         acc -= c * v * h
-    sums = 0 if dt.flce_in_place or not tb else (2 if c != 4 else 1)  # ``.float()`` (a no-op on fp32), the add
     casts = (1 if tb else 2 * n) if cast else 0
     loop = Work(kernels=5 + tb + n * (2 + sums) + casts, calls=n,
                 bytes=t * v * c * 2 + 3 * t * h * c + tb * v * h * w + n * acc + casts * v * h * (w + c))
