@@ -140,12 +140,13 @@ def test_published_tokens_per_second(published):
     batch 1 on the two RTX 3090s of a machine with 'slow PCI lanes', estimated on PCIe 3.0 x8), and the 15 rows
     of data/consumer_speed.csv that are mapped (whyNLP/tinyllama on 1 RTX 3090, 4090 and 1-8 A6000s,
     LLaMA-Factory runs on 1 and 4 RTX 4090s in IST-DASLab/llmq, both with Liger's or equal fused kernels,
-    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -18 %: median 6.1 %,
-    worst +39 %, whyNLP's 8-card DDP run on A6000s); all 45 together median 7.5 %. They were 11.7 %, 12.8 % and
+    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -18 %: median 4.2 %,
+    worst +39 %, whyNLP's 8-card DDP run on A6000s); all 45 together median 6.8 %. They were 11.7 %, 12.8 % and
     12.3 % before three corrections of the model, none fitted to these rows: Liger's fused loss sums the head's
     gradient chunk by chunk (llmq's runs), the attention kernels' rate follows the card's GEMM rate, and a cast
     the setup does not need no longer moves bytes (``work._k``: every 4-bit linear of a bf16 QLoRA step was
-    charged two casts' traffic)."""
+    charged two casts' traffic); and 6.1 % and 7.5 % before llmq's rows were read as step 2's own seconds
+    (``consumer.tqdm_step_seconds``) instead of tqdm's average that still carried step 1's warm-up."""
     speed = published["speed"]
     fsdp = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("R")]
     consumer = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("CS")]
@@ -154,7 +155,7 @@ def test_published_tokens_per_second(published):
     assert 0 <= statistics.median(fsdp) <= 0.06
     assert max(abs(e) for e in fsdp) <= 1.2
     assert sorted(abs(e) for e in fsdp)[-3] <= 0.7  # beyond the two RTX 6000 Ada rows, within 70 %
-    assert statistics.median(abs(e) for e in consumer) <= 0.08 and max(abs(e) for e in consumer) <= 0.40
-    assert speed["median_abs_rel_error"] <= 0.09
+    assert statistics.median(abs(e) for e in consumer) <= 0.05 and max(abs(e) for e in consumer) <= 0.40
+    assert speed["median_abs_rel_error"] <= 0.08
     multi = published["multi_gpu"]
-    assert multi["speed_rows"] == 34 and multi["speed_median_abs_rel_error"] <= 0.11
+    assert multi["speed_rows"] == 34 and multi["speed_median_abs_rel_error"] <= 0.09

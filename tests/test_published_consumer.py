@@ -3,12 +3,14 @@
 arithmetic, and a mapping that contradicts its row, or names a row that does not exist, is refused."""
 
 import csv
+import io
 from pathlib import Path
 
 import pytest
 
 from reportgen.errors import UserError
-from reportgen.published.consumer import consumer_speed_rows, elapsed_bounds, eta_rate, number, read_csv, seconds
+from reportgen.published.consumer import (consumer_speed_rows, elapsed_bounds, eta_rate, number, read_csv, seconds,
+                                          tqdm_step_seconds)
 from reportgen.published.mapping import Unmapped
 from reportgen.published.speed import SpeedRow, compare_speed
 
@@ -148,3 +150,37 @@ def test_an_eta_mapping_needs_the_epoch_and_the_iterations(tmp_path):
     eta = MAP.replace("rate: step_time", "rate: eta_minutes\n  steps: 1000")
     with pytest.raises(UserError, match="missing at"):
         consumer_speed_rows(_write(tmp_path, [{**ROW, "value": "5; 4"}], eta))
+
+
+def test_tqdm_s_it_early_in_a_run_is_undone_to_the_step_s_own_seconds():
+    """tqdm shows a start-corrected exponential average (smoothing 0.3), not the last step: after two steps of
+    3 and 2 s a real bar shows 2.41 s/it, and ``tqdm_step_seconds`` recovers the 2 s; llmq's 4 x 4090 log
+    (5.89 then 5.08 s/it after steps 1 and 2) is a step 2 of 4.513 s, not 5.08."""
+    from tqdm import tqdm
+
+    now = [0.0]
+    bar = tqdm(total=5, file=io.StringIO(), mininterval=0)
+    bar._time, bar.start_t, bar.last_print_t = (lambda: now[0]), 0.0, 0.0
+    shown = []
+    for t in (3.0, 5.0):  # a first step of 3 s (with its warm-up), a second of 2 s
+        now[0] = t
+        bar.update(1)
+        shown.append(1 / bar.format_dict["rate"])
+    assert shown[0] == pytest.approx(3.0) and shown[1] == pytest.approx(2.0 * 0.3 / 0.51 + 3.0 * 0.21 / 0.51)
+    assert tqdm_step_seconds(shown[1], shown[0], 2) == pytest.approx(2.0)
+    assert tqdm_step_seconds(5.08, 5.89, 2) == pytest.approx(4.513, abs=1e-3)
+    assert tqdm_step_seconds(7.0, 123.0, 1) == pytest.approx(7.0)  # step 1: the shown value itself
+
+
+def test_a_tqdm_mapping_reads_both_values_from_the_row_s_quote(tmp_path):
+    tq = MAP.replace("rate: step_time", 'rate: tqdm_step\n  steps: 2\n  previous: "3.00"')
+    row = {**ROW, "value": "2.41", "quote": "1/9 [00:03<00:24, 3.00s/it]\n2/9 [00:05<00:16, 2.41s/it]"}
+    [r] = consumer_speed_rows(_write(tmp_path, [row], tq))
+    assert r.published_tokens_per_s == pytest.approx(16384 / (1.7 * 2.41 - 0.7 * 3.0))
+    assert "step 2's own time" in r.derivation
+    with pytest.raises(UserError, match="'3.10' s/it is not in the row's quote"):
+        consumer_speed_rows(_write(tmp_path, [row], tq.replace('"3.00"', '"3.10"')))
+    with pytest.raises(UserError, match="missing previous"):
+        consumer_speed_rows(_write(tmp_path, [row], tq.replace('\n  previous: "3.00"', "")))
+    with pytest.raises(UserError, match="leave no time"):
+        consumer_speed_rows(_write(tmp_path, [{**row, "quote": "9.00s/it 2.41s/it"}], tq.replace('"3.00"', '"9.00"')))

@@ -116,14 +116,16 @@ CACHED_AFTER_RELEASE = 0.5
 #:   GEMMs). With x8 as the slowest reading, 11 rows: 0.925, leave-one-source-out of the pooled rate 9.4 %;
 #: * Ada GeForce alone 0.9655: 15 rows (10 RTX 4090 pairs, fsdp_qlora; tinyllama's; llmq's 4), leave-one-out
 #:   4.9 %; its two big sources still lean apart: fsdp_qlora's 7B-70B QLoRA pairs at 0.95-1.0 (seven at the cap),
-#:   llmq's Qwen2.5 0.5B/1.5B runs at 0.75-0.87 (the 4-card ones lowest: DDP's lost scaling is hidden by the
-#:   overlapped all-reduce);
+#:   llmq's Qwen2.5 0.5B/1.5B runs at 0.87-0.89 (each its step 2's own seconds, ``consumer.tqdm_step_seconds``:
+#:   tqdm's s/it after step 2 still carries step 1's warm-up; read as it was shown, they were at 0.75-0.87, the
+#:   4-card ones lowest, which had looked like DDP's lost scaling);
 #: * Turing GeForce alone 0.7905: 3 RTX 2080 Ti rows (minimind's 26.9M model at batch 48 and 8), leave-one-out
 #:   11.6 %;
 #: * all GeForce together ("GeForce pooled"), SHIPPED for every GeForce generation: 0.9159 from 27 rows,
-#:   leave-one-out 6.3 %. Leave-one-source-out of the pooled fit: Ada GeForce 9.6 % (signed -7.3 %), GA10x
-#:   GeForce 5.8 % (signed -1.0 %), Turing GeForce 7.2 % (3 rows). Three corrections of the model brought Ada
-#:   GeForce there from 18.6 %, none a fit to these rows: Liger's fused linear cross-entropy sums the head's
+#:   leave-one-out 4.6 %. Leave-one-source-out of the pooled fit: Ada GeForce 5.7 % (signed -5.7 %), GA10x
+#:   GeForce 5.7 % (signed +1.0 %), Turing GeForce 7.2 % (3 rows). Reading llmq's rows as step 2's own seconds
+#:   took Ada GeForce from 9.6 % to 5.7 % (the pooled rate did not move); before that, three corrections of the
+#:   model brought it to 9.6 % from 18.6 %, none a fit to these rows: Liger's fused linear cross-entropy sums the head's
 #:   weight gradient chunk by chunk (``logits.liger_grad_weight_traffic``: in the 0.6.4 llmq ran, a V x H
 #:   product and its fp32 copy per chunk, 14 bytes an element, several seconds of llmq's 1.5B step); the fused
 #:   attention kernels reach the share of the peak that the generation's GEMMs reach times Hopper's ratio

@@ -8,6 +8,13 @@ A row's tokens/s follows from its rate by arithmetic, by the kind of rate its ma
 
 * ``step_time``: the value is seconds per optimizer step (a steady progress-bar rate, ``s/it``):
   tokens/s = ``tokens_per_step`` / value;
+* ``tqdm_step``: the value is the ``s/it`` a tqdm bar showed after optimizer step ``steps`` (k), and
+  ``previous`` what it showed after step k - 1, both in the row's quote. tqdm does not show a mean but an
+  exponential average of each refresh's seconds, corrected for its start (``tqdm/std.py`` ``EMA``:
+  ``last = a x + (1 - a) last``, shown as ``last / (1 - (1 - a)^calls)``; ``smoothing`` a = 0.3, which
+  transformers' ``ProgressCallback`` keeps), so early in a run the shown rate still carries the first step
+  and its warm-up (the first allocations, Triton's compilation). Step k's own seconds follow exactly:
+  ``x_k = ((1 - b^k) shown_k - b (1 - b^(k-1)) shown_(k-1)) / a``, b = 1 - a (``tqdm_step_seconds``);
 * ``total_time``: the value is a run's time (seconds, minutes, or ``h:mm:ss``) over ``steps`` optimizer
   steps: tokens/s = ``tokens_per_step`` x steps / seconds;
 * ``tokens_per_s``: the program printed tokens/s (all GPUs, or per GPU with ``per_gpu``);
@@ -42,7 +49,7 @@ from reportgen.setup import SetupError, TrainingSetup
 CSV_NAME = "consumer_speed.csv"
 SETUPS_NAME = "consumer_speed_setups.yaml"
 #: columns of ``consumer_speed.csv`` read here
-COLUMNS = ("row_id", "url", "gpu", "gpus", "model", "value", "unit", "clock_scope", "grade", "tokens_per_step")
+COLUMNS = ("row_id", "url", "gpu", "gpus", "model", "value", "unit", "clock_scope", "grade", "tokens_per_step", "quote")
 KIND = yamlfile.Kind("consumer-speed mapping file", "one entry per row id of data/consumer_speed.csv",
                      "see data/consumer_speed_setups.yaml")
 
@@ -54,8 +61,11 @@ class RowMap(BaseModel):
     unmapped: str | None = None  # why the row is not compared; nothing else is then needed
     model: str | None = None  # catalog name, or configs/NAME.json: a config.json under reportgen/published/configs
     gpu: str | None = None  # catalog name
-    rate: Literal["step_time", "total_time", "tokens_per_s", "samples_per_s", "eta_minutes"] | None = None
-    steps: int | None = Field(None, ge=1)  # total_time: optimizer steps the time covers; eta_minutes: an epoch's iterations
+    rate: Literal["step_time", "tqdm_step", "total_time", "tokens_per_s", "samples_per_s", "eta_minutes"] | None = None
+    # total_time: optimizer steps the time covers; eta_minutes: an epoch's iterations; tqdm_step: the step
+    # after which the bar showed the value
+    steps: int | None = Field(None, ge=1)
+    previous: str | None = None  # tqdm_step: the s/it the bar showed one step earlier, as printed
     at: list[int] | None = None  # eta_minutes: the loader iterations the printed values belong to
     per_gpu: bool = False  # tokens_per_s printed per GPU
     setup: dict = Field(default_factory=dict)
@@ -114,6 +124,8 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
     if m.rate == "step_time":
         s = seconds(value, unit)
         return tokens / s, f"{tokens:,} tokens a step / {s:g} s a step"
+    if m.rate == "tqdm_step":
+        return tqdm_rate(row, m.previous or "", m.steps, tokens)
     if m.rate == "total_time":
         s = seconds(value, unit)
         return tokens * m.steps / s, f"{tokens:,} tokens a step x {m.steps} steps / {s:g} s"
@@ -124,6 +136,35 @@ def published_rate(row: dict, m: RowMap, setup: TrainingSetup) -> tuple[float, s
         return eta_rate(value, m.at or [], m.steps, tokens // setup.accum)
     samples = setup.batch * setup.accum * setup.gpus
     return number(value) * tokens / samples, f"{value} samples/s x {tokens // samples:,} tokens a sample"
+
+
+#: tqdm's default ``smoothing`` (``tqdm.std.tqdm.__init__``), which transformers' ``ProgressCallback`` keeps
+TQDM_SMOOTHING = 0.3
+
+
+def tqdm_step_seconds(shown: float, previous: float, k: int, smoothing: float = TQDM_SMOOTHING) -> float:
+    """Step ``k``'s own seconds from the ``s/it`` a tqdm bar showed after steps ``k`` and ``k - 1`` (one
+    refresh a step): ``tqdm.std.EMA`` keeps ``last = a x + b last`` (b = 1 - a) and shows
+    ``last / (1 - b^calls)``, so ``a x_k = (1 - b^k) shown_k - b (1 - b^(k-1)) shown_(k-1)``. Step 1 is
+    the shown value itself. Example: 5.89 then 5.08 s/it after steps 1 and 2 are a step 2 of
+    1.7 x 5.08 - 0.7 x 5.89 = 4.513 s, not 5.08."""
+    b = 1 - smoothing
+    return ((1 - b ** k) * shown - b * (1 - b ** (k - 1)) * previous) / smoothing
+
+
+def tqdm_rate(row: dict, previous: str, k: int, tokens: int) -> tuple[float, str]:
+    """tokens/s of step ``k`` (``tqdm_step``); each value read must be in the row's quote as ``N s/it``,
+    so the mapping cannot bring a number the source did not print."""
+    readings = [row["value"]] + ([previous] if k > 1 else [])
+    for shown in readings:
+        if not re.search(rf"(?<![0-9.]){re.escape(shown.strip())}\s*s/it", row["quote"]):
+            raise ValueError(f"{shown!r} s/it is not in the row's quote")
+    s = tqdm_step_seconds(float(row["value"]), float(readings[-1]), k)
+    if s <= 0:
+        raise ValueError(f"{row['value']} s/it after step {k} and {previous} after step {k - 1} leave no time to step {k}")
+    return tokens / s, (f"{tokens:,} tokens a step / {s:.4g} s, step {k}'s own time: tqdm showed {row['value']} s/it "
+                        f"after step {k} and {previous} after step {k - 1}, an average that still carries the first "
+                        f"step (smoothing {TQDM_SMOOTHING:g})")
 
 
 def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]:
@@ -175,8 +216,9 @@ def map_entry(row: dict, m: RowMap, where: str) -> SpeedRow | Unmapped:
     if m.unmapped:
         return Unmapped(rid, url, m.unmapped)
     needed = [k for k in ("model", "gpu", "rate") if getattr(m, k) is None] + (
-        ["steps"] if m.rate in ("total_time", "eta_minutes") and m.steps is None else []) + (
-        ["at"] if m.rate == "eta_minutes" and not m.at else [])
+        ["steps"] if m.rate in ("total_time", "eta_minutes", "tqdm_step") and m.steps is None else []) + (
+        ["at"] if m.rate == "eta_minutes" and not m.at else []) + (
+        ["previous"] if m.rate == "tqdm_step" and not m.previous and (m.steps or 0) > 1 else [])
     if needed:
         raise UserError(f"{where}: {rid}: missing {', '.join(needed)} (or write `unmapped: why`)")
     try:
@@ -224,4 +266,4 @@ def consumer_speed_rows(data_dir: Path) -> list[SpeedRow | Unmapped]:
             Unmapped(rid, row["url"], "no mapping yet") for rid, row in rows.items()]
 
 
-__all__ = ["RowMap", "consumer_speed_rows", "number", "published_rate", "seconds"]
+__all__ = ["RowMap", "consumer_speed_rows", "number", "published_rate", "seconds", "tqdm_step_seconds"]
