@@ -162,9 +162,10 @@ def tqdm_rate(row: dict, previous: str, k: int, tokens: int) -> tuple[float, str
     s = tqdm_step_seconds(float(row["value"]), float(readings[-1]), k)
     if s <= 0:
         raise ValueError(f"{row['value']} s/it after step {k} and {previous} after step {k - 1} leave no time to step {k}")
-    return tokens / s, (f"{tokens:,} tokens a step / {s:.4g} s, step {k}'s own time: tqdm showed {row['value']} s/it "
-                        f"after step {k} and {previous} after step {k - 1}, an average that still carries the first "
-                        f"step (smoothing {TQDM_SMOOTHING:g})")
+    b = 1 - TQDM_SMOOTHING
+    weight = b * (1 - b ** (k - 1)) / (1 - b ** k)
+    return tokens / s, (f"{tokens:,} tokens a step / {s:.4g} s, step {k}'s own time (tqdm's {row['value']} s/it "
+                        f"after it weighs the {readings[-1]} before at {weight:.2f})")
 
 
 def elapsed_bounds(minutes_left: int, i: int, steps: int) -> tuple[float, float]:
