@@ -153,34 +153,48 @@ def test_an_eta_mapping_needs_the_epoch_and_the_iterations(tmp_path):
 
 
 def test_tqdm_s_it_early_in_a_run_is_undone_to_the_step_s_own_seconds():
-    """tqdm shows a start-corrected exponential average (smoothing 0.3), not the last step: after two steps of
-    3 and 2 s a real bar shows 2.41 s/it, and ``tqdm_step_seconds`` recovers the 2 s; llmq's 4 x 4090 log
-    (5.89 then 5.08 s/it after steps 1 and 2) is a step 2 of 4.513 s, not 5.08."""
+    """tqdm shows a start-corrected exponential average (smoothing 0.3), not the last step: a bar made as
+    transformers' ``ProgressCallback`` makes it, stepped through 3, 2 and 1.5 s, shows 3, 2.41 and 2.03 s/it,
+    and ``tqdm_step_seconds`` recovers each step; llmq's 4 x 4090 log (5.89 then 5.08 s/it after steps 1 and 2)
+    is a step 2 of 4.513 s, not 5.08."""
     from tqdm import tqdm
 
     now = [0.0]
-    bar = tqdm(total=5, file=io.StringIO(), mininterval=0)
+    bar = tqdm(total=9, dynamic_ncols=True, file=io.StringIO())
     bar._time, bar.start_t, bar.last_print_t = (lambda: now[0]), 0.0, 0.0
-    shown = []
-    for t in (3.0, 5.0):  # a first step of 3 s (with its warm-up), a second of 2 s
-        now[0] = t
+    steps, shown = (3.0, 2.0, 1.5), []
+    for dt in steps:  # a first step of 3 s (with its warm-up), then 2 s and 1.5 s
+        now[0] += dt
         bar.update(1)
         shown.append(1 / bar.format_dict["rate"])
     assert shown[0] == pytest.approx(3.0) and shown[1] == pytest.approx(2.0 * 0.3 / 0.51 + 3.0 * 0.21 / 0.51)
-    assert tqdm_step_seconds(shown[1], shown[0], 2) == pytest.approx(2.0)
+    assert shown[2] != pytest.approx(1.5, rel=0.05)  # still not the step's own time at step 3
+    assert [tqdm_step_seconds(shown[k - 1], shown[k - 2] if k > 1 else 0.0, k) for k in (1, 2, 3)] == [
+        pytest.approx(t) for t in steps]
     assert tqdm_step_seconds(5.08, 5.89, 2) == pytest.approx(4.513, abs=1e-3)
-    assert tqdm_step_seconds(7.0, 123.0, 1) == pytest.approx(7.0)  # step 1: the shown value itself
 
 
-def test_a_tqdm_mapping_reads_both_values_from_the_row_s_quote(tmp_path):
+def test_a_tqdm_mapping_reads_each_value_from_its_step_s_line_in_the_quote(tmp_path):
+    """Both readings must be the bar's lines for steps k and k - 1 in the row's quote: a number the source did
+    not print, two readings swapped, another step, or a number inside a longer one are refused."""
     tq = MAP.replace("rate: step_time", 'rate: tqdm_step\n  steps: 2\n  previous: "3.00"')
-    row = {**ROW, "value": "2.41", "quote": "1/9 [00:03<00:24, 3.00s/it]\n2/9 [00:05<00:16, 2.41s/it]"}
+    quote = "1/9 [00:03<00:24,  3.00s/it]\n2/9 [00:05<00:16,  2.41s/it]"
+    row = {**ROW, "value": "2.41", "quote": quote}
     [r] = consumer_speed_rows(_write(tmp_path, [row], tq))
     assert r.published_tokens_per_s == pytest.approx(16384 / (1.7 * 2.41 - 0.7 * 3.0))
-    assert "step 2's own time" in r.derivation
-    with pytest.raises(UserError, match="'3.10' s/it is not in the row's quote"):
-        consumer_speed_rows(_write(tmp_path, [row], tq.replace('"3.00"', '"3.10"')))
+    assert "step 2's own time" in r.derivation and "at 0.41" in r.derivation
+    for mapping, value, words in (
+            (tq.replace('"3.00"', '"3.10"'), "2.41", "3.00 s/it at step 1, not 3.10"),
+            (tq.replace('"3.00"', '"2.41"'), "3.00", "2.41 s/it at step 2, not 3.00"),  # swapped
+            (tq.replace("steps: 2", "steps: 3"), "2.41", "no line at step 3"),
+            (tq, "1.41", "2.41 s/it at step 2, not 1.41")):
+        with pytest.raises(UserError, match=words):
+            consumer_speed_rows(_write(tmp_path, [{**row, "value": value}], mapping))
+    longer = {**row, "quote": quote.replace(" 2.41s/it", "12.41s/it")}  # 2.41 only inside 12.41
+    with pytest.raises(UserError, match="12.41 s/it at step 2, not 2.41"):
+        consumer_speed_rows(_write(tmp_path, [longer], tq))
     with pytest.raises(UserError, match="missing previous"):
         consumer_speed_rows(_write(tmp_path, [row], tq.replace('\n  previous: "3.00"', "")))
+    fast = {**row, "quote": "1/9 [00:09<01:12,  9.00s/it]\n2/9 [00:10<00:16,  2.41s/it]"}
     with pytest.raises(UserError, match="leave no time"):
-        consumer_speed_rows(_write(tmp_path, [{**row, "quote": "9.00s/it 2.41s/it"}], tq.replace('"3.00"', '"9.00"')))
+        consumer_speed_rows(_write(tmp_path, [fast], tq.replace('"3.00"', '"9.00"')))

@@ -152,13 +152,20 @@ def tqdm_step_seconds(shown: float, previous: float, k: int, smoothing: float = 
     return ((1 - b ** k) * shown - b * (1 - b ** (k - 1)) * previous) / smoothing
 
 
+#: one state of a tqdm bar as it prints it: ``2/11 [00:10<00:45,  5.08s/it]`` (step, total, elapsed<left, rate)
+TQDM_BAR = re.compile(r"(?<![0-9])([0-9]+)/[0-9]+ \[[0-9:]+<[0-9:?]+,\s*([0-9]+(?:\.[0-9]+)?)s/it\]")
+
+
 def tqdm_rate(row: dict, previous: str, k: int, tokens: int) -> tuple[float, str]:
-    """tokens/s of step ``k`` (``tqdm_step``); each value read must be in the row's quote as ``N s/it``,
-    so the mapping cannot bring a number the source did not print."""
-    readings = [row["value"]] + ([previous] if k > 1 else [])
-    for shown in readings:
-        if not re.search(rf"(?<![0-9.]){re.escape(shown.strip())}\s*s/it", row["quote"]):
-            raise ValueError(f"{shown!r} s/it is not in the row's quote")
+    """tokens/s of step ``k`` (``tqdm_step``). The row's quote must hold the bar's line for step ``k`` with the
+    row's value and, for k > 1, its line for step ``k - 1`` with ``previous``: the mapping cannot bring a number
+    the source did not print, nor pair a number with another step."""
+    shown = {int(step): rate for step, rate in TQDM_BAR.findall(row["quote"])}
+    readings = [row["value"].strip()] + ([previous.strip()] if k > 1 else [])
+    for step, reading in zip((k, k - 1), readings):
+        if shown.get(step) != reading:
+            printed = f"{shown[step]} s/it" if step in shown else "no line"
+            raise ValueError(f"the quote's tqdm bar has {printed} at step {step}, not {reading} s/it")
     s = tqdm_step_seconds(float(row["value"]), float(readings[-1]), k)
     if s <= 0:
         raise ValueError(f"{row['value']} s/it after step {k} and {previous} after step {k - 1} leave no time to step {k}")
