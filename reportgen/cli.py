@@ -13,7 +13,7 @@ from pathlib import Path
 from reportgen import __version__, catalog
 from reportgen.errors import UserError
 from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_host_cpu_flag, add_setup_flags, flag_error, gpu_from_args,
-                             positive_count, positive_int, setup_from_args)
+                             positive_int, train_tokens, setup_from_args)
 
 GIB = 2**30
 DEFAULT_RESULTS = Path("results")
@@ -31,7 +31,7 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
     add_setup_flags(p)
     add_gpu_profile_flag(p)
     add_host_cpu_flag(p)
-    p.add_argument("--train-tokens", type=positive_count, default=DEFAULT_TRAIN_TOKENS,
+    p.add_argument("--train-tokens", type=train_tokens, default=DEFAULT_TRAIN_TOKENS,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--lengths", type=Path, default=None, metavar="FILE",
                    help="the dataset's sample lengths in tokens (one per line, 'LENGTH COUNT' lines, or a JSON list or "
@@ -135,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from reportgen.setup import SetupError
+
     try:
-        return run_command(args)
+        try:
+            return run_command(args)
+        except SetupError as exc:  # a flag's value a setup refuses, where a command did not check it first
+            raise flag_error(exc) from None
     except UserError as exc:
         from rich.console import Console
         from rich.markup import escape

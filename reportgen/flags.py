@@ -17,6 +17,9 @@ from reportgen.setup import TrainingSetup
 
 #: ``reportgen estimate``'s default number of training tokens (its ``--train-tokens``)
 DEFAULT_TRAIN_TOKENS = 100_000_000
+#: the most training tokens a flag or a sweep file takes: 10^15, a hundred times the largest
+#: pre-training runs published (Llama 3: 15.6e12 tokens), so a typo such as ``1e30`` is refused
+MAX_TRAIN_TOKENS = 10**15
 
 
 def add_setup_flags(p: argparse.ArgumentParser) -> None:
@@ -183,6 +186,26 @@ def setup_from_args(args: argparse.Namespace):
 def flag_error(exc) -> UserError:
     """A ``SetupError`` as the user's flag names it: ``--eval-seq: must be >= 8 (got 4)``."""
     return UserError(f"{'--' + exc.field.replace('_', '-') if exc.field else 'setup'}: {exc.message}")
+
+
+def checked_field(name: str, value):
+    """``value`` as the setup's field ``name`` accepts it (``TrainingSetup.model_fields``), else the
+    ``UserError`` its flag gives: ``--seq: must be <= 1048576 (got 2000000)``."""
+    from reportgen.setup import SetupError
+
+    try:
+        return TrainingSetup.model_fields[name].check(name, value)
+    except SetupError as exc:
+        raise flag_error(exc) from None
+
+
+def train_tokens(text: str) -> int:
+    """An argparse type: a number of training tokens, 1 to ``MAX_TRAIN_TOKENS``, also written as ``1e8``."""
+    value = positive_count(text)
+    if value > MAX_TRAIN_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most 1e15 tokens (a hundred times a frontier "
+                                         "model's pre-training)")
+    return value
 
 
 def positive_int(text: str) -> int:

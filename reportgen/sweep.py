@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reportgen import catalog, yamlfile
+from reportgen.flags import DEFAULT_TRAIN_TOKENS, MAX_TRAIN_TOKENS
 from reportgen.measure import defaults as D
 from reportgen.errors import UserError
 from reportgen.results import case_id, short_hash
-from reportgen.setup import SetupError, TrainingSetup
+from reportgen.setup import METHOD_FIELDS, SetupError, TrainingSetup
 
 #: the most cases a sweep may expand to unless the caller allows more (``--max-cases``): 10,000
 #: cases estimate in about 15 s, take 40 MB of result files and render in about 15 s
@@ -96,12 +97,25 @@ class SweepFile(BaseModel):
     exclude: list[dict[str, Any]] = []
     override: list[Rule] = []
     measure: MeasureConfig = MeasureConfig()
-    train_tokens: int = Field(100_000_000, ge=1, le=10**15)
+    train_tokens: int = Field(DEFAULT_TRAIN_TOKENS, ge=1, le=MAX_TRAIN_TOKENS)
     #: profiles of real cards (``reportgen profile-gpu``): each card's cases are priced with its profile
     gpu_profiles: list[str] = []
     #: the host CPU (``reportgen cpus``) every case's dispatch is priced for, as ``--host-cpu``; None: each
     #: card's default host (a card's ``gpu_profiles`` entry, which measured its own host, wins)
     host_cpu: str | None = None
+
+    @field_validator("train_tokens", mode="before")
+    @classmethod
+    def _written_as_1e8(cls, value: Any) -> Any:
+        """``train_tokens: 1e8`` is a string to YAML 1.1 (its floats need a dot: ``1.0e+8``); read it as
+        the CLI's ``--train-tokens 1e8`` does."""
+        if isinstance(value, str):
+            try:
+                number = float(value.replace("_", ""))
+            except ValueError:
+                return value
+            return int(number) if number.is_integer() and abs(number) <= MAX_TRAIN_TOKENS else number
+        return value
 
 
 @dataclass(frozen=True)
@@ -195,6 +209,26 @@ def _content_hash(raw) -> str:
         return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+#: what a top-level key of a sweep file takes, as its error's hint
+FILE_KEY_HINTS = {
+    "name": "name: lower-case letters, digits, - and _ (it names the results folder), e.g. name: my-sweep",
+    "train_tokens": "train_tokens: a whole number of tokens from 1 to 1e15, e.g. train_tokens: 1e8",
+    "grids": "grids: a list of mappings, e.g. grids: [{model: [llama-3.2-1b], gpu: [rtx-4090]}]",
+    "exclude": "exclude: a list of mappings of key: value a cell must not match",
+    "override": "override: a list of {when: {key: value}, set: {key: value}}",
+    "gpu_profiles": "gpu_profiles: a list of profile files written by reportgen profile-gpu",
+    "host_cpu": "host_cpu: a name from reportgen cpus",
+    "description": "description: one line of text",
+}
+
+
+def _file_hint(loc: tuple) -> str:
+    """The hint of a sweep file's value pydantic refused at ``loc``: what that key takes."""
+    if loc and loc[0] == "measure":
+        return "measure keys: " + ", ".join(MeasureConfig.model_fields)
+    return FILE_KEY_HINTS.get(str(loc[0]) if loc else "", "top-level keys: " + ", ".join(SweepFile.model_fields))
+
+
 def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> Sweep:
     """Read, check and expand a sweep file. ``max_cases``: refuse a sweep of more cases (None: no limit)."""
     path = Path(path)
@@ -215,9 +249,8 @@ def load_sweep(path: str | Path, max_cases: int | None = DEFAULT_MAX_CASES) -> S
         err = exc.errors()[0]
         loc = err["loc"]
         what = ".".join(str(p) for p in loc)
-        hint = ("measure keys: " + ", ".join(MeasureConfig.model_fields) if loc and loc[0] == "measure"
-                else "top-level keys: " + ", ".join(SweepFile.model_fields))
-        raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}", hint=hint) from None
+        got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], (dict, list)) else ""
+        raise UserError(f"{path}:{_line_of(lines, loc)}: {what}: {err['msg']}{got}", hint=_file_hint(loc)) from None
     if spec.host_cpu is not None:
         try:
             catalog.load_cpu(spec.host_cpu)
@@ -375,21 +408,12 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                         f"than the {max_cases:,} a sweep runs without asking",
                         hint=f"split the sweep, or allow it: reportgen sweep {path} --max-cases {total} (each case "
                              "is a result file of about 4 KB; 10,000 cases render in about 15 s)")
-    for gi, grid in enumerate(spec.grids):
-        for name in _values(grid.get("model", [])):
-            try:
-                catalog.load_model(str(name))
-            except UserError as exc:
-                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'model'))}: {exc.message}", exc.hint) from None
-        for name in _values(grid["gpu"]):
-            try:
-                catalog.load_gpu(str(name))
-            except UserError as exc:
-                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'gpu'))}: {exc.message}", exc.hint) from None
+    _check_names(path, spec, lines)
     seen: dict[str, Case] = {}
     from_warnings: list[str] = []
     used = {("exclude", i): False for i in range(len(spec.exclude))}
     used.update({("override", i): False for i in range(len(spec.override))})
+    applied = {(gi, k): False for gi, g in enumerate(spec.grids) if "from" not in g for k in g if k in METHOD_FIELDS}
     for gi, grid in enumerate(spec.grids):
         keys = list(grid)
         for combo in itertools.product(*(_values(grid[k]) for k in keys)):
@@ -410,6 +434,8 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                 cell = {**cell, "model": model}
                 if _excluded(spec.exclude, {**setup.model_dump(mode="json"), **cell}, used):  # the file's values too
                     continue
+            else:
+                cell = _drop_other_methods(cell, applied, gi)
             case = _case(path, lines, gi, cell, origin, setup=setup)
             cid = case.id
             other = seen.get(cid)
@@ -422,9 +448,45 @@ def _expand(path: Path, spec: SweepFile, lines: dict[tuple, int],
                                      "it, and split the two setups into separate sweeps meanwhile")
     if not seen:
         raise UserError(f"{path}: the grids expand to no case (everything excluded?)")
+    for (gi, key), hit in applied.items():
+        if not hit:
+            only = " or ".join(f"method {m}" for m in METHOD_FIELDS[key])
+            raise UserError(f"{path}:{_line_of(lines, ('grids', gi, key))}: grids[{gi}].{key}: applies only to {only}; "
+                            "no cell of this grid has that method, so it changes nothing",
+                            hint=f"add the method to the grid (method: [full, {METHOD_FIELDS[key][0]}]) or drop {key}")
     warnings = [f"{path}:{_line_of(lines, (kind, i))}: {kind}[{i}] matches no cell of the grids: it does nothing"
                 for (kind, i), hit in sorted(used.items()) if not hit]
     return [seen[k] for k in sorted(seen)], warnings + list(dict.fromkeys(from_warnings))
+
+
+def _check_names(path: Path, spec: SweepFile, lines: dict[tuple, int]) -> None:
+    """Every grid's models and GPUs are known (catalog names, Hub ids, config files), before a case is made."""
+    for gi, grid in enumerate(spec.grids):
+        for name in _values(grid.get("model", [])):
+            try:
+                catalog.load_model(str(name))
+            except UserError as exc:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'model'))}: {exc.message}", exc.hint) from None
+        for name in _values(grid["gpu"]):
+            try:
+                catalog.load_gpu(str(name))
+            except UserError as exc:
+                raise UserError(f"{path}:{_line_of(lines, ('grids', gi, 'gpu'))}: {exc.message}", exc.hint) from None
+
+
+def _drop_other_methods(cell: dict, applied: dict, gi: int) -> dict:
+    """The cell without the fields its method does not read (``METHOD_FIELDS``: a grid of
+    ``method: [full, lora]`` and ``lora_rank: [8, 16]`` has one full case, not two with the same
+    run under two ids); ``applied`` records which of grid ``gi``'s keys some cell used."""
+    method = str(cell.get("method", TrainingSetup.method.value))
+    keep = {}
+    for key, value in cell.items():
+        if key in METHOD_FIELDS and method not in METHOD_FIELDS[key]:
+            continue
+        if (gi, key) in applied:
+            applied[(gi, key)] = True
+        keep[key] = value
+    return keep
 
 
 def _from_config(path: Path, line: int, config: Any, cell: dict, fields: dict, gpu: str,

@@ -142,6 +142,28 @@ def test_flags_that_do_nothing_or_no_card_has_are_refused(capsys, flags, words):
         assert code == 2 and words in out and "Traceback" not in out, (command, out)
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["cards", "--seq", "2000000"], "--seq: must be <= 1048576 (got 2000000)"),
+    (["cards", "--seq", "4"], "--seq: must be >= 8 (got 4)"),
+    (["advise", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq", "3000000"], "--seq: must be <= 1048576"),
+])
+def test_every_command_bounds_the_sequence_as_the_setup_does(tmp_path, capsys, argv, words):
+    """``cards --seq 2000000`` was a traceback: it checked only the lower bound, the setup the upper."""
+    code, out = run(capsys, *argv, *(["--out", str(tmp_path / "c.json")] if argv[0] == "cards" else []))
+    assert code == 2 and words in out and "Traceback" not in out
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("command", [["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090"],
+                                     ["advise", "--model", "llama-3.2-1b", "--gpu", "rtx-4090"]])
+def test_train_tokens_are_bounded_as_in_a_sweep_file(capsys, command):
+    """``--train-tokens 1e30`` priced hours for 10^30 tokens; a sweep file refused more than 1e15."""
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--train-tokens", "1e30"])
+    assert exc.value.code == 2 and "at most 1e15 tokens" in capsys.readouterr().err
+    assert main([*command, "--train-tokens", "1e15", "--format", "json"]) == 0
+
+
 def test_flags_of_the_chosen_method_are_accepted(capsys):
     code, out = run(capsys, "estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "qlora",
                     "--quant", "fp4", "--double-quant", "--lora-rank", "8", "--lora-targets", "qv")

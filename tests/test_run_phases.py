@@ -100,12 +100,24 @@ def test_zero3_optimizer_offload_host_ram_itemised_beside_deepspeeds_own_count(c
         assert {"gpu_allocated", "gpu_demand", "host", "host_terms"} <= set(phase)
 
 
-def test_the_terminal_shows_the_run_and_judges_host_ram(capsys):
+def test_the_terminal_shows_the_run_and_judges_host_ram(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one table row a line
     assert main(["estimate", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--method", "full", "--grad-ckpt",
                  "--offload", "optimizer", "--host-memory", "64GiB"]) == 0
     out = capsys.readouterr().out
     assert "the whole run" in out and "train step (decides)" in out
-    assert "does not fit: peak at" in out and "not counted" in out
+    out = " ".join(out.split())
+    assert "does not fit in 64.00 GiB (--host-memory): peak at" in out and "not counted" in out
+    # the verdict lines say it too, not only the table: a run the GPU holds still fails on the host
+    assert "the host does not fit: the run needs" in out and "more than the 64.00 GiB of --host-memory" in out
+
+
+def test_a_host_that_holds_the_run_adds_no_warning(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--offload", "optimizer",
+                 "--host-memory", "256GiB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fits in 256.00 GiB (--host-memory)" in out and "the host does not fit" not in out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -153,7 +153,29 @@ HARDEN = [
     ("deep", "name: x\ngrids: " + "[" * 200 + "]" * 200 + "\n", 0, ["nested"]),
     ("huge-int", "name: x\ngrids: [{model: llama-3.2-1b, gpu: t4, seq: 1" + "0" * 5000 + "}]\n", 0,
      ["a value cannot be read"]),
+    # a LoRA key in a grid of full fine-tuning only changes nothing (was: one case per value, same run)
+    ("lora-key-full", GOOD.replace("method: [lora, qlora]", "method: [full]\n    lora_rank: [8, 16]"), 6,
+     ["grids[0].lora_rank: applies only to method lora or method qlora", "add the method to the grid"]),
+    # a top-level value says what that key takes (the hint listed the top-level keys)
+    ("tokens-word", GOOD + "train_tokens: lots\n", 12, ["train_tokens:", "(got 'lots')", "from 1 to 1e15"]),
+    ("tokens-huge", GOOD + "train_tokens: 1e30\n", 12, ["train_tokens:", "from 1 to 1e15"]),
+    ("name-spaces", GOOD.replace("name: tiny", "name: My Sweep"), 1, ["(got 'My Sweep')", "lower-case letters"]),
 ]
+
+
+def test_train_tokens_written_as_the_cli_writes_them(tmp_path):
+    """``train_tokens: 1e8`` is a string to YAML 1.1; ``--train-tokens 1e8`` is the CLI's form of it."""
+    assert load_sweep(write(tmp_path, GOOD + "train_tokens: 1e8\n")).spec.train_tokens == 10**8
+    assert load_sweep(write(tmp_path, GOOD + "train_tokens: 2_000_000\n")).spec.train_tokens == 2 * 10**6
+
+
+def test_a_grid_across_methods_keeps_one_case_per_run(tmp_path):
+    """``method: [full, lora]`` with ``lora_rank: [8, 16]``: two LoRA cases and one full case (a full
+    case per rank would be the same run under two ids, measured and shown twice)."""
+    text = "name: x\ngrids:\n  - {model: llama-3.2-1b, gpu: t4, method: [full, lora], lora_rank: [8, 16]}\n"
+    cases = load_sweep(write(tmp_path, text)).cases
+    assert sorted((c.setup.method.value, c.setup.lora_rank) for c in cases) == [("full", 16), ("lora", 8),
+                                                                               ("lora", 16)]
 
 
 @pytest.mark.parametrize("name, text, line, needles", HARDEN, ids=[h[0] for h in HARDEN])

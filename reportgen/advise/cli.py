@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.flags import add_from_flag, add_gpu_profile_flag, add_host_cpu_flag, positive_count
+    from reportgen.flags import add_from_flag, add_gpu_profile_flag, add_host_cpu_flag, train_tokens
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -33,7 +33,7 @@ def register(sub) -> None:
                         "its longest sample (or --seq), then says what padding costs the recommended setup and what "
                         "packing or a shorter cut would save")
     add_from_flag(p)
-    p.add_argument("--train-tokens", type=positive_count, default=100_000_000,
+    p.add_argument("--train-tokens", type=train_tokens, default=100_000_000,
                    help="tokens to train, for hours and dollars (e.g. 1e8)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--store", type=Path, metavar="SWEEP.yaml", default=None,
@@ -57,11 +57,9 @@ def register(sub) -> None:
 def run_cards(args: argparse.Namespace) -> int:
     from reportgen.advise.cards import all_cards_needed
     from reportgen.artifacts import Artifact
-    from reportgen.errors import UserError
+    from reportgen.flags import checked_field
 
-    if args.seq < 8:
-        raise UserError(f"--seq {args.seq}: a sequence is at least 8 tokens")
-    data = all_cards_needed(args.seq)
+    data = all_cards_needed(checked_field("seq", args.seq))
     Artifact("cards", args.out, data["inputs_hash"]).write(data)
     print(f"wrote {args.out}: {len(data['gpus'])} GPUs x {len(next(iter(data['gpus'].values())))} models")
     return 0
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                         hint="e.g. reportgen advise --model llama-3.1-8b --gpu rtx-4090")
     from reportgen import catalog
     from reportgen.advise.walk import walk
-    from reportgen.flags import gpu_from_args
+    from reportgen.flags import checked_field, gpu_from_args
 
     yours = None
     if args.from_file is not None:
@@ -110,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         args.seq = lengths.longest if args.seq is None else args.seq
     args.seq = 2048 if args.seq is None else args.seq
     model, gpu = catalog.load_model(args.model), gpu_from_args(args)
-    if not 8 <= args.seq <= 1_048_576:
-        raise UserError(f"--seq: must be between 8 and 1048576 (got {args.seq})")
+    checked_field("seq", args.seq)
     doc = walk(model, gpu, args.seq, train_tokens=int(args.train_tokens))
     if gpu.profile is not None:
         doc["gpu_profile"] = gpu.profile.source

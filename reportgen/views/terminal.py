@@ -70,6 +70,10 @@ def print_estimate(est, model, gpu, console: Console | None = None, footer: str 
     mb = "none fits" if est.max_batch is None else str(est.max_batch)  # the calculator's words
     ms = "none fits" if est.max_seq is None else f"{est.max_seq:,}"
     console.print(f"[{style}]{escape(v.text())}[/]", highlight=False)
+    if host_memory and est.run is not None and est.run.host_peak > host_memory:
+        console.print(f"[red]the host does not fit: the run needs {gib(est.run.host_peak)} GiB of host RAM at "
+                      f"{PHASE_LABELS[est.run.host_phase]}, more than the {gib(host_memory)} GiB of --host-memory[/]",
+                      highlight=False)
     if est.grpo is None:
         console.print(f"largest micro-batch that fits at seq {est.setup.seq:,}: [bold]{mb}[/]   "
                       f"longest sequence that fits at batch {est.setup.batch}: [bold]{ms}[/]", highlight=False)
@@ -98,8 +102,8 @@ def _run_table(run, deciding: str, host_memory: int | None) -> Table:
     peak = run.host_peak
     if host_memory:
         word = "fits" if peak <= host_memory else "does not fit"
-        rt.add_row("host RAM", "", gib(peak), f"{word}: peak at {PHASE_LABELS[run.host_phase]} of "
-                   f"{gib(host_memory)} GiB (--host-memory)")
+        rt.add_row("host RAM", "", gib(peak), f"{word} in {gib(host_memory)} GiB (--host-memory): peak at "
+                   f"{PHASE_LABELS[run.host_phase]}")
     rt.add_row("not counted", "", "", escape(NOT_COUNTED))
     return rt
 
