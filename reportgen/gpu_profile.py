@@ -25,6 +25,14 @@ KIND = yamlfile.Kind(noun="GPU profile", what_it_holds="a profile written by `re
 FIGURES = ("host_s_per_op", "host_s_per_launch", "kernel_device_s", "l2_bytes", "cpu_adam_params_per_s",
            "cuda_context_bytes", "memory_total_bytes", "memory_free_bytes")
 MAPPINGS = {"matmul_tflops": ("bf16", "fp16", "fp32"), "copy_bandwidth_gbs": None, "host_link_gbs": ("h2d", "d2h")}
+#: what else the profiler writes in ``measured`` (``measure/profile_gpu.py``), kept but not priced
+RECORDS = ("cpu_adam_kind", "cpu_threads", "matmul_shapes", "cuda_context_source")
+#: the range a per-op time can have on any machine, in seconds: a figure outside is a damaged or
+#: hand-edited file, not a fast or slow computer (the profiled H100 machine: 0.99 us a tiny kernel on
+#: the device, 6.7 us a CPU op and 10.9 us a CUDA op queued on the host, ``data/gpu-profiles``)
+SECONDS_RANGE = {"kernel_device_s": (1e-7, 1e-3), "host_s_per_op": (1e-8, 1e-2), "host_s_per_launch": (1e-8, 1e-2)}
+#: a measured rate may pass the datasheet's by this much (boost clocks above the rated one), no more
+ABOVE_DATASHEET = 1.15
 
 
 def _positive(value) -> bool:
@@ -52,6 +60,12 @@ def _checked(doc: dict, source: str) -> dict:
     m = doc.get("measured")
     if not isinstance(m, dict):
         bad("measured", "must be a mapping of figures")
+    for name in m:
+        if name not in FIGURES + tuple(MAPPINGS) + RECORDS:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), FIGURES + tuple(MAPPINGS), n=1)
+            bad(f"measured.{name}", "is not a figure of a profile" + (f"; did you mean {close[0]}?" if close else ""))
     for name in FIGURES:
         if m.get(name) is not None and not _positive(m[name]):
             bad(f"measured.{name}", "must be a positive number or null")
@@ -61,6 +75,37 @@ def _checked(doc: dict, source: str) -> dict:
             bad(f"measured.{name}", "must be a mapping of " + (", ".join(keys) if keys else "sizes")
                 + " to positive numbers")
     return m
+
+
+def _plausible(m: dict, doc: dict, gpu: GpuSpec, source: str) -> None:
+    """Refuse figures no run on ``gpu`` can measure: a GEMM rate or a 1 GiB copy more than
+    ``ABOVE_DATASHEET`` times the card's datasheet peak (``catalog/gpus.yaml``; fp32 GEMMs against
+    the TF32 peak, which torch may use for them), per-op times outside ``SECONDS_RANGE``, more memory
+    free than the card has, and a CUDA profile whose environment names another card than ``card``."""
+    def bad(where: str, what: str):
+        raise UserError(f"{source}: {where}: {what}", hint="a profile holds what profile-gpu measured; measure "
+                        "again rather than edit it: reportgen profile-gpu --out FILE")
+
+    peaks = gpu.peak_tflops
+    for dtype, tflops in (m.get("matmul_tflops") or {}).items():
+        peak = max(filter(None, (peaks.get(dtype), peaks.get("tf32") if dtype == "fp32" else None)), default=None)
+        if peak and tflops > ABOVE_DATASHEET * peak:
+            bad(f"measured.matmul_tflops.{dtype}", f"{tflops:,.1f} TFLOP/s is above the {gpu.name}'s datasheet "
+                f"peak of {peak:,.1f}")
+    copy = (m.get("copy_bandwidth_gbs") or {}).get("1GiB")
+    if copy and copy > ABOVE_DATASHEET * gpu.memory_bandwidth_gbs:
+        bad("measured.copy_bandwidth_gbs.1GiB", f"{copy:,.0f} GB/s is above the {gpu.name}'s memory bandwidth "
+            f"of {gpu.memory_bandwidth_gbs:,.0f} GB/s")
+    for name, (lo, hi) in SECONDS_RANGE.items():
+        if m.get(name) is not None and not lo <= m[name] <= hi:
+            bad(f"measured.{name}", f"{m[name]:g} s is outside {lo:g} to {hi:g} s, the range of any machine")
+    total, free, context = (m.get(k) for k in ("memory_total_bytes", "memory_free_bytes", "cuda_context_bytes"))
+    if total and ((free and free > total) or (context and context >= total)):
+        bad("measured.memory_free_bytes" if free and free > total else "measured.cuda_context_bytes",
+            f"more than the card's total of {total:,} bytes")
+    named = (doc.get("environment") or {}).get("gpu_catalog_key")
+    if doc.get("device") == "cuda" and named and named != doc["card"]:
+        bad("card", f"{doc['card']!r}, but the environment measured {named!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +142,7 @@ def from_document(doc: dict, source: str) -> GpuProfile:
     m = _checked(doc, source)
     if doc["card"] not in catalog.gpu_names():
         raise UserError(f"{source}: card {doc['card']!r} is not in the GPU catalog", hint="`reportgen gpus` lists it")
+    _plausible(m, doc, catalog.load_gpu(doc["card"]), source)
     env = doc.get("environment") or {}
     links, tflops = m.get("host_link_gbs") or {}, m.get("matmul_tflops") or {}
     return GpuProfile(card=doc["card"], device=doc["device"], source=source, gpu_name=env.get("gpu_name"),
