@@ -59,6 +59,19 @@ def test_profile_without_a_gpu_is_written_and_read_back(tmp_path, capsys):
     assert any("your host's profile" in n for n in est["notes"])
 
 
+def test_out_may_name_a_folder_and_a_file_in_the_way_fails_before_measuring(tmp_path, capsys, monkeypatch):
+    """``--out DIR`` was "cannot use DIR: Is a directory" after the measuring; it now writes the default
+    name there. A path that cannot be written fails before anything is measured."""
+    assert main(["profile-gpu", "--device", "cpu", "--gpu", "rtx-4090", "--out", str(tmp_path)]) == 0
+    assert read_profile(tmp_path / "gpu-profile-rtx-4090.yaml").card == "rtx-4090"
+    (tmp_path / "afile").write_text("")
+    import reportgen.measure.profile_gpu as pg
+
+    monkeypatch.setattr(pg, "profile", lambda *a, **k: pytest.fail("measured before the path was checked"))
+    assert main(["profile-gpu", "--device", "cpu", "--gpu", "rtx-4090", "--out", str(tmp_path / "afile" / "p.yaml")]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
 def test_profile_refuses_another_card_and_a_cpu_run_without_a_card(tmp_path, capsys):
     assert main(["profile-gpu", "--device", "cpu"]) == 2
     assert "name the card" in capsys.readouterr().err

@@ -73,7 +73,7 @@ def _register_profile(sub) -> None:
     p.add_argument("--model", default="llama-3.1-8b",
                    help="the model whose linear layers' shapes the GEMMs are timed at (default llama-3.1-8b)")
     p.add_argument("--out", type=Path, default=None, metavar="FILE",
-                   help="where to write the profile (default gpu-profile-CARD.yaml here)")
+                   help="where to write the profile: a file, or a folder to write gpu-profile-CARD.yaml into (default: here)")
     p.set_defaults(func=cmd_profile_gpu)
 
 
@@ -90,11 +90,12 @@ def cmd_profile_gpu(args: argparse.Namespace) -> int:
         catalog.load_gpu(args.gpu)  # an unknown name fails here, with did-you-mean
     model = catalog.load_model(args.model)
     err = Console(stderr=True)
-    out = args.out or Path(f"gpu-profile-{(args.gpu or 'this-gpu').partition('@')[0]}.yaml")
-    _writable(out.parent, "--out")
+    folder = args.out if args.out is not None and args.out.is_dir() else None  # --out DIR: its default name there
+    out = args.out if args.out is not None and folder is None else None
+    _writable(folder or (out.parent if out else Path(".")), "--out")
     doc = profile(args.device, args.gpu, model, step=lambda name: err.print(f"[dim]measuring {name}...[/]"))
-    if args.out is None:
-        out = Path(f"gpu-profile-{doc['card']}.yaml")
+    if out is None:
+        out = (folder or Path(".")) / f"gpu-profile-{doc['card']}.yaml"
     doc = json.loads(json.dumps(doc, allow_nan=False))  # plain types (torch's version is a str subclass)
     read_back = from_document(doc, str(out))  # what is written must read back
     out.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
