@@ -199,6 +199,22 @@ def test_table_view_of_a_failed_measurement():
     assert "run on an unrecorded device: not comparable; compares with the estimate: nothing" in text
 
 
+def test_a_measurement_refused_in_setup_prints_no_empty_table():
+    """``reportgen measure`` where no CUDA device is visible printed a table of dashes before its error."""
+    from rich.console import Console
+
+    from reportgen.views.measurement import print_measurement
+
+    req = MeasureRequest(model="llama-3.2-1b", gpu="rtx-4090", setup=TrainingSetup().model_dump(mode="json"))
+    result = answer(req, "error", measurement=dict(empty_measurement(), failed_in="setup"),
+                    error="--device cuda: no CUDA device is visible to PyTorch", environment=light_environment())
+    console = Console(record=True, width=160)
+    print_measurement(result, None, console=console)
+    text = console.export_text()
+    assert "status: error (in setup)" in text and "no CUDA device is visible" in text
+    assert "peak allocated" not in text and "compares with the estimate" not in text
+
+
 class _FakeNvml:
     def __init__(self, used):
         self.used = used

@@ -27,32 +27,16 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
                   f"(case for {case['gpu']}): {label}", highlight=False)
     prov = provenance_of(result)
     valid = prov.valid_quantities(case["gpu"])
-    console.print(f"[dim]{prov.label(case['gpu'])}; compares with the estimate: "
-                  f"{', '.join(valid) if valid else 'nothing'}[/]", highlight=False)
+    if m.get("failed_in") != "setup":
+        console.print(f"[dim]{prov.label(case['gpu'])}; compares with the estimate: "
+                      f"{', '.join(valid) if valid else 'nothing'}[/]", highlight=False)
     console.print(f"status: [{STATUS_STYLE.get(status, 'red')}]{status}[/]"
                   + (f" (in {m['failed_in']})" if m.get("failed_in") else ""), highlight=False)
-    table = Table(show_header=True)
-    table.add_column("quantity")
-    table.add_column("measured", justify="right")
-    table.add_column(f"estimated ({case['gpu']}; - where the run does not compare)", justify="right")
-    em = est.memory if est is not None and "peak_allocated" in valid else None
-    et = est.time if est is not None and "tokens_per_s" in valid else None
-    table.add_row("memory after load (GiB)", gib(m.get("memory_after_load")), "-")
-    table.add_row("peak allocated (GiB)", gib(m.get("peak_allocated")), gib(em.peak_allocated) if em else "-")
-    table.add_row("peak reserved (GiB)", gib(m.get("peak_reserved")), gib(em.peak_reserved) if em else "-")
-    table.add_row("device used, nvidia-smi (GiB)", gib(m.get("device_used")), gib(em.device_total) if em else "-")
-    spread = ""
-    if m.get("step_s_min") is not None:
-        spread = f" ({seconds(m['step_s_min'])} to {seconds(m['step_s_max'])})"
-    table.add_row("step time, median" + (" (min to max)" if spread else ""), seconds(m.get("step_s")) + spread,
-                  seconds(et.step_s) if et else "-")
-    if m.get("step_s_cuda") is not None:
-        table.add_row("step time, CUDA events, median", seconds(m["step_s_cuda"]), "-")
-    table.add_row("tokens/s", rate(m.get("tokens_per_s")), rate(et.tokens_per_s) if et else "-")
-    basis = m.get("mfu_basis") or {}
-    mfu_label = "MFU" + (f" (vs {basis['gpu']} {basis['dtype']} peak)" if basis.get("gpu") else "")
-    table.add_row(mfu_label, pct(m.get("mfu")), pct(et.mfu) if et else "-")
-    console.print(table)
+    if m.get("failed_in") == "setup":  # refused before a model was built: nothing was measured, no table
+        _print_error(result, console)
+        _print_environment(env, console)
+        return
+    console.print(_table(m, case, est, valid))
     host = host_line(m)
     if host:
         console.print(host, highlight=False)
@@ -83,9 +67,19 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
         console.print(f"[dim]note:[/] {note}", highlight=False)
     if m.get("snapshot"):
         console.print(f"memory snapshot: {m['snapshot']} (open at https://pytorch.org/memory_viz)", highlight=False)
+    _print_error(result, console)
+    _print_environment(env, console)
+
+
+def _print_error(result: dict, console: Console) -> None:
     if result.get("error"):
+        status = result["status"]
         console.print(f"[{STATUS_STYLE.get(status, 'red')}]{status}:[/] {result['error']}", highlight=False,
                       markup=True)
+
+
+def _print_environment(env: dict, console: Console) -> None:
+    """The run's environment in one dim line: driver, CUDA, the packages' versions, commit, host, time."""
     versions = env.get("versions") or {}
     parts = [f"{k} {v}" for k, v in versions.items() if v]
     console.print("[dim]" + "; ".join(filter(None, [
@@ -94,6 +88,32 @@ def print_measurement(result: dict, est=None, console: Console | None = None) ->
         f"python {env.get('python')}", *parts,
         f"reportgen {env.get('reportgen')} @ {(env.get('git_commit') or 'unknown')[:10]}",
         env.get("hostname"), env.get("utc")])) + "[/]", highlight=False)
+
+
+def _table(m: dict, case: dict, est, valid) -> Table:
+    """Each measured quantity beside its estimate (``-`` where the run does not compare with it)."""
+    table = Table(show_header=True)
+    table.add_column("quantity")
+    table.add_column("measured", justify="right")
+    table.add_column(f"estimated ({case['gpu']}; - where the run does not compare)", justify="right")
+    em = est.memory if est is not None and "peak_allocated" in valid else None
+    et = est.time if est is not None and "tokens_per_s" in valid else None
+    table.add_row("memory after load (GiB)", gib(m.get("memory_after_load")), "-")
+    table.add_row("peak allocated (GiB)", gib(m.get("peak_allocated")), gib(em.peak_allocated) if em else "-")
+    table.add_row("peak reserved (GiB)", gib(m.get("peak_reserved")), gib(em.peak_reserved) if em else "-")
+    table.add_row("device used, nvidia-smi (GiB)", gib(m.get("device_used")), gib(em.device_total) if em else "-")
+    spread = ""
+    if m.get("step_s_min") is not None:
+        spread = f" ({seconds(m['step_s_min'])} to {seconds(m['step_s_max'])})"
+    table.add_row("step time, median" + (" (min to max)" if spread else ""), seconds(m.get("step_s")) + spread,
+                  seconds(et.step_s) if et else "-")
+    if m.get("step_s_cuda") is not None:
+        table.add_row("step time, CUDA events, median", seconds(m["step_s_cuda"]), "-")
+    table.add_row("tokens/s", rate(m.get("tokens_per_s")), rate(et.tokens_per_s) if et else "-")
+    basis = m.get("mfu_basis") or {}
+    mfu_label = "MFU" + (f" (vs {basis['gpu']} {basis['dtype']} peak)" if basis.get("gpu") else "")
+    table.add_row(mfu_label, pct(m.get("mfu")), pct(et.mfu) if et else "-")
+    return table
 
 
 def host_line(m: dict) -> str | None:
