@@ -45,6 +45,25 @@ class HubConfig:
         return f"hf://{self.repo}@{self.commit or self.requested or 'main'}"
 
 
+#: a model's page or file on the Hub as a browser shows it (``https://huggingface.co/ORG/NAME``, with
+#: ``/tree/REV``, ``/blob/REV/config.json`` or ``/resolve/REV/...``) and our own ``hf://ORG/NAME@REV``
+#: (``HubConfig.source``): each names the same repository and revision as ``ORG/NAME@REV``
+HUB_URL = re.compile(r"(?:(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/|hf://)(?!datasets/|spaces/)(?P<repo>[^/@?#\s]+/[^/@?#\s]+)"
+                     r"(?:@(?P<at>[^?#\s]+)|/(?:tree|blob|resolve)/(?P<rev>[^/?#\s]+)(?:/[^?#\s]*)?)?/?(?:[?#]\S*)?")
+
+
+def canonical(text: str) -> str:
+    """``text`` as a Hub id ``ORG/NAME[@REVISION]`` when it is a Hub address (``HUB_URL``), else as given:
+    a pasted ``https://huggingface.co/Qwen/Qwen3-14B`` is the model ``Qwen/Qwen3-14B``."""
+    m = HUB_URL.fullmatch(str(text).strip())
+    if not m:
+        return text
+    from urllib.parse import unquote
+
+    revision = unquote(m.group("at") or m.group("rev") or "")
+    return m.group("repo") + (f"@{revision}" if revision and revision != "main" else "")
+
+
 def parse(text: str) -> tuple[str, str | None] | None:
     """``(repo, revision)`` when ``text`` has the form of a Hub id, else None."""
     m = HUB_ID.fullmatch(str(text).strip())

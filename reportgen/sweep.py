@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from reportgen import catalog, yamlfile
+from reportgen import catalog, hub, yamlfile
 from reportgen.flags import DEFAULT_TRAIN_TOKENS, MAX_TRAIN_TOKENS
 from reportgen.measure import defaults as D
 from reportgen.errors import UserError
@@ -553,4 +553,5 @@ def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], or
         hint = _allowed(str(key)) if key else None
         raise UserError(f"{path}:{_line_of(lines, loc)}: {_where(loc)}.{key}: {exc.message} (in cell {cell})",
                         hint=hint) from None
-    return Case(model=str(cell["model"]), gpu=gpu, setup=setup)
+    model = str(cell["model"])
+    return Case(model=model if Path(model).exists() else hub.canonical(model), gpu=gpu, setup=setup)

@@ -179,6 +179,31 @@ def test_what_reads_as_a_hub_id(text, parsed):
     assert hub.parse(text) == parsed
 
 
+@pytest.mark.parametrize("text, canonical", [
+    ("https://huggingface.co/Qwen/Qwen3-14B", "Qwen/Qwen3-14B"),
+    ("huggingface.co/Qwen/Qwen3-14B/", "Qwen/Qwen3-14B"),
+    ("https://huggingface.co/Qwen/Qwen3-14B/blob/main/config.json", "Qwen/Qwen3-14B"),
+    ("https://hf.co/Qwen/Qwen3-14B/resolve/0123abc/config.json", "Qwen/Qwen3-14B@0123abc"),
+    ("https://huggingface.co/org/name/tree/refs%2Fpr%2F3", "org/name@refs/pr/3"),
+    ("https://huggingface.co/Qwen/Qwen3-14B?library=transformers", "Qwen/Qwen3-14B"),
+    ("hf://Qwen/Qwen3-14B@0123abc", "Qwen/Qwen3-14B@0123abc"),  # HubConfig.source, as results store it
+    ("https://huggingface.co/datasets/org/name", "https://huggingface.co/datasets/org/name"),  # not a model
+    ("https://example.com/org/name", "https://example.com/org/name"),
+    ("Qwen/Qwen3-14B", "Qwen/Qwen3-14B"),
+])
+def test_a_hub_address_from_the_browser_is_its_id(text, canonical):
+    assert hub.canonical(text) == canonical
+
+
+def test_a_pasted_hub_address_estimates_as_its_id_and_a_path_too_long_is_named(cache):
+    proc = run(["estimate", "--model", "https://huggingface.co/Qwen/Qwen3-14B", "--gpu", "rtx-4090", "--method",
+                "qlora", "--format", "json"], cache)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model"] == "Qwen/Qwen3-14B"
+    proc = run(["estimate", "--model", "Qwen/Qwen3-14B/config", "--gpu", "rtx-4090"], cache)
+    assert proc.returncode == 2 and "a Hub id is ORG/NAME: did you mean Qwen/Qwen3-14B?" in proc.stderr
+
+
 def _http_error(cls, status: int):
     httpx = pytest.importorskip("httpx2")
     response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/x/y/resolve/main/config.json"))

@@ -44,7 +44,10 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A catalog name such as ``llama-3.1-8b``, a path to a ``config.json`` (or a folder holding
     one: a local path wins over a Hub id of the same spelling, as in transformers), or a Hugging Face
     Hub id ``ORG/NAME[@REVISION]`` (``hub.py``: its config.json only, through the Hugging Face cache).
-    A catalog model's own Hub id, without a revision, is the catalog model."""
+    A catalog model's own Hub id, without a revision, is the catalog model; a Hub address pasted from
+    a browser is its id (``hub.canonical``)."""
+    if not Path(name_or_path).exists():
+        name_or_path = hub.canonical(name_or_path)
     if name_or_path in model_names():
         path = Path(str(_ROOT / "models" / f"{name_or_path}.json"))
         return from_config(load_config_file(path), name=name_or_path, source=str(path))
@@ -56,8 +59,13 @@ def load_model(name_or_path: str) -> ModelSpec:
     ref = hub.parse(name_or_path)
     if ref is None:
         error = unknown_name("model", name_or_path, model_names())
-        error.hint = (error.hint + " " if error.hint else "") + "Any model on the Hugging Face Hub: --model ORG/NAME " \
-            "(e.g. Qwen/Qwen3-14B); a local config.json: --model PATH/config.json"
+        parts = str(name_or_path).strip().strip("/").split("/")
+        near = hub.parse("/".join(parts[:2])) if len(parts) > 2 else None
+        if near is not None:  # ORG/NAME/more: a Hub id is two parts
+            error.hint = f"a Hub id is ORG/NAME: did you mean {near[0]}? ({name_or_path} is no file here either)"
+        else:
+            error.hint = (error.hint + " " if error.hint else "") + "Any model on the Hugging Face Hub: --model " \
+                "ORG/NAME (e.g. Qwen/Qwen3-14B); a local config.json: --model PATH/config.json"
         raise error
     repo, revision = ref
     if revision is None and repo in catalog_ids():
