@@ -13,7 +13,7 @@ from pathlib import Path
 from reportgen import __version__, catalog
 from reportgen.errors import UserError
 from reportgen.flags import (DEFAULT_TRAIN_TOKENS, add_gpu_profile_flag, add_host_cpu_flag, add_setup_flags, flag_error, gpu_from_args,
-                             positive_int, train_tokens, setup_from_args)
+                             positive_int, refuse_beside_lengths, setup_from_args, train_tokens)
 
 GIB = 2**30
 DEFAULT_RESULTS = Path("results")
@@ -196,6 +196,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     from reportgen.setup import SetupError
 
+    if getattr(args, "lengths", None) is not None:
+        refuse_beside_lengths(args)
     setup = setup_from_args(args)
     lengths = None
     if getattr(args, "lengths", None) is not None:

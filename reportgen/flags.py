@@ -199,6 +199,16 @@ def checked_field(name: str, value):
         raise flag_error(exc) from None
 
 
+def refuse_beside_lengths(args: argparse.Namespace) -> None:
+    """``--seq-mean``/``--seq-padded`` beside ``--lengths FILE``, which sets both from the samples
+    (``estimate/lengths.apply_lengths``): one would silently replace the other, so neither is taken."""
+    for field in ("seq_mean", "seq_padded"):
+        if getattr(args, field, None) is not None:
+            flag = "--" + field.replace("_", "-")
+            raise UserError(f"{flag}: --lengths {args.lengths} gives it, from the samples' lengths",
+                            hint=f"give {flag} or --lengths, not both")
+
+
 def train_tokens(text: str) -> int:
     """An argparse type: a number of training tokens, 1 to ``MAX_TRAIN_TOKENS``, also written as ``1e8``."""
     value = positive_count(text)

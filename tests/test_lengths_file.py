@@ -90,6 +90,18 @@ def test_a_skewed_dataset_sets_the_cut_the_mean_and_the_padded_length(tmp_path, 
     assert "are padding" in out and "packing (--padding packed) would cut the padding waste" in out
 
 
+@pytest.mark.parametrize("command", ["estimate", "trace"])
+@pytest.mark.parametrize("flag", ["--seq-mean", "--seq-padded"])
+def test_a_mean_given_beside_a_lengths_file_is_refused(tmp_path, capsys, command, flag):
+    """``--lengths`` sets seq_mean and seq_padded from the samples; a flag beside it was silently dropped."""
+    path = tmp_path / "lengths.txt"
+    path.write_text("200 980\n4000 20\n")
+    argv = [command, "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--padding", "longest", "--lengths", str(path),
+            flag, "300"]
+    assert main(argv) == 2
+    assert f"{flag}: --lengths {path} gives it" in " ".join(capsys.readouterr().err.split())
+
+
 def test_seq_padded_is_checked_like_every_setup_field(capsys):
     assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq-padded", "500"]) == 2
     assert "needs padding longest and seq_mean" in capsys.readouterr().err
