@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -614,6 +615,10 @@ class TrainingSetup:
         if self.seq <= c:
             raise SetupError("max_completion_length", f"{c} leaves no room for a prompt in seq {self.seq} (seq is "
                              "prompt + completion under recipe grpo)")
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < self.seq:
+            raise SetupError("vllm_max_model_length", f"{self.vllm_max_model_length} is shorter than seq "
+                             f"{self.seq} (prompt + completion): vLLM refuses a longer prompt and cuts completions "
+                             f"at it; give at least {self.seq}, or a shorter seq")
         per_step = self.batch * self.gpus
         if self.generation_batch_size is not None and self.generation_batch_size % per_step:
             raise SetupError("generation_batch_size", f"({self.generation_batch_size}) must be divisible by the "
@@ -627,7 +632,10 @@ class TrainingSetup:
                    else f"batch x accum = {self.batch} x {self.accum}")
             raise SetupError("num_generations", f"the generation batch ({src} = {self.generation_batch}) must be "
                              f"divisible by num_generations ({self.num_generations}) (TRL GRPOConfig: whole prompt "
-                             "groups only)")
+                             f"groups only); e.g. batch {self.num_generations} (GRPOConfig's default "
+                             "per_device_train_batch_size is 8), accum "
+                             f"{self.num_generations // math.gcd(self.num_generations, self.batch * self.gpus)}, or "
+                             "a num_generations of at least 2 that divides it")
 
     @property
     def generation_batch(self) -> int:

@@ -291,9 +291,11 @@ def test_acceptance_with_vllm_colocated(hub):
 
 @pytest.mark.parametrize("extra, words", [
     (["--batch", "4"], "divisible by num_generations"),
+    (["--batch", "4"], "e.g. batch 8 (GRPOConfig's default per_device_train_batch_size is 8), accum 2"),
     (["--max-completion-length", "40960", "--max-prompt-length", "512"], "past"),
     (["--generation", "vllm-colocate", "--vllm-gpu-memory-utilization", "0.9"], "does not fit"),
     (["--num-generations", "1"], ">= 2"),
+    (["--generation", "vllm-colocate", "--vllm-max-model-length", "64"], "64 is shorter than seq"),
 ])
 def test_bad_combinations_exit_2_with_one_error_line(hub, extra, words):
     args = ["estimate", "--model", "Qwen/Qwen3-1.7B", "--gpu", "rtx-4090", *ACCEPT, *extra]
