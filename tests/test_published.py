@@ -46,6 +46,16 @@ def test_fsdp_qlora_defaults_from_its_train_py():
     assert map_row(rows["R001"]).libs.returned_logits_fp32  # transformers 4.38
 
 
+@pytest.mark.parametrize("row_id, key, text", [("R001", "batch", "eight"), ("R001", "seq_len", "n/a"),
+                                               ("R070", "gpus", "several")])
+def test_a_count_cell_that_is_not_a_number_is_not_read_as_the_default(row_id, key, text):
+    """A blank cell is the recipe's default; a cell with words was taken as that default too (``or 1``),
+    so a damaged row compared a setup its source never ran."""
+    row = dict({r["id"]: r for r in read_rows(CSV)}[row_id], **{key: text})
+    m = map_row(row)
+    assert isinstance(m, Unmapped) and m.reason == f"not a whole number: {key} {text!r}"
+
+
 def test_litgpt_recipe_from_its_code():
     """litgpt's loop keeps the previous logits (fp32 from Fabric) into the next forward, QLoRA trains
     with bitsandbytes' 32-bit PagedAdamW, full fine-tuning accumulates to its config's global batch,

@@ -149,6 +149,13 @@ def _int(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _unreadable(row: dict, keys: tuple[str, ...]) -> str | None:
+    """Why a row's count cells cannot be read: a cell with text but no leading whole number (a blank
+    cell takes the recipe's default, which the mapping names; ``12x`` reads 12 as before)."""
+    bad = [f"{k} {row[k]!r}" for k in keys if (row.get(k) or "").strip() and _int(row[k]) is None]
+    return f"not a whole number: {', '.join(bad)}" if bad else None
+
+
 def _gpu(text: str) -> str | None:
     return next((key for needle, key in GPUS if needle in text), None)
 
@@ -185,6 +192,8 @@ def fsdp_qlora_setup(row: dict) -> tuple[str, str, TrainingSetup, list[str]] | U
     """(model, GPU, setup, assumptions) of an fsdp_qlora row, from train.py's defaults (above); shared
     by the memory comparison and the speed comparison (``speed.py``)."""
     rid, src = row["id"], row["source"]
+    if _unreadable(row, ("batch", "seq_len", "gpus")):
+        return Unmapped(rid, src, _unreadable(row, ("batch", "seq_len", "gpus")))
     gpu = _gpu(row["gpu_type"])
     if gpu is None:
         return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
@@ -279,6 +288,8 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
     gpu = _gpu(row["gpu_type"])
     if gpu is None:
         return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
+    if _unreadable(row, ("batch", "gpus", "lora_rank")):
+        return Unmapped(rid, src, _unreadable(row, ("batch", "gpus", "lora_rank")))
     technique = row["technique"]
     method = "qlora" if "QLoRA" in technique else "lora" if "LoRA" in technique else "full"
     gpus = _int(row["gpus"]) or 1
