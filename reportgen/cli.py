@@ -46,7 +46,20 @@ def add_estimate_parser(sub) -> argparse.ArgumentParser:
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser (its subcommands' too: ``add_subparsers`` makes them of this class) with a did-you-mean
-    on an invalid choice, as the catalogs' names have (``difflib``)."""
+    on an invalid choice, as the catalogs' names have (``difflib``). No abbreviated flags: ``--seq-m 400``
+    is not taken as ``--seq-mean`` (nor ``--lora 8`` refused as ambiguous): an option is spelled whole."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def unrecognized(self, extra: list[str]):
+        """argparse's "unrecognized arguments" for this (sub)command, with the closest option of each."""
+        options = sorted(o for o in self._option_string_actions if o.startswith("--") and o not in ("--help", "--version"))
+        guesses = [g for x in extra if x.startswith("--")
+                   for g in difflib.get_close_matches(x.partition("=")[0], options, n=1, cutoff=0.6)]
+        self.error(f"unrecognized arguments: {' '.join(extra)}"
+                   + (f"; did you mean {' or '.join(dict.fromkeys(guesses))}?" if guesses else ""))
 
     def error(self, message: str):
         m = re.match(r"argument (\S+): invalid choice: '?([^']*?)'? \(choose from (.*)\)$", message)
@@ -123,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand that was given, with its closest options
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].unrecognized(extra)
     handler = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         handler = signal.signal(signal.SIGTERM, _terminated)

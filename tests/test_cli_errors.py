@@ -222,6 +222,23 @@ def test_a_misspelled_choice_gets_the_closest_ones(capsys, argv, says):
     assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["estimate", "--mod", "llama-3.2-1b", "--gpu", "rtx-4090"], "unrecognized arguments: --mod llama-3.2-1b; did "
+                                                                  "you mean --model?"),
+    (["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq-me", "400"], "--seq-me 400"),
+    (["sweep", "sweeps/consumer.yaml", "--resluts", "r"], "did you mean --results?"),
+    (["cards", "--model", "x"], "unrecognized arguments: --model x"),
+])
+def test_an_option_is_spelled_whole_and_a_misspelling_gets_the_closest(capsys, argv, says):
+    """argparse took ``--seq-me 400`` as ``--seq-mean`` (abbreviations) and said only "ambiguous option"
+    for ``--mod``; an unknown option is now named by its subcommand with the closest one."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == 2 and says in err and f"reportgen {argv[0]}: error" in err
+    assert "--help?" not in err
+
+
 def test_a_choice_like_none_gets_no_guess(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "xyzzy"])
