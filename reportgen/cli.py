@@ -167,6 +167,11 @@ def _main(args: argparse.Namespace) -> int:
         if exc.hint:
             console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         return exc.exit_code
+    except BrokenPipeError:  # `reportgen ... | head`: the reader left; say nothing more, as cat does
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush is no error
+        return 141
     except OSError as exc:  # a path the user gave that cannot be read or written (--out, --results, ...)
         from rich.console import Console
         from rich.markup import escape

@@ -239,6 +239,26 @@ def test_an_option_is_spelled_whole_and_a_misspelling_gets_the_closest(capsys, a
     assert "--help?" not in err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["advise", "--mermaid", "--model", "llama-3.2-1b"], "--model: not read with --mermaid"),
+    (["advise", "--store", "sweeps/consumer.yaml", "--gpu", "t4"], "--gpu: not read with --store"),
+    (["advise", "--model", "llama-3.2-1b", "--gpu", "t4", "--force"], "--force: applies only with --store"),
+])
+def test_advise_refuses_a_flag_its_mode_does_not_read(capsys, argv, says):
+    """``advise --store s.yaml --gpu t4`` stored every card's walks, as if --gpu were not there."""
+    code, out = run(capsys, *argv)
+    assert code == 2 and says in out
+
+
+def test_output_cut_short_by_a_pipe_is_no_error():
+    """``reportgen advise --mermaid | head -1`` printed "error: cannot use: Broken pipe"."""
+    code = ("import os, sys\nr, w = os.pipe()\nos.close(r)\nos.dup2(w, 1)\nfrom reportgen.cli import main\n"
+            "sys.stderr.write(f'rc={main([\"advise\", \"--mermaid\"])}')\n")
+    proc = subprocess.run([sys.executable, "-u", "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)  # -u: the write itself meets the closed pipe
+    assert proc.stderr == "rc=141"
+
+
 def test_a_choice_like_none_gets_no_guess(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "xyzzy"])

@@ -65,9 +65,31 @@ def run_cards(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the flags of one walk (``advise --model --gpu``), which --mermaid and --store do not read
+WALK_FLAGS = ("model", "gpu", "gpu_memory", "gpu_profile", "host_cpu", "seq", "lengths", "from_file", "launch_file")
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """``--mermaid`` prints the tree itself and ``--store`` walks the sweep's own cases: a walk's flag
+    beside them was silently ignored (``advise --store s.yaml --gpu t4`` stored every card's walks)."""
+    from reportgen.errors import UserError
+
+    mode = "--mermaid" if args.mermaid else "--store" if args.store is not None else None
+    given = [f for f in WALK_FLAGS if getattr(args, f, None) is not None]
+    if mode and given:
+        flag = "--from" if given[0] == "from_file" else "--" + given[0].replace("_", "-")
+        what = "prints the decision tree itself, for every model and card" if mode == "--mermaid" else \
+            "walks every (model, GPU, sequence) of the sweep file"
+        raise UserError(f"{flag}: not read with {mode}, which {what}",
+                        hint=f"drop {flag}, or drop {mode} to walk one model and card")
+    if not mode and (args.force or args.results != DEFAULT_RESULTS):
+        raise UserError(f"{'--force' if args.force else '--results'}: applies only with --store SWEEP.yaml")
+
+
 def run(args: argparse.Namespace) -> int:
     from reportgen.errors import UserError
 
+    _refuse_unused(args)
     if args.mermaid:
         from reportgen.advise.tree import mermaid
 
