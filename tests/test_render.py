@@ -59,6 +59,22 @@ def tree(d: Path) -> dict[str, str]:
 
 
 # ----- pages ------------------------------------------------------------------------------------
+def test_the_gpus_index_counts_the_models_each_gpu_page_counts(docs):
+    """The index said "T4: 10 of 12" where the T4's page said "7 of 12 swept models fine-tune on one
+    card": the index counted a fit at any length and on several cards, the page at 2,048 tokens on one."""
+    index = (docs / "gpus" / "index.md").read_text()
+    checked = 0
+    for key in catalog.gpu_names():
+        page = (docs / "gpus" / f"{key}.md").read_text()
+        said = re.search(r"\*\*(\d+) of (\d+)\*\* swept models fine-tune on one card", page)
+        if said is None:
+            continue
+        row = next(line for line in index.splitlines() if f"(../gpus/{key}.md)" in line or f"({key}.md)" in line)
+        assert f"| {said.group(1)} of {said.group(2)} |" in row, (key, row)
+        checked += 1
+    assert checked >= 2
+
+
 def test_every_catalog_gpu_and_model_has_a_page(docs):
     for key in catalog.gpu_names():
         assert (docs / "gpus" / f"{key}.md").is_file(), key

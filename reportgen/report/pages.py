@@ -436,9 +436,10 @@ def _gpus_index(site: SiteData, by_gpu: dict) -> Page:
         rows = by_gpu.get(key, [])
         items.append({**_gpu_facts(key), "link": rel(path, f"gpus/{key}.md"), "cases": len(rows),
                       "sweeps": sorted({r["sweep"] for r in rows}),
-                      "fitting_models": len({r["model"] for r in rows if r["fits"]}),
+                      "fitting_models": sum(1 for rs in group(rows, "model").values()
+                                            if (b := best_fit(rs)) is not None and b["gpus"] == 1),
                       "models": len({r["model"] for r in rows})})
-    return Page(path=path, template="gpus_index.md.j2", context={"root": "../", "gpus": items})
+    return Page(path=path, template="gpus_index.md.j2", context={"root": "../", "gpus": items, "primary_seq": PRIMARY_SEQ})
 
 
 # ----- model pages -------------------------------------------------------------------------------
