@@ -75,6 +75,18 @@ def test_the_gpus_index_counts_the_models_each_gpu_page_counts(docs):
     assert checked >= 2
 
 
+def test_a_memory_cell_shows_what_its_verdict_compares(docs):
+    """A row showed "21.6" GiB beside "tight (-2.2 GiB)" on a 24 GiB card: the verdict compares what the
+    step asks of the card (26.2: the cached blocks it would have to release), which the cell now adds."""
+    rows = [line for key in catalog.gpu_names() for line in (docs / "gpus" / f"{key}.md").read_text().splitlines()
+            if ">asks " in line]
+    assert rows
+    for line in rows:
+        asks = re.search(r">asks ([0-9.]+)</span>", line).group(1)
+        needs = re.search(r'title="(?:tight|no|fits)[^"]*?needs ([0-9.]+) of', line)
+        assert needs and needs.group(1) == asks, line[:400]
+
+
 def test_every_catalog_gpu_and_model_has_a_page(docs):
     for key in catalog.gpu_names():
         assert (docs / "gpus" / f"{key}.md").is_file(), key

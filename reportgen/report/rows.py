@@ -20,7 +20,7 @@ from reportgen.report import compare
 from reportgen.report.page import SiteData
 from reportgen.setup import TrainingSetup
 from reportgen.traced_results import cache_limited, traced_time
-from reportgen.format import GIB
+from reportgen.format import GIB, demand_note
 
 #: technique (``TrainingSetup.technique()``) -> its colour everywhere on the site, in site order:
 #: Okabe & Ito's colour-blind-safe palette (jfly.uni-koeln.de/color), six colours no two alike for
@@ -321,6 +321,9 @@ def verdict_fields(est: dict, gpu: str) -> dict:
         "verdict": kind,
         "band": band,
         "demand": demand,
+        # what the verdict compares differs from the device total shown beside it: say why (format.py)
+        "demand_note": demand_note(mem) if demand is not None and mem.get("device_total") is not None
+        and abs(demand - mem["device_total"]) >= 0.05 * GIB else None,
         "margin": capacity - demand if known else None,
         "verdict_label": margin_label(kind, capacity - demand) if known else (kind or ""),
         "verdict_text": verdict_text(kind, demand, capacity, rng) if known else (kind or ""),
