@@ -87,6 +87,28 @@ def test_a_memory_cell_shows_what_its_verdict_compares(docs):
         assert needs and needs.group(1) == asks, line[:400]
 
 
+def test_no_template_runs_a_line_into_the_next_list_item_or_row():
+    """trim_blocks eats the newline after a block tag: text ending in ``{% endif %}`` ran the QLoRA
+    page's measured sentence into its next bullet ("1.30x).- **But a setup ...")."""
+    joined = []
+    for path in sorted((ROOT / "reportgen" / "report" / "templates").rglob("*.j2")):
+        lines = path.read_text().split("\n")
+        for i, (line, after) in enumerate(zip(lines, lines[1:]), 1):
+            if (re.search(r"(endif|endfor|else|elif [^%]*|if [^%]*) %\}$", line) and not line.lstrip().startswith("{%")
+                    and re.match(r"\s*([-*] |\|)", after)):
+                joined.append(f"{path.name}:{i}")
+    assert not joined
+
+
+def test_a_pair_label_names_each_setting_once():
+    """Pairs were labelled "nf4 + double quant, double quant" (``setup_label`` already names it)."""
+    from reportgen.report.techniques import _label
+    from reportgen.setup import TrainingSetup
+
+    label = _label(TrainingSetup(method="qlora", double_quant=True, attn="eager").model_dump(mode="json"))
+    assert label.count("double quant") == 1 and label.count("eager attention") == 1, label
+
+
 def test_every_catalog_gpu_and_model_has_a_page(docs):
     for key in catalog.gpu_names():
         assert (docs / "gpus" / f"{key}.md").is_file(), key

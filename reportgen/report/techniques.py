@@ -278,13 +278,8 @@ def _pair_view(off: dict, on: dict) -> dict:
 
 
 def _label(setup: dict) -> str:
-    s = training_setup(setup)
-    out = setup_label(s)
-    if s.method.value == "qlora" and s.double_quant:
-        out += ", double quant"
-    if s.attn.value != "sdpa":
-        out += f", {s.attn.value} attention"
-    return out + f", micro-batch {s.batch}, seq {s.seq:,}"
+    s = training_setup(setup)  # setup_label names double quantization and the attention itself
+    return setup_label(s) + f", micro-batch {s.batch}, seq {s.seq:,}"
 
 
 def pair_examples(spec: PairSpec, cases: list[dict]) -> dict:
@@ -316,6 +311,7 @@ def pair_examples(spec: PairSpec, cases: list[dict]) -> dict:
         "n": len(pairs),
         "examples": sorted(chosen, key=lambda v: (model_order(v["model"]), gpu_order(v["gpu"]))),
         "median_mem_change": statistics.median(mem) if mem else None,
+        "mem_lower": sum(1 for c in mem if c < 0),  # a median near 0 hides a split: say how many it lowers
         "median_tps_change": statistics.median(tps) if tps else None,
         "made_fit": sum(1 for a, b in pairs if b["fits"] and not a["fits"]),
         "measured": sum(1 for a, b in pairs if a["measured"] and b["measured"]),
