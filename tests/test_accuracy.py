@@ -134,14 +134,17 @@ def test_published_memory_overall_and_per_source(published):
 
 
 def test_published_tokens_per_second(published):
-    """The 30 fsdp_qlora rows with a rate (all on 2-8 GPUs; today median |error| 7.6 %, signed +2.1 %: their
+    """The 33 fsdp_qlora rows with a rate (all on 2-8 GPUs; today median |error| 7.5 %, signed +2.1 %: their
     wall times include loading the model, so the estimate of the loop should be above them; worst +115 % and
     +112 %: R029 and R028, QLoRA of Llama-2 70B on 4 and 2 RTX 6000 Ada; then +69 %, R001, QLoRA with FSDP at
     batch 1 on the two RTX 3090s of a machine with 'slow PCI lanes', estimated on PCIe 3.0 x8), and the 15 rows
     of data/consumer_speed.csv that are mapped (whyNLP/tinyllama on 1 RTX 3090, 4090 and 1-8 A6000s,
     LLaMA-Factory runs on 1 and 4 RTX 4090s in IST-DASLab/llmq, both with Liger's or equal fused kernels,
-    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -18 %: median 4.2 %,
-    worst +39 %, whyNLP's 8-card DDP run on A6000s); all 45 together median 6.8 %. They were 11.7 %, 12.8 % and
+    minimind on an RTX 3090 and RTX 2080 Tis, Axolotl's Qwen3-14B QLoRA example on a T4, -18 %: median 4.1 %,
+    worst +27 %, minimind's batch-8 run on 2080 Tis); all 48 together median 5.9 %. The three fsdp_qlora rows on
+    2-8 RTX A5000s joined on 2026-11-29 (they had been refused as "not in the catalog"), and with them Ampere GA10x
+    got a GEMM rate of its own (0.5171, from them and whyNLP's A6000 rows; it borrowed GA100's 0.7041, which put
+    the 8-card A6000 run at +39 %): all 45 before were at 6.8 %. They were 11.7 %, 12.8 % and
     12.3 % before three corrections of the model, none fitted to these rows: Liger's fused loss sums the head's
     gradient chunk by chunk (llmq's runs), the attention kernels' rate follows the card's GEMM rate, and a cast
     the setup does not need no longer moves bytes (``work._k``: every 4-bit linear of a bf16 QLoRA step was
@@ -150,12 +153,12 @@ def test_published_tokens_per_second(published):
     speed = published["speed"]
     fsdp = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("R")]
     consumer = [r["rel_error"] for r in speed["rows"] if r["id"].startswith("CS")]
-    assert len(fsdp) == 30 and len(consumer) == 15
+    assert len(fsdp) == 33 and len(consumer) == 15
     assert statistics.median(abs(e) for e in fsdp) <= 0.09
     assert 0 <= statistics.median(fsdp) <= 0.06
     assert max(abs(e) for e in fsdp) <= 1.2
     assert sorted(abs(e) for e in fsdp)[-3] <= 0.7  # beyond the two RTX 6000 Ada rows, within 70 %
-    assert statistics.median(abs(e) for e in consumer) <= 0.05 and max(abs(e) for e in consumer) <= 0.40
-    assert speed["median_abs_rel_error"] <= 0.08
+    assert statistics.median(abs(e) for e in consumer) <= 0.05 and max(abs(e) for e in consumer) <= 0.30
+    assert speed["median_abs_rel_error"] <= 0.07
     multi = published["multi_gpu"]
-    assert multi["speed_rows"] == 34 and multi["speed_median_abs_rel_error"] <= 0.09
+    assert multi["speed_rows"] == 37 and multi["speed_median_abs_rel_error"] <= 0.08

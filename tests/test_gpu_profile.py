@@ -252,7 +252,8 @@ def test_an_estimate_says_where_its_rates_come_from():
 
     # a generation without rows of its own names the one it borrows from
     assert "estimated from Ada GeForce's" in note("rtx-5090") and "no step time of a Blackwell GeForce card" in note("rtx-5090")
-    assert "estimated from Ampere GA100's" in note("rtx-a6000")
+    assert "estimated from Ampere GA100's" in note("t4")
+    assert "is Ampere GA10x's fit to 6 published runs on 1-8 RTX A6000s and 2-8 RTX A5000s" in note("rtx-a6000")
     assert "estimated from Hopper's" in note("l4")
     # where a few published runs exist but too few to fit, the note says what they showed against the borrowed rate
     assert "RTX 6000 Ada) ran at under half the tokens/s this rate gives" in note("l4")

@@ -221,7 +221,8 @@ def test_fsdp_qlora_hardware_table_runs_reach_an_effective_batch_of_32():
     r031 = map_speed_row(rows["R031"])
     assert (r031.gpu, r031.setup.gpus, r031.setup.accum) == ("a100-40gb", 4, 2)
     assert isinstance(map_speed_row(rows["R070"]), Unmapped)  # litgpt states runtime per epoch, not tokens
-    assert isinstance(map_speed_row(rows["R026"]), Unmapped)  # A5000 not in the catalog
+    r026 = map_speed_row(rows["R026"])  # "A5000 24GB": refused as "not in the catalog" until 2026-11-29
+    assert (r026.gpu, r026.setup.gpus, r026.setup.batch, r026.setup.accum) == ("rtx-a5000", 4, 1, 8)
 
 
 def test_a_catalog_model_is_never_called_an_unsupported_architecture():

@@ -130,21 +130,28 @@ CACHED_AFTER_RELEASE = 0.5
 #:   casts per 4-bit linear). These rows' dispatch is priced on the default desktop host (``dispatch.py``);
 #: * Ampere GA100 0.7041: 3 rows of A100 40GB pairs to octets (the same document's hardware table),
 #:   leave-one-out 11.4 %, leave-one-source-out 4.0 %;
-#: * Ampere GA10x (workstation) is printed, NOT shipped: 0.5421 from whyNLP/tinyllama's 1, 4 and 8 RTX A6000s
-#:   (one source; the multi-card rows fold DDP's lost scaling, 17 % and 25 % a card, which the estimate hides
-#:   entirely, into the GEMM rate: 0.67, 0.54, 0.49), leave-one-out 21.0 %; the A6000 keeps Ampere GA100's 0.7041
-#:   (leave-one-source-out 25.8 %).
+#: * Ampere GA10x (workstation and data-center GA102 parts: RTX A4000-A6000, A10, A10G) 0.5171: 6 rows from two
+#:   sources, whyNLP/tinyllama's 1, 4 and 8 RTX A6000s (0.67, 0.54, 0.49) and fsdp_qlora's hardware-table Llama-2
+#:   70B QLoRA on 2, 4 and 8 RTX A5000s (0.53, 0.51, 0.46), leave-one-out 6.5 %, leave-one-source-out 5.6 %
+#:   (signed +3.2 %). Shipped since the A5000 rows were read (2026-11-29: they had been refused as "not in the
+#:   catalog"); before, one source, it was printed only and the A6000 borrowed Ampere GA100's 0.7041 (leave-one-
+#:   source-out 25.8 %). All but one row run on several cards, so the rate folds in what those runs lose to their
+#:   links (whyNLP's DDP loses 17 % and 25 % a card at 4 and 8) as well as these 230-300 W cards' clocks under
+#:   sustained load; the one single-card run (0.67) is estimated 23 % too slow with it.
 #: the GeForce generations that ship the pooled fit above (one efficiency for all of them)
 GEFORCE_POOLED = ("turing-geforce", "ampere-ga10x-geforce", "ada-geforce")
 MATMUL_EFFICIENCY = {"hopper": 0.7411, "turing-geforce": 0.9159, "ampere-ga10x-geforce": 0.9159, "ada-geforce": 0.9159,
-                     "ampere-ga100": 0.7041}
+                     "ampere-ga100": 0.7041, "ampere-ga10x": 0.5171}
 #: what each fitted GEMM efficiency rests on, for the estimate's notes
 _GEFORCE_EVIDENCE = ("27 published runs on RTX 2080 Tis, 3090s and 4090s (AnswerDotAI/fsdp_qlora, whyNLP/tinyllama, "
                      "LLaMA-Factory runs in IST-DASLab/llmq, jingyaogong/minimind)")
 MATMUL_EVIDENCE = {"hopper": "our H100 measurements (results/validation)",
                    "turing-geforce": _GEFORCE_EVIDENCE, "ampere-ga10x-geforce": _GEFORCE_EVIDENCE,
                    "ada-geforce": _GEFORCE_EVIDENCE,
-                   "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)"}
+                   "ampere-ga100": "3 published runs on A100 40GB (AnswerDotAI/fsdp_qlora)",
+                   "ampere-ga10x": ("6 published runs on 1-8 RTX A6000s and 2-8 RTX A5000s (whyNLP/tinyllama, "
+                                    "AnswerDotAI/fsdp_qlora), all but one on several cards: the rate folds in what "
+                                    "their links lose, so one card may run up to a quarter faster")}
 #: published runs on a generation with too few of them to fit its own GEMM rate, against the rate it borrows
 #: (``reportgen compare-published`` and ``scripts/calibrate.py``, 2026-11-28): said in its cards' notes beside the
 #: borrowed rate, so a user of those cards reads what the few runs say
@@ -155,9 +162,6 @@ UNFITTED_EVIDENCE = {
     "turing": ("the only compared run on a Turing card outside GeForce (Axolotl's Qwen3-14B QLoRA Colab example on a "
                "T4) ran at least 20 % faster than this rate gives (its Triton LoRA kernels are not modelled; its clock "
                "includes two checkpoint saves): too few to fit"),
-    "ampere-ga10x": ("whyNLP/tinyllama's runs on 1, 4 and 8 RTX A6000s are estimated +4 %, +26 % and +39 % in "
-                     "tokens/s with it (one source: not fitted; its 4- and 8-card runs lose 17 % and 25 % a card "
-                     "to DDP, which the estimate hides)"),
 }
 #: the generation whose GEMM efficiency a generation without enough published rows of its own borrows, said
 #: in the estimate's notes ("estimated from Ada GeForce's rates"): the nearest fitted generation of the same

@@ -65,7 +65,7 @@ YI = str(CONFIGS / "yi-34b.json")
 GEMMA2_2B = str(CONFIGS / "gemma-2-2b.json")
 
 GPUS = [("RTX 3090", "rtx-3090"), ("RTX 4090", "rtx-4090"), ("A10G", "a10g"), ("A100-SXM4 80GB", "a100-80gb"),
-        ("A6000 Ada", "rtx-6000-ada"), ("A100 40GB SXM", "a100-40gb"), ("H100 80GB SXM", "h100-sxm")]
+        ("A6000 Ada", "rtx-6000-ada"), ("A5000", "rtx-a5000"), ("A100 40GB SXM", "a100-40gb"), ("H100 80GB SXM", "h100-sxm")]
 
 
 @dataclass(frozen=True)
