@@ -522,3 +522,13 @@ def test_the_answer_shows_the_runs_phases_and_grpos():
                  "--eval-generate", "4096")
     assert not any("decides the verdict" in r["note"] for r in ev["grpo"]["rows"])  # evaluation decides
     assert "reverse" in sft and "reverse" not in grpo  # a GRPO batch holds whole prompt groups: no batch search
+
+
+def test_a_card_whose_name_holds_its_size_is_labelled_with_one_bracket():
+    """The GPU menu read "NVIDIA GeForce RTX 3060 (12 GB) (12.0 GiB)"."""
+    from reportgen.report.calculator import _gpus
+
+    labels = {g["key"]: g["label"] for g in _gpus()}
+    assert labels["rtx-3060"] == "NVIDIA GeForce RTX 3060 (12 GB, 12.0 GiB)"
+    assert labels["rtx-4090"] == "NVIDIA GeForce RTX 4090 (24.0 GiB)"
+    assert not any(") (" in label for label in labels.values())

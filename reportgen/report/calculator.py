@@ -178,7 +178,8 @@ def _gpus() -> list[dict]:
     out = []
     for key in catalog.gpu_names():
         gpu = catalog.load_gpu(key)
-        out.append({"key": key, "label": f"{gpu.name} ({gpu.memory_bytes / GIB:.1f} GiB)"})
+        size = f"{gpu.memory_bytes / GIB:.1f} GiB"  # "RTX 3060 (12 GB)" gets "(12 GB, 12.0 GiB)", not two brackets
+        out.append({"key": key, "label": f"{gpu.name[:-1]}, {size})" if gpu.name.endswith(")") else f"{gpu.name} ({size})"})
     return out
 
 
