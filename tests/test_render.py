@@ -100,6 +100,19 @@ def test_no_template_runs_a_line_into_the_next_list_item_or_row():
     assert not joined
 
 
+def test_no_template_line_inside_a_box_starts_with_a_block_tag():
+    """lstrip_blocks strips a line's indent before a block tag: "    {% if ... %}text" inside an admonition
+    came out at column 0 and ended the box (the techniques' "How reportgen models it" spilled its
+    docstrings onto the page)."""
+    starts = []
+    for path in sorted((ROOT / "reportgen" / "report" / "templates").rglob("*.j2")):
+        for i, line in enumerate(path.read_text().split("\n"), 1):
+            m = re.match(r"^ {4,}\{%-?\s*(if|for|set)\b.*?%\}(.*)$", line)
+            if m and m.group(2).strip():
+                starts.append(f"{path.name}:{i}")
+    assert not starts
+
+
 def test_a_pair_label_names_each_setting_once():
     """Pairs were labelled "nf4 + double quant, double quant" (``setup_label`` already names it)."""
     from reportgen.report.techniques import _label
