@@ -113,6 +113,15 @@ def test_no_template_line_inside_a_box_starts_with_a_block_tag():
     assert not starts
 
 
+def test_a_setup_label_names_liger_kernels():
+    """The guides called a Liger setup "LoRA": its fastest setup, the search's, runs Liger's kernels."""
+    from reportgen.report.rows import setup_label
+    from reportgen.setup import TrainingSetup
+
+    assert setup_label(TrainingSetup(method="lora", kernels="liger")) == "LoRA, Liger kernels"
+    assert setup_label(TrainingSetup(method="lora")) == "LoRA"
+
+
 def test_a_pair_label_names_each_setting_once():
     """Pairs were labelled "nf4 + double quant, double quant" (``setup_label`` already names it)."""
     from reportgen.report.techniques import _label

@@ -97,6 +97,10 @@ def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
         parts.append("activation offload")
     if setup.compile:
         parts.append("torch.compile")
+    if setup.kernels.value != "eager":  # Liger's RMSNorm, RoPE and SwiGLU kernels (estimate/liger.py)
+        parts.append("Liger kernels" if setup.kernels.value == "liger" else f"{setup.kernels.value} kernels")
+    if setup.modeling.value != "transformers":
+        parts.append(f"{setup.modeling.value} model code")
     if setup.is_peft and setup.lora_dropout:
         parts.append(f"dropout {setup.lora_dropout:g}")
     if setup.dora:
