@@ -336,7 +336,10 @@ def view(d: dict) -> dict:
              "rows": _run_rows(d.get("run"), d.get("verdict_phase", "train"))},
             {"id": "grpo", "title": "GRPO: each phase of the step (recipe grpo)",
              "rows": _grpo_rows(d.get("grpo"), d.get("verdict_phase"))},
-            {"id": "time", "title": "Time (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows},
+            {"id": "time", "title": "Time" + (" if it fit (it does not: the step would run out of memory)"
+                                              if d["verdict"] == "does not fit" else "")
+             + " (estimated kernel by kernel: GPU, host and transfers)", "rows": time_rows,
+             "dim": d["verdict"] == "does not fit"},  # as the terminal says it, and greyed as the site's tables
             {"id": "reverse", "title": "Largest batch and longest sequence that fit (the verdict \"fits\": "
                                         "the whole error band within the card)", "rows": reverse},
         ] if section["rows"]],

@@ -522,6 +522,10 @@ def test_the_answer_shows_the_runs_phases_and_grpos():
                  "--eval-generate", "4096")
     assert not any("decides the verdict" in r["note"] for r in ev["grpo"]["rows"])  # evaluation decides
     assert "reverse" in sft and "reverse" not in grpo  # a GRPO batch holds whole prompt groups: no batch search
+    # the time of a setup that does not fit is said to be hypothetical and greyed, as on the terminal
+    assert not sft["time"]["dim"] and "if it fit" not in sft["time"]["title"]
+    big = view_of("--batch", "64")
+    assert big["time"]["dim"] and big["time"]["title"].startswith("Time if it fit (it does not")
 
 
 def test_a_card_whose_name_holds_its_size_is_labelled_with_one_bracket():

@@ -204,7 +204,7 @@ function table(section) {
     tr.append(extra);
     body.append(tr);
   }
-  return el("table", { class: "rg-calc-table", "data-section": section.id },
+  return el("table", { class: section.dim ? "rg-calc-table rg-calc-dim" : "rg-calc-table", "data-section": section.id },
     el("caption", { text: section.title }), body);
 }
 
