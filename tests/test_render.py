@@ -122,6 +122,19 @@ def test_a_setup_label_names_liger_kernels():
     assert setup_label(TrainingSetup(method="lora")) == "LoRA"
 
 
+def test_a_guide_says_which_recommended_techniques_no_run_has_measured():
+    """The guides recommend fused cross-entropy and Liger's kernels, which the harness has not measured:
+    the page says so once, with their technique pages, and stops saying it once a measurement covers one."""
+    from reportgen.report.guides import unmeasured_in
+
+    setups = [{"loss": "fused", "kernels": "liger"}, {"loss": "standard"}]
+    said = unmeasured_in(setups, [{"loss": "standard"}], "guides/t4.md")
+    assert [u["link"] for u in said] == ["../techniques/fused-cross-entropy.md", "../techniques/liger-kernels.md"]
+    assert [u["label"] for u in unmeasured_in(setups, [{"loss": "fused"}], "guides/t4.md")] == [
+        "Liger's layer kernels"]
+    assert unmeasured_in([{"loss": "standard"}], [], "guides/t4.md") == []
+
+
 def test_a_pair_label_names_each_setting_once():
     """Pairs were labelled "nf4 + double quant, double quant" (``setup_label`` already names it)."""
     from reportgen.report.techniques import _label

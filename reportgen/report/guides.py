@@ -239,7 +239,23 @@ def tree_view(page: str) -> dict:
             "max_micro_batch": T.MAX_MICRO_BATCH, "gpu_counts": ", ".join(map(str, T.FSDP_GPU_COUNTS))}
 
 
-def _gpu_page(key: str, walks: dict, measured: dict[str, dict], quant_pairs: list[dict]) -> Page:
+#: techniques a walk may recommend whose speed and memory come from their code alone until a measurement
+#: runs them: (label, technique page, does a setup use it)
+UNMEASURED_CHECKS = (
+    ("a fused or chunked cross-entropy", "fused-cross-entropy", lambda s: s.get("loss", "standard") != "standard"),
+    ("Liger's layer kernels", "liger-kernels", lambda s: s.get("kernels", "eager") == "liger"),
+)
+
+
+def unmeasured_in(setups: list[dict], measured_setups: list[dict], path: str) -> list[dict]:
+    """The techniques of ``UNMEASURED_CHECKS`` that some of ``setups`` use and no measured setup does,
+    each with its technique page: a guide recommending them says their figures are estimates only."""
+    return [{"label": label, "link": rel(path, f"techniques/{slug}.md")} for label, slug, uses in UNMEASURED_CHECKS
+            if any(uses(s) for s in setups) and not any(uses(s) for s in measured_setups)]
+
+
+def _gpu_page(key: str, walks: dict, measured: dict[str, dict], quant_pairs: list[dict],
+              measured_setups: list[dict] = ()) -> Page:
     path = guide_path(key)
     mine = {(m, s): w for (g, m, s), w in walks.items() if g == key}
     models = sorted({m for m, _ in mine}, key=model_order)
@@ -269,6 +285,9 @@ def _gpu_page(key: str, walks: dict, measured: dict[str, dict], quant_pairs: lis
         "gpu_page": rel(path, f"gpus/{key}.md"),
         "methodology": rel(path, "methodology.md"),
         "target": T.TARGET_EFFECTIVE_BATCH,
+        "unmeasured": unmeasured_in([x["setup"] for w in mine.values()
+                                     for x in (w.get("recommended"), (w.get("search") or {}).get("numbers")) if x],
+                                    list(measured_setups), path),
     }
     return Page(path=path, template="guide.md.j2", context=context)
 
@@ -281,7 +300,8 @@ def guide_pages(site: SiteData) -> list[Page]:
     from reportgen.measured import cases_from_results, qlora_pairs
 
     quant_pairs = qlora_pairs(cases_from_results(site.all_results()))
-    pages = [_gpu_page(key, walks, measured, quant_pairs) for key in guided]
+    measured_setups = [r["case"]["setup"] for r in site.all_results() if r["id"] in measured]
+    pages = [_gpu_page(key, walks, measured, quant_pairs, measured_setups) for key in guided]
     gpus = []
     for key in catalog.gpu_names():
         mine = [w for (g, _, _), w in walks.items() if g == key]
