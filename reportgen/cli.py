@@ -71,8 +71,19 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+DESCRIPTION = ("Will a fine-tuning run fit on your GPU, how fast will it go, and what to turn on first: memory term by\n"
+               "term and step time kernel by kernel, estimated without a GPU and checked against CUDA measurements.")
+EPILOG = """first steps:
+  reportgen estimate --model llama-3.1-8b --gpu rtx-4090 --method qlora   one setup: memory, fit, speed
+  reportgen advise --model Qwen/Qwen3-14B --gpu rtx-4090                 what to turn on first
+  reportgen estimate --from sft.yaml --gpu rtx-3090                      your TRL/Axolotl/... config
+  reportgen models; reportgen gpus                                       what the catalogs hold
+each command's own flags: reportgen COMMAND --help"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="reportgen", description=__doc__)
+    parser = Parser(prog="reportgen", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"reportgen {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -136,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `reportgen` alone: what it can do, not "required: command"
+        parser.print_help(sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the subcommand that was given, with its closest options
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -259,6 +259,12 @@ def test_output_cut_short_by_a_pipe_is_no_error():
     assert proc.stderr == "rc=141"
 
 
+def test_reportgen_alone_lists_its_commands(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "estimate" in err and "sweep" in err and "advise" in err and "required" not in err
+
+
 def test_a_choice_like_none_gets_no_guess(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--model", "llama-3.2-1b", "--gpu", "rtx-4090", "--method", "xyzzy"])
