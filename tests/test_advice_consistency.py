@@ -155,7 +155,7 @@ def test_the_gpu_pages_fastest_setup_is_named_on_the_guide_where_it_differs(site
     assert "Full" in summary  # the walk's answer
     fastest = doc["search"]["numbers"]
     # named whole: the search's fastest runs Liger's kernels, which the label once left out
-    liger = ", Liger kernels" if fastest["setup"].get("kernels") == "liger" else ""
+    liger = ", Liger" if fastest["setup"].get("kernels") == "liger" else ""
     assert (f"fastest: LoRA{liger}, micro-batch {fastest['setup']['batch']}, {fastest['tokens_per_s']:,.0f} tok/s"
             in summary)
     # the GPU page's fastest swept setup is the same technique (its batch is one the sweep holds)

@@ -118,7 +118,7 @@ def test_a_setup_label_names_liger_kernels():
     from reportgen.report.rows import setup_label
     from reportgen.setup import TrainingSetup
 
-    assert setup_label(TrainingSetup(method="lora", kernels="liger")) == "LoRA, Liger kernels"
+    assert setup_label(TrainingSetup(method="lora", kernels="liger")) == "LoRA, Liger"
     assert setup_label(TrainingSetup(method="lora")) == "LoRA"
 
 

@@ -98,7 +98,7 @@ def setup_label(setup: TrainingSetup, any_mixed: bool = False) -> str:
     if setup.compile:
         parts.append("torch.compile")
     if setup.kernels.value != "eager":  # Liger's RMSNorm, RoPE and SwiGLU kernels (estimate/liger.py)
-        parts.append("Liger kernels" if setup.kernels.value == "liger" else f"{setup.kernels.value} kernels")
+        parts.append("Liger" if setup.kernels.value == "liger" else f"{setup.kernels.value} kernels")
     if setup.modeling.value != "transformers":
         parts.append(f"{setup.modeling.value} model code")
     if setup.is_peft and setup.lora_dropout:
