@@ -53,7 +53,7 @@ def test_a_count_cell_that_is_not_a_number_is_not_read_as_the_default(row_id, ke
     so a damaged row compared a setup its source never ran."""
     row = dict({r["id"]: r for r in read_rows(CSV)}[row_id], **{key: text})
     m = map_row(row)
-    assert isinstance(m, Unmapped) and m.reason == f"not a whole number: {key} {text!r}"
+    assert isinstance(m, Unmapped) and m.reason == f"not a whole number of 1 or more: {key} {text!r}"
 
 
 def test_litgpt_recipe_from_its_code():
@@ -235,3 +235,48 @@ def test_a_catalog_model_is_never_called_an_unsupported_architecture():
         m = map_row(row)
         if isinstance(m, Unmapped) and row["model"].strip().lower() in repos:
             assert "architecture not supported" not in m.reason, (row["id"], m.reason)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"gpus": "two"}, "not a whole number of 1 or more: gpus 'two'"),
+    ({"seq_len": "0"}, "not a whole number of 1 or more: seq_len '0'"),
+    ({"batch": "0"}, "not a whole number of 1 or more: batch '0'"),
+    ({"peak_mem_gb": "0"}, "not a positive number: peak_mem_gb '0'"),
+    ({"peak_mem_gb": "-4.98"}, "not a positive number: peak_mem_gb '-4.98'"),
+    ({"peak_mem_gb": "nan"}, "not a positive number: peak_mem_gb 'nan'"),
+    ({"tokens_per_s": "-100"}, "not a positive number: tokens_per_s '-100'"),
+    ({"notes": None}, "of the header's"),  # a short row: DictReader fills the missing cells with None
+])
+def test_a_damaged_row_is_named_with_its_reason_not_a_traceback(tmp_path, capsys, change, says):
+    """compare-published stopped with ValueError/ZeroDivisionError/TypeError on such rows (a CLI probe)."""
+    rows = read_rows(CSV)
+    header = list(rows[0].keys())
+    row = dict(rows[0], **change)
+    path = tmp_path / "bad.csv"
+    cells = ['"' + str(row[k]).replace('"', '""') + '"' for k in header if row[k] is not None]
+    path.write_text(",".join(header) + "\n" + ",".join(cells) + "\n")
+    assert main(["compare-published", "--csv", str(path), "--out", str(tmp_path / "c.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{rows[0]['id']}: " in out and says in out
+
+
+@pytest.mark.parametrize("doc, says", [
+    ({}, "it compares no row"),
+    ({"rows": 5}, "rows is not a list"),
+    ({"rows": [{"id": "X"}]}, "rows[0] lacks or mistypes source"),
+    ({"rows": [], "speed": {"rows": [{"id": "X"}]}}, "speed.rows[0] lacks or mistypes model"),
+])
+def test_a_comparison_the_pages_cannot_show_is_said_and_left_out(doc, says):
+    """render stopped with a TypeError on a comparison compare-published wrote from a CSV with no mapped
+    row, and on hand-edited ones."""
+    from reportgen.report.pages import published_problem
+
+    assert says in published_problem(doc)
+    assert published_problem(json.loads(Path("data/published_comparison.json").read_text())) is None
+
+
+def test_render_refuses_a_published_file_that_is_not_there(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    assert main(["render", "--results", str(tmp_path / "results"), "--docs", str(tmp_path / "docs"),
+                 "--published", str(tmp_path / "nosuch.json")]) == 2
+    assert "--published" in capsys.readouterr().err and not (tmp_path / "docs").exists()

@@ -15,7 +15,7 @@ from reportgen import catalog
 from reportgen.estimate.dtypes import dtypes_for
 from reportgen.estimate.logits import logits_memory
 from reportgen.estimate.memory import estimate_memory
-from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows
+from reportgen.published.mapping import Mapped, Unmapped, map_row, prose_allocated, read_rows, row_problem
 from reportgen.published.consumer import CSV_NAME as CONSUMER_CSV
 from reportgen.published.consumer import SETUPS_NAME as CONSUMER_SETUPS
 from reportgen.published.consumer import consumer_speed_rows
@@ -126,12 +126,14 @@ def compare(csv_path: Path) -> dict:
         "median_abs_rel_error": round(statistics.median(abs(r["rel_error"]) for r in rows), 4) if rows else None,
         "median_rel_error": round(statistics.median(r["rel_error"] for r in rows), 4) if rows else None,
         "by_source": {},
-        "speed": compare_speed(raw_rows, consumer_speed_rows(Path(csv_path).parent)),
+        # a damaged row (``mapping.row_problem``) is named once, among the unmapped rows above
+        "speed": compare_speed(clean := [r for r in raw_rows if not row_problem(r)],
+                               consumer_speed_rows(Path(csv_path).parent)),
     }
     for r in summary["speed"]["rows"]:  # the document each row comes from: its name and its address
         r["source_key"], address = source_key(r["source"]), r["source"].split()[0]
         r["source_url"] = address if address.startswith("https://") else f"https://{address}"
-    summary["speed"]["qlora_over_lora"] = slowdown_rows(raw_rows)
+    summary["speed"]["qlora_over_lora"] = slowdown_rows(clean)
     speed_multi = [r for r in summary["speed"]["rows"] if r["gpus"] > 1 and r["rel_error"] is not None]
     multi = [r for r in rows if r["setup"]["gpus"] > 1]
     summary["multi_gpu"] = {

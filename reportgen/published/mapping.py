@@ -149,11 +149,31 @@ def _int(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: cells that hold a count (a leading whole number, words may follow: ``2 (global 16)``) and a figure (a
+#: positive number alone); blank means not stated
+COUNT_COLUMNS = ("batch", "seq_len", "gpus", "lora_rank", "grad_accum")
+FIGURE_COLUMNS = ("params_b", "peak_mem_gb", "tokens_per_s", "step_time_s", "samples_per_s", "mfu")
+
+
 def _unreadable(row: dict, keys: tuple[str, ...]) -> str | None:
-    """Why a row's count cells cannot be read: a cell with text but no leading whole number (a blank
-    cell takes the recipe's default, which the mapping names; ``12x`` reads 12 as before)."""
-    bad = [f"{k} {row[k]!r}" for k in keys if (row.get(k) or "").strip() and _int(row[k]) is None]
-    return f"not a whole number: {', '.join(bad)}" if bad else None
+    """Why a row's count cells cannot be read: a cell with text but no leading whole number above 0 (a
+    blank cell takes the recipe's default, which the mapping names; ``12x`` reads 12 as before)."""
+    bad = [f"{k} {row[k]!r}" for k in keys if (row.get(k) or "").strip() and not _int(row[k])]
+    return f"not a whole number of 1 or more: {', '.join(bad)}" if bad else None
+
+
+def row_problem(row: dict) -> str | None:
+    """Why a CSV row cannot be compared at all, or None: fewer or more cells than the header (a cell
+    holding a comma needs quotes), a count that is not a whole number of 1 or more, a figure that is not
+    a positive number (``-4.98``, ``nan``, ``about 5``). Every comparison checks it first, so a damaged
+    row is named with its reason instead of stopping ``compare-published``."""
+    if None in row or any(v is None for v in row.values()):
+        return (f"has {sum(1 for v in row.values() if v is not None)} of the header's {len(row)} cells"
+                if None not in row else "has more cells than the header") + " (a cell holding a comma needs quotes)"
+    bad = [f"{k} {row[k]!r}" for k in FIGURE_COLUMNS if (row.get(k) or "").strip() and not (_number(row[k]) or 0) > 0]
+    if bad:
+        return f"not a positive number: {', '.join(bad)}"
+    return _unreadable(row, COUNT_COLUMNS)
 
 
 def _gpu(text: str) -> str | None:
@@ -161,7 +181,9 @@ def _gpu(text: str) -> str | None:
 
 
 def map_row(row: dict) -> Mapped | Unmapped:
-    rid, src = row["id"], row["source"]
+    rid, src = row.get("id") or "?", row.get("source") or ""
+    if row_problem(row):
+        return Unmapped(rid, src, row_problem(row))
     if "fsdp_qlora" in src:
         return _fsdp_qlora(row)
     if "litgpt" in src:

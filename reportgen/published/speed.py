@@ -33,7 +33,7 @@ from reportgen.estimate.memory import estimate_memory
 from reportgen.estimate.time import estimate_time
 from reportgen.estimate.libraries import Libraries
 from reportgen.hardware import GpuSpec
-from reportgen.published.mapping import FSDP_QLORA_LIBS, Unmapped, fsdp_qlora_setup
+from reportgen.published.mapping import FSDP_QLORA_LIBS, Unmapped, fsdp_qlora_setup, row_problem
 from reportgen.setup import TrainingSetup
 
 #: fsdp_qlora's benchmark template: ``--dataset dummy --dataset_samples 1024``
@@ -113,7 +113,9 @@ def published_tokens_per_s(row: dict) -> tuple[float, str] | None:
 
 
 def map_speed_row(row: dict) -> SpeedRow | Unmapped:
-    rid, src = row["id"], row["source"]
+    rid, src = row.get("id") or "?", row.get("source") or ""
+    if row_problem(row):
+        return Unmapped(rid, src, row_problem(row))
     if "fsdp_qlora" not in src:
         reason = ("litgpt states runtimes per epochs of Alpaca-2k, not tokens: compared as QLoRA/LoRA ratios"
                   if "litgpt" in src else

@@ -16,8 +16,9 @@ def register(sub) -> None:
     p = sub.add_parser("render", help="render the site's pages from stored result files (no estimating)")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results directory (one folder per sweep)")
     p.add_argument("--docs", type=Path, default=DEFAULT_DOCS, help="site source directory to render into")
-    p.add_argument("--published", type=Path, default=DEFAULT_OUT,
-                   help="comparison with published measurements (reportgen compare-published), if it exists")
+    p.add_argument("--published", type=Path, default=None,
+                   help=f"comparison with published measurements (reportgen compare-published; default {DEFAULT_OUT}, "
+                        "if it exists)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("validation", help="every stored measurement against this code's estimate: the headline "
@@ -141,6 +142,11 @@ def cmd_render(args: argparse.Namespace) -> int:
                         hint="run a sweep first (reportgen sweep sweeps/consumer.yaml), or pass the folder it wrote")
     if not any(p.is_dir() for p in args.results.iterdir()):
         print(f"warning: {args.results} holds no sweep yet: the pages say so (run a sweep to fill them)")
+    if args.published is not None and not args.published.is_file():  # named: not silently left out
+        raise UserError(f"--published {args.published}: no such file",
+                        hint=f"reportgen compare-published --out {args.published} writes it; without --published "
+                             f"the site uses {DEFAULT_OUT} where it exists")
+    args.published = args.published or DEFAULT_OUT
     console = Console(stderr=True)
     with Stages(console) as stages:
         pages = render_all(args.results, args.docs, published=args.published, progress=stages.render_progress())

@@ -572,6 +572,41 @@ def model_pages(site: SiteData) -> list[Page]:
 
 
 # ----- validation --------------------------------------------------------------------------------
+#: what the validation page reads of each row of a comparison (``published.compare.compare``)
+_MEMORY_ROW = {"id": str, "source": str, "model": str, "technique": str, "measure": str, "published_gb": float,
+               "estimated_gb": float, "abs_error_gb": float, "rel_error": float}
+_SPEED_ROW = {"id": str, "model": str, "technique": str, "gpu": str, "gpus": int, "batch": int, "seq": int,
+              "published_tokens_per_s": float, "derivation": str, "source_key": str, "source_url": str}
+
+
+def published_problem(data: dict) -> str | None:
+    """Why a comparison file cannot be shown, or None: its rows lack what the page reads (or hold it in
+    another type), or it compares no row at all. ``compare-published`` writes none such; a hand-edited
+    or truncated file stopped ``render`` with a traceback."""
+    def bad_rows(rows, want: dict, where: str) -> str | None:
+        if not isinstance(rows, list):
+            return f"{where} is not a list"
+        for i, item in enumerate(rows):
+            miss = [k for k, t in want.items() if not isinstance(item, dict) or not isinstance(item.get(k), t)
+                    and not (t is float and isinstance(item.get(k), int) and not isinstance(item.get(k), bool))]
+            if miss:
+                return f"{where}[{i}] lacks or mistypes {', '.join(miss)}"
+        return None
+
+    speed = data.get("speed") if isinstance(data.get("speed"), dict) else {}
+    problem = bad_rows(data.get("rows", []), _MEMORY_ROW, "rows") or bad_rows(speed.get("rows", []), _SPEED_ROW,
+                                                                              "speed.rows")
+    if problem:
+        return problem
+    numbers = [data.get(k) for k in ("median_abs_error_gb", "median_abs_rel_error", "median_rel_error")] + [
+        speed.get(k) for k in ("median_abs_rel_error", "median_rel_error")]
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in numbers):
+        return "a median is not a number"
+    if not data.get("rows") and not speed.get("rows"):
+        return "it compares no row"
+    return None
+
+
 def _published(path: Path | None) -> dict | None:
     """``reportgen compare-published``'s comparison, with a warning when it is stale: computed by other
     code, catalog entries or published rows than this checkout's (``published.compare.comparison_inputs_hash``
@@ -582,6 +617,11 @@ def _published(path: Path | None) -> dict | None:
     data = _read_shown(path, "the validation page's comparison with published measurements",
                        "reportgen compare-published")
     if data is None:
+        return None
+    problem = published_problem(data)
+    if problem:  # a file the pages cannot show: said, and the site goes without it (as an unreadable one)
+        print(f"warning: {path}: {problem}; the validation page goes without the comparison with published "
+              "measurements (reportgen compare-published writes it)", file=sys.stderr)
         return None
     csv = path.parent / DEFAULT_CSV.name
     if csv.is_file():
