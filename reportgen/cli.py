@@ -164,8 +164,18 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, handler)
 
 
+def _pipe_closed(console) -> None:
+    """rich's ``Console.on_broken_pipe`` exits with status 1 when ``| head`` closes the pipe; raised
+    instead, the reader's leaving ends every command alike (``_main``: status 141, as a JSON print)."""
+    raise BrokenPipeError
+
+
 def _main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from reportgen.setup import SetupError
+
+    Console.on_broken_pipe = _pipe_closed
 
     try:
         try:

@@ -250,10 +250,12 @@ def test_advise_refuses_a_flag_its_mode_does_not_read(capsys, argv, says):
     assert code == 2 and says in out
 
 
-def test_output_cut_short_by_a_pipe_is_no_error():
-    """``reportgen advise --mermaid | head -1`` printed "error: cannot use: Broken pipe"."""
+@pytest.mark.parametrize("argv", [["advise", "--mermaid"], ["estimate", "--model", "llama-3.2-1b", "--gpu", "t4"]])
+def test_output_cut_short_by_a_pipe_is_no_error(argv):
+    """``reportgen advise --mermaid | head -1`` printed "error: cannot use: Broken pipe", and a table's
+    print (rich) exited 1 where a plain print exits 141: both end quietly with 141 now."""
     code = ("import os, sys\nr, w = os.pipe()\nos.close(r)\nos.dup2(w, 1)\nfrom reportgen.cli import main\n"
-            "sys.stderr.write(f'rc={main([\"advise\", \"--mermaid\"])}')\n")
+            f"sys.stderr.write('rc=' + str(main({json.dumps(argv)})))\n")
     proc = subprocess.run([sys.executable, "-u", "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parent.parent)  # -u: the write itself meets the closed pipe
     assert proc.stderr == "rc=141"
