@@ -25,10 +25,12 @@ class SweepRun:
     walks: object  # advise.store's stats
     traced_failed: int = 0
     submitted: int = 0  # Slurm tasks left running (--no-wait): the sweep is not done
+    #: measured cases that ended in error or timeout (an out-of-memory run is an answer, not a failure)
+    measured_failed: int = 0
 
     @property
     def failed(self) -> bool:
-        return bool(self.estimates.failed or self.submitted or self.traced_failed)
+        return bool(self.estimates.failed or self.submitted or self.traced_failed or self.measured_failed)
 
 
 def run_sweep(sweep: Sweep, results: Path, *, stages, warn: Warn, console,
@@ -61,7 +63,8 @@ def run_sweep(sweep: Sweep, results: Path, *, stages, warn: Warn, console,
     elif measure:
         from reportgen.measure.runner import measure_sweep
 
-        measure_sweep(sweep, results, shard=shard, force=force, console=console)
+        measured = measure_sweep(sweep, results, shard=shard, force=force, console=console)
+        run.measured_failed = sum(n for status, n in measured.by_status.items() if status not in ("ok", "oom"))
         stages.lap("measuring")
     return run
 

@@ -116,7 +116,8 @@ def test_failed_measurements_are_retried_ok_and_oom_are_not(sweep_file, tmp_path
     for status, expect in (("timeout", 2), ("error", 2), ("oom", 2), ("ok", 0)):
         calls.clear()
         monkeypatch.setattr(runner, "run_case", stub(status))
-        assert sweep(sweep_file, out) == 0
+        # a case that ended in error or timeout fails the sweep (exit 1: rerun it to retry); an oom is an answer
+        assert sweep(sweep_file, out) == (1 if status in ("timeout", "error") else 0), status
         assert len(calls) == expect, status  # timeout/error: retried; after an oom nothing is rerun
         assert {r["measurement"]["status"] for r in results(out).values()} == {"oom" if status == "ok" else status}
     calls.clear()
@@ -127,6 +128,13 @@ def test_failed_measurements_are_retried_ok_and_oom_are_not(sweep_file, tmp_path
     assert [a["status"] for a in results(out)[sorted(results(out))[0]]["measurements"]] == [
         "timeout", "error", "oom", "ok"]
     assert len(measurement_files(out / "tiny-measure")) == 8
+
+
+def test_a_measuring_device_other_than_cuda_or_cpu_is_refused(sweep_file, tmp_path, monkeypatch, capsys):
+    """REPORTGEN_MEASURE_DEVICE=gpu stored a worker's traceback for every case, and the sweep exited 0."""
+    monkeypatch.setenv(DEVICE_ENV, "gpu")
+    assert sweep(sweep_file, tmp_path / "results") == 2
+    assert f"{DEVICE_ENV}=gpu: measures on cuda or cpu" in capsys.readouterr().err
 
 
 def test_no_gpu_no_cuda_sweep(sweep_file, tmp_path, monkeypatch, capsys):

@@ -194,6 +194,8 @@ def measure_sweep(sweep: Sweep, results_dir: Path, shard: str | None = None, for
     index, count = parse_shard(shard)
     require_measure_packages()
     device = device or os.environ.get(DEVICE_ENV, "cuda")
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"{DEVICE_ENV}={device}: measures on cuda or cpu", hint=f"unset it, or {DEVICE_ENV}=cpu")
     if device == "cuda":
         from reportgen.measure.nvml import nvidia_gpus_present
 
