@@ -154,3 +154,13 @@ def test_every_unsloth_row_is_a_key_of_its_schema():
     assert keys["from_pretrained.load_in_4bit"] is True and keys["get_peft_model.r"] == 16
     assert keys["SFTConfig.optim"] == "adamw_8bit" and keys["SFTConfig.per_device_train_batch_size"] == 4
     assert table.schema()["unsloth"]["models"]["unsloth/meta-llama-3.1-8b-bnb-4bit"] == "meta-llama/Meta-Llama-3.1-8B"
+
+
+def test_a_misspelled_call_is_an_error_not_unsloths_default_model(tmp_path):
+    """A typo in a section name left from_pretrained empty, and the estimate silently took unsloth's default
+    model (Llama 3.2 1B) instead of the 8B the file names."""
+    text = FIXTURE.read_text().replace("FastLanguageModel.from_pretrained:", "FastLanguageModel.from_pretrainedx:")
+    path = tmp_path / "typo.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"from_pretrainedx: not a call .*did you mean FastLanguageModel.from_pretrained"):
+        translate_file(path)

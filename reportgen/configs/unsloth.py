@@ -71,6 +71,14 @@ def flatten(doc: dict, lines: dict[str, int], path: Path) -> tuple[dict, dict[st
     flat_lines: dict[str, int] = {}
     seen: dict[str, str] = {}
     for name, value in doc.items():
+        if name not in SECTIONS and isinstance(value, dict):  # a mapping where a call's arguments go: a misspelled call
+            import difflib
+
+            close = difflib.get_close_matches(name, list(SECTIONS), n=1, cutoff=0.6)
+            where = f"{path}:{lines[name]}" if name in lines else str(path)
+            raise ConfigError(f"{where}: {name}: not a call whose arguments reportgen reads"
+                              + (f"; did you mean {close[0]}?" if close else ""),
+                              hint="sections: " + ", ".join(SECTIONS))
         if name not in SECTIONS:
             flat[name] = value
             flat_lines[name] = lines.get(name, 0)
