@@ -1,6 +1,7 @@
 """Parameter counts from the shipped configs must equal the published totals exactly."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,24 @@ def test_unknown_gpu_suggests():
     with pytest.raises(UserError) as exc:
         catalog.load_gpu("rtx4090")
     assert "rtx-4090" in str(exc.value)
+
+
+@pytest.mark.parametrize("quant, method, says", [
+    ({"quant_method": "gptq", "bits": 4}, "full", "holds a quantization_config (gptq, 4-bit): that checkpoint loads "
+                                                  "quantized, which this full estimate (16-bit base weights)"),
+    ({"quant_method": "fp8"}, "lora", "quantization_config (fp8)"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "qlora", "it loads as QLoRA's base, as estimated"),
+])
+def test_a_checkpoint_saved_quantized_is_said_to_be(tmp_path, quant, method, says):
+    """A config.json with a quantization_config was estimated as a plain 16-bit model without a word."""
+    from reportgen import catalog
+    from reportgen.estimate import estimate
+    from reportgen.setup import TrainingSetup
+
+    config = json.loads(Path("reportgen/catalog/models/llama-3.2-1b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "quantization_config": quant}))
+    est = estimate(catalog.load_model(str(path)), catalog.load_gpu("rtx-4090"), TrainingSetup(method=method, seq=256))
+    assert any(says in n for n in est.notes), est.notes
+    plain = estimate(catalog.load_model("llama-3.2-1b"), catalog.load_gpu("rtx-4090"), TrainingSetup(method=method))
+    assert not any("quantization_config" in n for n in plain.notes)

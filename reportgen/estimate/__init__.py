@@ -101,6 +101,8 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         notes.append(context_note(model, setup.seq))
     if model.vision is not None:
         notes.append(vision_note(model, setup))
+    if quantized_checkpoint_note(model, setup):
+        notes.append(quantized_checkpoint_note(model, setup))
     if t.peak_dtype in gpu.derived:
         notes.append(f"{gpu.name}: {t.peak_dtype} peak FLOP/s derived by reportgen, not published (GPU catalog)")
     run = estimate_run(model, setup, gpu, dtypes_for(setup), mem)
@@ -154,6 +156,25 @@ def context_note(model: ModelSpec, seq: int) -> str:
     return (f"seq {seq:,} is past {model.name}'s max_position_embeddings {model.max_position_embeddings:,}{scaled}: "
             "the memory estimate holds, but the model was not trained this long (extrapolation; a RoPE scaling such "
             "as linear, dynamic NTK or YaRN would be needed)")
+
+
+def quantized_checkpoint_note(model: ModelSpec, setup: TrainingSetup) -> str | None:
+    """What a checkpoint saved quantized (config.json's ``quantization_config``: GPTQ, AWQ, bitsandbytes,
+    FP8) means for the estimate, which prices the setup named from the model's shapes; None otherwise."""
+    q = model.config.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    kind = str(q.get("quant_method") or "quantized")
+    bits = q.get("bits") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None)
+    what = f"{kind}{f', {bits}-bit' if bits else ''}"
+    source = model.name if model.name.endswith(".json") else f"{model.name}'s config.json"
+    if setup.method.value == "qlora" and kind == "bitsandbytes" and bits == 4:
+        return f"{source} holds a bitsandbytes 4-bit quantization_config: it loads as QLoRA's base, as estimated"
+    base = "NF4 base weights by bitsandbytes" if setup.method.value == "qlora" else "16-bit base weights"
+    return (f"{source} holds a quantization_config ({what}): that checkpoint loads quantized, which "
+            f"this {setup.method.value} estimate ({base})"
+            " does not price; transformers trains a quantized checkpoint only through adapters, and not a full "
+            "fine-tune: estimate its unquantized base model for a faithful answer")
 
 
 def vision_note(model: ModelSpec, setup: TrainingSetup) -> str:
