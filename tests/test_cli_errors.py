@@ -283,3 +283,17 @@ def test_a_control_character_in_a_yaml_file_is_a_message(tmp_path, capsys, conte
     assert main([*command, str(path)]) == 2
     err = capsys.readouterr().err
     assert f"c.yaml:{line}: not valid YAML (the character {char} is not allowed in YAML)" in err
+
+
+@pytest.mark.parametrize("command", [["validation"], ["show", "llama-3.2-1b.h100-sxm.lora.72a461a877c7"],
+                                     ["render", "--docs", "DOCS"]])
+def test_results_naming_one_sweeps_folder_says_to_pass_its_parent(tmp_path, capsys, command):
+    """--results results/validation read measured/ and _advice/ as sweeps: 'no estimate stored', an empty
+    site, or 'no measurement counts'."""
+    sweep = tmp_path / "results" / "validation"
+    (sweep / "measured").mkdir(parents=True)
+    (sweep / "_advice").mkdir()
+    (sweep / "x.json").write_text("{}")
+    argv = [a.replace("DOCS", str(tmp_path / "docs")) for a in command]
+    code, out = run(capsys, *argv, "--results", str(sweep))
+    assert code == 2 and "so it is one sweep's folder" in out and f"--results {tmp_path / 'results'}" in out

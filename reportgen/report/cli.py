@@ -80,6 +80,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
 
     if not args.results.is_dir():
         raise UserError(f"--results {args.results}: not a directory", hint="run from the repository root")
+    refuse_a_sweep_folder(args.results)
     items, envs = measured_items(args.results)
     aside = set_aside_runs(args.results)
     said = "; ".join(f"{cid}: {why}" for cid, why in aside)
@@ -130,6 +131,17 @@ def cmd_validation(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_a_sweep_folder(results: Path) -> None:
+    """``--results results/validation`` names one sweep's folder, not the folder of sweeps: its
+    ``measured/`` or ``_advice/`` beside its case files would be read as sweeps and nothing found. Said, with the fix."""
+    from reportgen.errors import UserError
+
+    inner = [p.name for p in results.iterdir() if p.is_dir() and p.name in ("measured", "_advice")]
+    if inner and (any(results.glob("*.json")) or "_advice" in inner):  # a sweep named "measured" is a folder of sweeps
+        raise UserError(f"--results {results}: holds {', '.join(n + '/' for n in sorted(inner))}, so it is one sweep's folder",
+                        hint=f"pass the folder of sweeps above it: --results {results.parent}")
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -140,6 +152,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not args.results.is_dir():
         raise UserError(f"--results {args.results}: not a directory",
                         hint="run a sweep first (reportgen sweep sweeps/consumer.yaml), or pass the folder it wrote")
+    refuse_a_sweep_folder(args.results)
     if not any(p.is_dir() for p in args.results.iterdir()):
         print(f"warning: {args.results} holds no sweep yet: the pages say so (run a sweep to fill them)")
     if args.published is not None and not args.published.is_file():  # named: not silently left out
@@ -158,5 +171,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from reportgen.report.show import show
 
+    if args.results.is_dir():
+        refuse_a_sweep_folder(args.results)
     show(args.results, args.case_id)
     return 0
