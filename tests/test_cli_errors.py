@@ -297,3 +297,18 @@ def test_results_naming_one_sweeps_folder_says_to_pass_its_parent(tmp_path, caps
     argv = [a.replace("DOCS", str(tmp_path / "docs")) for a in command]
     code, out = run(capsys, *argv, "--results", str(sweep))
     assert code == 2 and "so it is one sweep's folder" in out and f"--results {tmp_path / 'results'}" in out
+
+
+def test_validation_skips_a_measurement_of_an_unknown_model_naming_it(tmp_path, capsys):
+    """One measured file naming a model this checkout cannot load stopped `reportgen validation` with
+    'unknown model' and no file named."""
+    import shutil
+
+    folder = tmp_path / "results" / "validation" / "measured"
+    shutil.copytree(Path("results/validation/measured"), folder)
+    first = sorted(folder.glob("*.json"))[0]
+    doc = json.loads(first.read_text())
+    doc["case"]["model"] = "nosuch-model"
+    first.write_text(json.dumps(doc))
+    code, out = run(capsys, "validation", "--results", str(tmp_path / "results"))
+    assert code == 0 and "unknown model 'nosuch-model'; skipped" in out and "peak allocated" in out

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from reportgen.errors import UserError
 from reportgen.published import DEFAULT_OUT
 
 DEFAULT_RESULTS = Path("results")
@@ -48,7 +50,11 @@ def measured_items(results_dir: Path) -> tuple[list[dict], list[dict]]:
         for doc in store.load_measured(folder):
             case, block = doc["case"], doc["measurement"]
             setup = training_setup(case["setup"])
-            est = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
+            try:  # a file naming a model or card this checkout cannot load is skipped, named, as a malformed one
+                est = estimate(catalog.load_model(case["model"]), catalog.load_gpu(case["gpu"]), setup, reverse=False)
+            except UserError as exc:
+                print(f"warning: {folder / store.MEASURED_DIR}: {doc['id']}: {exc.message}; skipped", file=sys.stderr)
+                continue
             c = compare.compare(est.as_dict(), block, case["gpu"])
             if c is None or not c["counts"]:
                 continue
