@@ -153,6 +153,12 @@ class Load(str, Enum):
     cpu_rank0 = "cpu-rank0"
 
 
+#: GPUs in one node: an HGX/DGX board has 8 GPUs on one NVSwitch (NVIDIA DGX H100 user guide: "8x NVIDIA H100
+#: GPUs"; DGX A100 likewise). The estimates place ranks this many to a node (``estimate/comm.py``: a collective
+#: over more crosses the network; FSDP's ``HYBRID_SHARD`` shards within ``torch.cuda.device_count()`` GPUs of a
+#: node, ``_init_intra_and_inter_node_groups``), and a launch file's ``num_machines`` must agree (``configs/launch.py``)
+NODE_GPUS = 8
+
 #: the shardings whose parameters FSDP holds (its state dict types and its CPU-RAM-efficient loading)
 FSDP_PARAM_SHARDING = (Sharding.fsdp, Sharding.shard_grad_op, Sharding.hybrid_shard)
 

@@ -248,6 +248,11 @@ BAD = [
      "mapping of its keys"),
     ("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: MULTI_GPU\n", "compute_environment: "
      "'AMAZON_SAGEMAKER': only a local machine's launch is modelled"),
+    # one GPU on each of four nodes was priced as four GPUs on one NVSwitch, num_machines "ignored"
+    ("distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 4\n", "launch.yaml:3: num_machines: 4 for 4 "
+     "processes (1 a machine): reportgen places ranks 8 to a machine, 1 machine(s) for 4"),
+    ("distributed_type: MULTI_GPU\nnum_processes: 16\nnum_machines: 4\n", "hint: num_machines: 2"),
+    ("distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 0\n", "num_machines: must be at least 1"),
 ]
 
 

@@ -161,7 +161,23 @@ def _distributed(r: Reader, lt: Translation) -> str:
     if lt.values["gpus"] < 2:
         raise r.error("num_processes", f"{kind} over one process is not modelled (a sharded run needs 2 or more GPUs)",
                       hint="num_processes: 2 or more, or distributed_type: NO")
+    _machines(r, lt.values["gpus"])
     return kind
+
+
+def _machines(r: Reader, gpus: int) -> None:
+    """``num_machines``: the estimate places ranks ``NODE_GPUS`` to a node (``setup.NODE_GPUS``), so a launch over
+    more machines (fewer processes a node: its collectives cross the network sooner) is refused, not priced as
+    one machine's NVLink."""
+    from reportgen.setup import NODE_GPUS
+
+    if not r.has("num_machines"):
+        return
+    machines, nodes = r.integer("num_machines", minimum=1), -(-gpus // NODE_GPUS)
+    if machines != nodes:
+        raise r.error("num_machines", f"{machines} for {gpus} processes ({gpus / machines:g} a machine): reportgen "
+                      f"places ranks {NODE_GPUS} to a machine, {nodes} machine(s) for {gpus}; a run spread thinner "
+                      "is not modelled", hint=f"num_machines: {nodes}")
 
 
 def _fsdp(r: Reader, lt: Translation) -> None:

@@ -330,8 +330,8 @@ ROWS: tuple[Row, ...] = (
        "where the config sets one it must agree; fp8 is refused"),
     _r("accelerate", "compute_environment", IGNORED, "", "LOCAL_MACHINE only (SageMaker is refused)", affects=False),
     _r("accelerate", "use_cpu", IGNORED, "", "false only: training on the CPU is refused", affects=False),
-    _r("accelerate", "num_machines", IGNORED, "", "num_processes already counts every node's GPUs; FSDP "
-       "HYBRID_SHARD is modelled with nodes of 8 GPUs", affects=False),
+    _r("accelerate", "num_machines", HONOURED, "gpus", "num_processes counts every node's GPUs; the estimate places "
+       "them 8 to a node, so num_machines must be that many nodes (a thinner spread is refused)"),
     _r("accelerate", "fsdp_config.fsdp_version", HONOURED, "sharding", "1: fsdp_sharding_strategy; 2: "
        "fsdp_reshard_after_forward (fully_shard): both are FSDP's full sharding, or SHARD_GRAD_OP"),
     _r("accelerate", "fsdp_config.fsdp_sharding_strategy", HONOURED, "sharding", "FSDP1: FULL_SHARD fsdp, "

@@ -19,12 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reportgen.setup import FsdpParamDtype, Offload, Sharding, TrainingSetup
-
-#: GPUs in one node for HYBRID_SHARD: an HGX/DGX board has 8 GPUs on one NVSwitch (NVIDIA DGX H100
-#: user guide: "8x NVIDIA H100 GPUs"; DGX A100 likewise); FSDP's ``HYBRID_SHARD`` shards within
-#: ``torch.cuda.device_count()`` GPUs of a node by default (``_init_intra_and_inter_node_groups``).
-NODE_GPUS = 8
+from reportgen.setup import NODE_GPUS, FsdpParamDtype, Offload, Sharding, TrainingSetup  # noqa: F401 (NODE_GPUS: SH.NODE_GPUS)
 
 #: DeepSpeed defaults (``deepspeed/runtime/zero/config.py``, ``DeepSpeedZeroConfig``):
 #: ``reduce_bucket_size`` 5e8 elements, ``stage3_prefetch_bucket_size`` 5e7 elements.
