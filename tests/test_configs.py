@@ -142,6 +142,18 @@ def test_axolotl_full_bf16_is_pure_bf16(tmp_path):
         ("full", "bf16", 4, 1024, "fused", False)
 
 
+def test_axolotl_reports_what_it_read_as_honoured_and_what_it_dropped(tmp_path):
+    """A CLI probe: Axolotl's deepspeed (read: it set zero3) was listed as ignored, and fp16: true beside
+    bf16: true as honoured though Axolotl drops it."""
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    path = tmp_path / "ds.yml"
+    path.write_text("base_model: meta-llama/Llama-3.2-1B\ndeepspeed: ds.json\nbf16: true\nfp16: true\n")
+    t = translate_file(path)
+    assert "deepspeed" in t.honoured and "deepspeed" not in t.ignored
+    assert "fp16" not in t.honoured and any(k == "fp16" and "Axolotl drops it" in why for k, why in t.approximated)
+    assert setup_from(t, {"gpus": 2}).sharding.value == "zero3" and setup_from(t, {"gpus": 2}).precision.value == "bf16"
+
+
 def test_sharding_sections_need_gpus(tmp_path):
     ds = tmp_path / "ds" / "zero3.json"
     ds.parent.mkdir()

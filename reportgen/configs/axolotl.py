@@ -244,11 +244,11 @@ def _kernels(r: Reader, t: Translation) -> None:
 
 def _gpus(r: Reader, t: Translation) -> None:
     """FSDP (``fsdp`` words or ``fsdp_config``) or DeepSpeed, never both."""
-    if r.has("fsdp") and r.doc["fsdp"]:
+    if r.get("fsdp"):  # r.get, not r.doc: a key read is reported as honoured, not as ignored
         fsdp_words(r, "fsdp", r.doc["fsdp"], t)
     if r.has("fsdp_config"):
         _fsdp_config(r, t)
-    if r.has("deepspeed"):
+    if r.get("deepspeed") is not None:
         if t.sharding_key:
             raise r.error("deepspeed", f"contradicts {t.sharding_key}: a run uses FSDP or DeepSpeed, not both")
         deepspeed(r, "deepspeed", r.doc["deepspeed"], t)
@@ -283,6 +283,8 @@ def _precision(r: Reader, t: Translation, method: str, bf16_capable: bool) -> No
     elif bf16 not in (True, False):
         raise r.error("bf16", f"must be true, false or auto (got {bf16!r})")
     if bf16:
+        if fp16:  # said, not listed as honoured: the file's fp16 changes nothing
+            t.approx("fp16", "true beside bf16: Axolotl drops it (`if cfg.bf16: cfg.fp16 = False`), bf16 trains")
         fp16 = False  # Axolotl: `if cfg.bf16: cfg.fp16 = False`
     load_bf16 = bf16 or bool(r.boolean("bfloat16", False))
     load_fp16 = not load_bf16 and (bool(fp16) or bool(r.boolean("float16", False)))
