@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import glob
+from pathlib import Path
 import re
 import json
 import statistics
@@ -322,3 +323,17 @@ def test_advise_says_its_speeds_use_the_profile(capsys):
     assert main(["advise", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", H100_PROFILES[0],
                  "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_profile"] == H100_PROFILES[0]
+
+
+def test_a_profile_without_the_bf16_gemm_rate_says_what_it_lacks(tmp_path):
+    """A profile missing figures was priced with the datasheet's for them, while the note said only
+    "times use your card's profile"."""
+    doc = yaml.safe_load(Path(H100_PROFILES[0]).read_text())
+    del doc["measured"]["matmul_tflops"]["bf16"]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    gpu = attach(catalog.load_gpu("h100-sxm"), read_profile(path))
+    notes = " ".join(_est(gpu, method="lora").notes)
+    assert "it lacks the bf16 GEMM rate: for that, the datasheet's and the H100 machine's constants" in notes
+    full = attach(catalog.load_gpu("h100-sxm"), read_profile(Path(H100_PROFILES[0])))
+    assert "it lacks" not in " ".join(_est(full, method="lora").notes)

@@ -563,7 +563,12 @@ def _profile_note(gpu: GpuSpec, host: HostDispatch | None = None) -> list[str]:
     if p is None:
         return _evidence_note(gpu, host)
     if p.device == "cuda":
-        return [f"times use your card's profile ({p.source}, measured on {p.gpu_name})"]
+        missing = [f"the {d} GEMM rate" for d in ("bf16", "fp16") if p.matmul_rate(d) is None] + [
+            name for name, value in (("memory bandwidth", p.copy_1gib_gbs), ("kernel launch", p.kernel_device_s),
+                                     ("host dispatch", p.host_s_per_op)) if not value]
+        lacks = (f"; it lacks {', '.join(missing)}: for {'those' if len(missing) > 1 else 'that'}, the datasheet's and the H100 "
+                 "machine's constants, as without a profile") if missing else ""
+        return [f"times use your card's profile ({p.source}, measured on {p.gpu_name}){lacks}"]
     return [f"times use your host's profile ({p.source}: its dispatch and host optimizer measured; the card's rates "
             "are the datasheet's, as without a profile)"]
 
