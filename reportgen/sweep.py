@@ -21,6 +21,7 @@ import difflib
 import itertools
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,11 @@ def _allowed(field: str) -> str:
     ann = info.annotation
     if isinstance(ann, type) and hasattr(ann, "__members__"):
         return "allowed: " + ", ".join(m.value for m in ann)  # type: ignore[attr-defined]
-    return f"expected {getattr(ann, '__name__', ann)}"
+    kind = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}.get(ann, str(ann))
+    low = None if info.ge is None else f"{info.ge:g}"
+    high = None if info.le is None and info.lt is None else (f"{info.le:g}" if info.le is not None else f"below {info.lt:g}")
+    bounds = f" from {low} to {high}" if low and high else f" of {low} or more" if low else f" up to {high}" if high else ""
+    return f"{field}: {kind}{bounds}" + (f" ({info.description})" if info.description else "")
 
 
 def _did_you_mean(key: str, known) -> str:
@@ -530,6 +535,19 @@ def _where(loc: tuple) -> str:
     return f"grids[{loc[1]}]" if loc[0] == "grids" else f"override[{loc[1]}].set"
 
 
+def _valid_alone(field: str, value: Any) -> bool:
+    """``value`` is one the setup field takes by itself (its error came from a rule across fields)."""
+    spec = TrainingSetup.model_fields.get(field)
+    if spec is None or value is None:
+        return False
+    try:
+        spec.check(field, spec.annotation(value) if isinstance(spec.annotation, type) and issubclass(
+            spec.annotation, Enum) else value)
+    except (SetupError, ValueError, TypeError):
+        return False
+    return True
+
+
 def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], origin: dict[str, tuple],
           setup: TrainingSetup | None = None) -> Case:
     """One cell as a case; a bad value is reported where it was written (the grid or the override).
@@ -550,7 +568,9 @@ def _case(path: Path, lines: dict[tuple, int], gi: int, cell: dict[str, Any], or
         # a rule across fields (gpus needs sharding) broken by an override's value: the override's line
         set_by = [loc[:3] for loc in origin.values() if loc[0] == "override"]
         loc = origin.get(key) or (max(set_by) if set_by else ("grids", gi))
-        hint = _allowed(str(key)) if key else None
+        hint = _allowed(str(key)) if key and not _valid_alone(str(key), fields.get(key)) else (
+            "a rule across fields: leave that cell out (exclude: [{...}]) or set the other field for it (override: "
+            "[{when: {...}, set: {...}}])")
         raise UserError(f"{path}:{_line_of(lines, loc)}: {_where(loc)}.{key}: {exc.message} (in cell {cell})",
                         hint=hint) from None
     model = str(cell["model"])

@@ -160,6 +160,12 @@ HARDEN = [
     ("tokens-word", GOOD + "train_tokens: lots\n", 12, ["train_tokens:", "(got 'lots')", "from 1 to 1e15"]),
     ("tokens-huge", GOOD + "train_tokens: 1e30\n", 12, ["train_tokens:", "from 1 to 1e15"]),
     ("name-spaces", GOOD.replace("name: tiny", "name: My Sweep"), 1, ["(got 'My Sweep')", "lower-case letters"]),
+    # a cross-field rule's hint was the field's allowed values, the refused one among them
+    ("cross-field-hint", GOOD.replace("    seq: 1024", "    seq: 1024\n    gpus: [1, 2]\n    sharding: [ddp]"), 8,
+     ["sharding 'ddp' needs gpus > 1", "hint: a rule across fields: leave that cell out"]),
+    # a number's hint was "expected int", though 0 is an int
+    ("batch-zero-hint", GOOD.replace("    seq: 1024", "    seq: 1024\n    batch: [0, 1]"), 7,
+     ["must be >= 1 (got 0)", "hint: batch: a whole number from 1 to 4096"]),
 ]
 
 
