@@ -28,9 +28,9 @@ def add_setup_flags(p: argparse.ArgumentParser) -> None:
     field is a new flag without another edit here. Every setup flag defaults to None (not given):
     ``setup_from_args`` fills in the setup's defaults, or the ``--from`` config's values, so a flag
     given beside ``--from`` overrides the file (``--no-FLAG`` turns off a switch the file turns on)."""
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", default=None, type=named,
                    help="catalog name (see `reportgen models`) or path to a config.json (default: --from's model)")
-    p.add_argument("--gpu", required=True, help="catalog name (see `reportgen gpus`)")
+    p.add_argument("--gpu", required=True, type=named, help="catalog name (see `reportgen gpus`)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
     add_from_flag(p)
@@ -55,7 +55,7 @@ def add_gpu_profile_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_host_cpu_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host-cpu", default=None, metavar="NAME",
+    p.add_argument("--host-cpu", default=None, metavar="NAME", type=named,
                    help="the CPU of the machine that runs the training loop (see `reportgen cpus`): the host's "
                         "dispatch is scaled by its single-thread speed (default: a desktop CPU for GeForce and "
                         "workstation cards, a server CPU for data-center cards; a --gpu-profile's measured host wins)")
@@ -207,6 +207,14 @@ def refuse_beside_lengths(args: argparse.Namespace) -> None:
             flag = "--" + field.replace("_", "-")
             raise UserError(f"{flag}: --lengths {args.lengths} gives it, from the samples' lengths",
                             hint=f"give {flag} or --lengths, not both")
+
+
+def named(text: str) -> str:
+    """An argparse type: a name or path that is not empty (``--model ''`` was looked for as
+    ``config.json``, ``--host-cpu ''`` taken as the default CPU)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a name (reportgen models, gpus and cpus list the catalogs)")
+    return text
 
 
 def train_tokens(text: str) -> int:

@@ -312,3 +312,12 @@ def test_validation_skips_a_measurement_of_an_unknown_model_naming_it(tmp_path, 
     first.write_text(json.dumps(doc))
     code, out = run(capsys, "validation", "--results", str(tmp_path / "results"))
     assert code == 0 and "unknown model 'nosuch-model'; skipped" in out and "peak allocated" in out
+
+
+@pytest.mark.parametrize("flag", ["--model", "--gpu", "--host-cpu"])
+def test_an_empty_name_is_refused_as_empty(capsys, flag):
+    """--model '' was looked for as config.json, --host-cpu '' taken as the default desktop CPU."""
+    argv = {"--model": "llama-3.2-1b", "--gpu": "rtx-4090", flag: " "}
+    with pytest.raises(SystemExit) as exc:
+        main(["estimate", *[x for kv in argv.items() for x in kv]])
+    assert exc.value.code == 2 and f"argument {flag}: empty: give a name" in capsys.readouterr().err

@@ -80,7 +80,9 @@ def test_liger_on_a_model_llamafactory_does_not_patch_keeps_transformers_modules
 @pytest.mark.parametrize("text, says", [
     ("stage: dpo\n", "lf.yaml:3: stage: 'dpo': reward modelling and preference training"),
     ("quantization_bit: 8\n", "lf.yaml:4: quantization_bit: 8-bit training is not modelled"),
-    ("finetuning_type: freeze\n", "lf.yaml:4: finetuning_type: 'freeze' (freezing layers, OFT) is not modelled"),
+    ("finetuning_type: freeze\n", "lf.yaml:4: finetuning_type: 'freeze' (freezing layers) is not modelled"),
+    ("finetuning_type: lroa\n", "finetuning_type: 'lroa' is not one of LLaMA-Factory's lora, oft, freeze, full; did "
+     "you mean lora?"),  # a typo was described as the unmodelled freeze/OFT
     ("finetuning_type: full\nquantization_bit: 4\n", "quantization_bit: a 4-bit model trains only through adapters"),
     ("quantization_bit: 4\nquantization_method: hqq\n", "quantization_method: only bitsandbytes 4-bit"),
     ("use_galore: true\n", "lf.yaml:4: use_galore: this way of training a subset of the weights is not modelled"),

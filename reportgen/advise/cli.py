@@ -12,7 +12,7 @@ DEFAULT_RESULTS = Path("results")
 
 def register(sub) -> None:
     """Add this package's subcommands to the ``reportgen`` parser."""
-    from reportgen.flags import add_from_flag, add_gpu_profile_flag, add_host_cpu_flag, train_tokens
+    from reportgen.flags import add_from_flag, add_gpu_profile_flag, add_host_cpu_flag, named, train_tokens
 
     p = sub.add_parser("advise", help="what to turn on first: walk the decision tree for a model and GPU "
                                       "with estimates at every step",
@@ -21,8 +21,8 @@ def register(sub) -> None:
                                    "estimating every step. "
                                    "With --store SWEEP.yaml: write the walks of every (model, GPU, sequence length) "
                                    "the sweep covers next to its results, for the guide pages.")
-    p.add_argument("--model", help="catalog name (see `reportgen models`) or path to a config.json")
-    p.add_argument("--gpu", help="catalog name (see `reportgen gpus`)")
+    p.add_argument("--model", type=named, help="catalog name (see `reportgen models`) or path to a config.json")
+    p.add_argument("--gpu", type=named, help="catalog name (see `reportgen gpus`)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the card's memory instead of the catalog's, e.g. 48GiB (its speed stays the --gpu card's)")
     add_gpu_profile_flag(p)

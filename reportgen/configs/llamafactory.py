@@ -102,7 +102,14 @@ def _method(r: Reader, t: Translation) -> str:
     """Full fine-tuning, LoRA or QLoRA (``finetuning_type``, ``quantization_bit``) and the adapters."""
     kind = str(r.get("finetuning_type", "lora"))
     if kind not in ("lora", "full"):
-        raise r.error("finetuning_type", f"{kind!r} (freezing layers, OFT) is not modelled", hint="lora or full")
+        if kind in ("freeze", "oft"):  # LLaMA-Factory's FinetuningArguments: lora, oft, freeze, full
+            raise r.error("finetuning_type", f"{kind!r} ({'freezing layers' if kind == 'freeze' else 'OFT'}) is not "
+                          "modelled", hint="lora or full")
+        import difflib
+
+        close = difflib.get_close_matches(kind, ["lora", "full", "freeze", "oft"], n=1, cutoff=0.5)
+        raise r.error("finetuning_type", f"{kind!r} is not one of LLaMA-Factory's lora, oft, freeze, full"
+                      + (f"; did you mean {close[0]}?" if close else ""), hint="lora or full")
     bits = r.integer("quantization_bit")
     if bits not in (None, 4):
         raise r.error("quantization_bit", f"{bits}-bit training is not modelled", hint="4 (QLoRA) or leave it out")
