@@ -244,7 +244,7 @@ def positive_count(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value >= 1 or value == float("inf") or value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of 1 or more, e.g. 1e8")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of 1 or more (1e3 is 1,000)")
     return int(value)
 
 

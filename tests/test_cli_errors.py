@@ -243,6 +243,8 @@ def test_an_option_is_spelled_whole_and_a_misspelling_gets_the_closest(capsys, a
     (["advise", "--mermaid", "--model", "llama-3.2-1b"], "--model: not read with --mermaid"),
     (["advise", "--store", "sweeps/consumer.yaml", "--gpu", "t4"], "--gpu: not read with --store"),
     (["advise", "--model", "llama-3.2-1b", "--gpu", "t4", "--force"], "--force: applies only with --store"),
+    (["advise", "--store", "sweeps/consumer.yaml", "--format", "json"], "--format json: --store prints no table"),
+    (["trace", "--model", "llama-3.2-1b", "--gpu", "t4", "--seq", "64", "--seed", "5"], "--seed: draws the batches"),
 ])
 def test_advise_refuses_a_flag_its_mode_does_not_read(capsys, argv, says):
     """``advise --store s.yaml --gpu t4`` stored every card's walks, as if --gpu were not there."""

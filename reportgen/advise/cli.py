@@ -82,6 +82,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
             "walks every (model, GPU, sequence) of the sweep file"
         raise UserError(f"{flag}: not read with {mode}, which {what}",
                         hint=f"drop {flag}, or drop {mode} to walk one model and card")
+    if mode and args.format != "table":
+        raise UserError(f"--format {args.format}: {mode} prints no table", hint="drop --format")
     if not mode and (args.force or args.results != DEFAULT_RESULTS):
         raise UserError(f"{'--force' if args.force else '--results'}: applies only with --store SWEEP.yaml")
 

@@ -42,7 +42,7 @@ def register(sub) -> None:
                         "through one allocator, beside the analytic answer of estimate --lengths")
     p.add_argument("--steps", type=positive_count, default=None, metavar="N",
                    help=f"with --lengths: steps replayed (default {GROWTH_STEP}, at most {MAX_STEPS:,})")
-    p.add_argument("--seed", type=int, default=0, help="with --lengths: the seed the batches are drawn with")
+    p.add_argument("--seed", type=int, default=None, help="with --lengths: the seed the batches are drawn with (default 0)")
     p.set_defaults(func=cmd_trace)
 
 
@@ -213,6 +213,8 @@ def _read_lengths(args: argparse.Namespace):
     if args.lengths is None:
         if args.steps is not None:
             raise UserError("--steps: replays steps of the lengths in --lengths FILE", hint="add --lengths FILE")
+        if args.seed is not None:
+            raise UserError("--seed: draws the batches of --lengths FILE", hint="add --lengths FILE")
         return None
     if args.steps is not None and args.steps > MAX_STEPS:
         raise UserError(f"--steps: {args.steps:,} steps is more than the {MAX_STEPS:,} the replay runs",
@@ -236,7 +238,7 @@ def _trace_lengths(args: argparse.Namespace, spec, gpu, setup, lengths) -> int:
     from reportgen.trace.runner import recipe_context
 
     with recipe_context(setup):  # the trainer's step for recipes trainer and trl-sft (trace/sft.py)
-        d = lengths_replay(spec, gpu, setup, lengths, args.steps or GROWTH_STEP, seed=args.seed, warmup=args.warmup)
+        d = lengths_replay(spec, gpu, setup, lengths, args.steps or GROWTH_STEP, seed=args.seed or 0, warmup=args.warmup)
     d = {"kind": "traced", "model": spec.name, "gpu": gpu.key, "setup": setup.model_dump(mode="json"),
          "file": str(args.lengths), **d, "trace_hash": steps_trace_hash(recipe=setup.recipe.value)}
     if args.format == "json":
