@@ -15,7 +15,8 @@
 # Writes into $OUT (or ./out): validation-results.tgz (the measurement files, one per measuring
 # attempt, <sweep>/measured/<case-id>.<utc>.json: uniquely named and never overwritten, so merging
 # shards is extracting every archive into results/; the estimates are recomputed here), validate.log,
-# and exits with the sweep's exit status. With measure.profile, also the profiler traces
+# and exits with the sweep's exit status (1 when a case ended in error or timeout: its files are packed all the
+# same). With measure.profile, also the profiler traces
 # (<sweep>/profiles/<case-id>.<utc>.pt.trace.json.gz; the per-step figures are in the measurement
 # files) in validation-profiles.tar, cut into validation-profiles.tar.partNN pieces of 15 MiB when
 # larger (`cat validation-profiles.tar.part* | tar -xf - -C results/` joins them).
