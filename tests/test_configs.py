@@ -261,9 +261,12 @@ BAD = [
     ("batch0.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: 0\n",
      "batch0.yaml:2: per_device_train_batch_size: must be at least 1 (got 0)"),
     ("arabic.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: \"\u0664\"\n",
-     "arabic.yaml:2: per_device_train_batch_size: must be a whole number, 0 or more, in digits (got '\u0664')"),
+     "arabic.yaml:2: per_device_train_batch_size: must be a whole number, 1 or more, in digits (got '\u0664')"),
     ("ds-true.yml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed:\n  zero_optimization:\n    stage: true\n",
      "zero_optimization.stage must be 0, 1, 2 or 3 (got True)"),
+    # null was taken as the default (the trainer gets None and fails on it)
+    ("batch-null.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: null\n",
+     "batch-null.yaml:2: per_device_train_batch_size: is null, where the trainer takes a whole number (default 8)"),
 ]
 
 

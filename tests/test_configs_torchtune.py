@@ -108,7 +108,7 @@ def test_the_distributed_recipe_shards_with_fsdp(tmp_path):
     (("lora_llama3_1_8b", "lora_llama3_1_8c"), r"tt.yaml:6: model._component_: 'torchtune.models.llama3_1.lora_llama3_1"
      r"_8c' is not a model builder of torchtune 0.6.1.*did you mean torchtune.models.llama3_1.lora_llama3_1_8b"),
     (("batch_size: 2", "batch_size: 0"), r"tt.yaml:\d+: batch_size: must be at least 1 \(got 0\)"),
-    (("batch_size: 2", "batch_size: two"), r"tt.yaml:\d+: batch_size: must be a whole number, 0 or more, in digits \(got 'two'\)"),
+    (("batch_size: 2", "batch_size: two"), r"tt.yaml:\d+: batch_size: must be a whole number, 1 or more, in digits \(got 'two'\)"),
     (("lora_rank: 8", "lora_rank: [8]"), r"tt.yaml:10: model.lora_rank: must be a whole number"),
     (("dtype: bf16", "dtype: fp16"), r"dtype: fp16 is refused by torchtune's fine-tuning recipes"),
     (("enable_activation_checkpointing: True", "enable_activation_checkpointing: False"),

@@ -142,10 +142,14 @@ class Reader:
         """A whole number written in ASCII digits (``int("٤")`` is 4 in Python, not to a trainer), at
         least ``minimum`` when given."""
         value = self.get(key, default)
+        if key in self.doc and self.doc[key] is None and default is not None:  # null: the trainer gets None
+            raise self.error(key, f"is null, where the trainer takes a whole number (default {default})",
+                             hint=f"write the number, or drop {key} for the default")
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"[0-9]+", str(value)):
-            raise self.error(key, f"must be a whole number, 0 or more, in digits (got {value!r})")
+            least = f"{minimum} or more" if minimum is not None else "0 or more"
+            raise self.error(key, f"must be a whole number, {least}, in digits (got {value!r})")
         if minimum is not None and int(value) < minimum:
             raise self.error(key, f"must be at least {minimum} (got {value!r})")
         return int(value)
