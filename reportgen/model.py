@@ -478,7 +478,11 @@ def _check_structure(config: dict, model_type: str, source: str) -> None:
     if model_type == "qwen3_moe":
         dense = config.get("mlp_only_layers") or []
         step = int(config.get("decoder_sparse_step") or 1)
-        if dense or step != 1 or not config.get("num_experts"):
+        if not config.get("num_experts"):  # every layer dense: the other checks' values are fine (a CLI probe)
+            raise UserError(f"{source}: num_experts is {config.get('num_experts')!r}; a Qwen3-MoE model has experts "
+                            "(num_experts of 1 or more, at least num_experts_per_tok)",
+                            hint="Qwen3-30B-A3B: num_experts 128, num_experts_per_tok 8")
+        if dense or step != 1:
             # Qwen3MoeDecoderLayer: a layer is sparse iff it is not in mlp_only_layers, num_experts > 0
             # and (layer_idx + 1) % decoder_sparse_step == 0
             raise UserError(

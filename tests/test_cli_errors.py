@@ -48,6 +48,9 @@ BAD_CONFIGS = [
     ("rope-not-object", {**GOOD, "rope_scaling": "linear"}, "rope_scaling is \"linear\""),
     ("rotary-factor", {**GOOD, "partial_rotary_factor": 0}, "partial_rotary_factor is 0"),
     ("mixtral-no-experts", {**GOOD, "model_type": "mixtral", "num_local_experts": 0}, "a mixture of experts"),
+    # was "Qwen3-MoE with dense layers (mlp_only_layers=[], decoder_sparse_step=1)": both values were right
+    ("qwen3-moe-no-experts", {**GOOD, "model_type": "qwen3_moe", "num_experts": 0, "moe_intermediate_size": 64},
+     "num_experts is 0; a Qwen3-MoE model has experts"),
     ("deep", {**GOOD, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
      "nested more than 32 levels deep"),
 ]
