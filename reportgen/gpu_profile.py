@@ -172,7 +172,9 @@ def attach(gpu: GpuSpec, profile: GpuProfile) -> GpuSpec:
     if profile.card != base:
         raise UserError(f"{profile.source}: a profile of {profile.card}"
                         f"{f' ({profile.gpu_name})' if profile.gpu_name else ''}, not of --gpu {gpu.key}",
-                        hint=f"give --gpu {profile.card}, or profile the {gpu.name} on its own machine")
+                        hint=(f"it measured this host alone (--device cpu): reportgen profile-gpu --device cpu --gpu "
+                              f"{base} writes one for the {gpu.name} in seconds" if profile.device == "cpu" else
+                              f"give --gpu {profile.card}, or profile the {gpu.name} on its own machine"))
     return dataclasses.replace(gpu, profile=profile)
 
 

@@ -84,6 +84,8 @@ def test_profile_refuses_another_card_and_a_cpu_run_without_a_card(tmp_path, cap
     assert main(["estimate", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpu-profile", str(out)]) == 2
     err = capsys.readouterr().err
     assert str(out) in err and "a profile of rtx-4090, not of --gpu h100-sxm" in err
+    # a host-only profile's hint writes one for the card asked (it measured nothing of either card)
+    assert "profile-gpu --device cpu --gpu h100-sxm writes one" in " ".join(err.split())
     # a card given another memory is still that card
     assert attach(catalog.load_gpu("rtx-4090@48GiB"), read_profile(out)).profile.card == "rtx-4090"
 
