@@ -56,7 +56,11 @@ def translate(r: Reader) -> Translation:
     if grpo:
         t.set("loss", "standard", "loss_type")
         if r.has("loss_type"):
-            t.approx("loss_type", f"{r.get('loss_type')}: GRPO's loss aggregation; per-token tensors of batch x "
+            kind = str(r.get("loss_type"))
+            if kind not in GRPO_LOSS_TYPES:  # GRPOConfig refuses another name at __post_init__
+                raise r.error("loss_type", f"{kind!r} is not a TRL 1.16 GRPO loss type",
+                              hint=", ".join(GRPO_LOSS_TYPES))
+            t.approx("loss_type", f"{kind}: GRPO's loss aggregation; per-token tensors of batch x "
                      "completion whichever it is, no memory or time difference")
     else:
         loss_type = str(r.get("loss_type", "nll"))
@@ -172,10 +176,19 @@ def _method(r: Reader, t: Translation) -> str:
     return method
 
 
+#: TRL 1.16 ``GRPOConfig.loss_type``'s values (its help: 'grpo', 'dr_grpo', 'dapo' the default, 'bnpo', 'cispo',
+#: 'sapo', 'luspo', 'vespo')
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+
+
 def _batch(r: Reader, t: Translation) -> None:
     """Micro-batch, accumulation, length and padding (``packing``, ``padding_free``)."""
     t.set("batch", r.integer("per_device_train_batch_size", 8, minimum=1), "per_device_train_batch_size")
     t.set("accum", r.integer("gradient_accumulation_steps", 1, minimum=1), "gradient_accumulation_steps")
+    if r.has("max_length") and r.has("max_seq_length") and r.get("max_length") != r.get("max_seq_length"):
+        raise r.error("max_seq_length", f"{r.get('max_seq_length')!r} beside max_length {r.get('max_length')!r}: "
+                      "max_seq_length is max_length's name before TRL 0.20, so one file gives two lengths",
+                      hint="keep max_length alone")
     length_key = "max_length" if r.has("max_length") or not r.has("max_seq_length") else "max_seq_length"
     if length_key == "max_seq_length":
         t.approx("max_seq_length", "the name of max_length before TRL 0.20: read as max_length")
