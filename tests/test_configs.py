@@ -265,6 +265,9 @@ BAD = [
     ("ds-true.yml", "base_model: meta-llama/Llama-3.2-1B\ndeepspeed:\n  zero_optimization:\n    stage: true\n",
      "zero_optimization.stage must be 0, 1, 2 or 3 (got True)"),
     # null was taken as the default (the trainer gets None and fails on it)
+    ("ds-batch.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nper_device_train_batch_size: 2\ndeepspeed:\n"
+     "  zero_optimization: {stage: 2}\n  train_micro_batch_size_per_gpu: 16\n",
+     "ds-batch.yaml:3: deepspeed: train_micro_batch_size_per_gpu 16 contradicts per_device_train_batch_size 2"),
     ("two-lengths.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nmax_length: 512\nmax_seq_length: 4096\n",
      "two-lengths.yaml:3: max_seq_length: 4096 beside max_length 512"),  # 512 was used, 4096 called ignored
     ("grpo-loss.yaml", "model_name_or_path: meta-llama/Llama-3.2-1B\nnum_generations: 8\nloss_type: weird\n",
