@@ -366,10 +366,10 @@ def deepspeed(r: Reader, key: str, value: Any, t: Translation) -> None:
         raise r.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3 (got {stage!r})")
     t.set("sharding", "ddp" if stage == 0 else f"zero{stage}", key)
     t.sharding_key = key
-    for ds_key, field in (("train_micro_batch_size_per_gpu", "batch"), ("gradient_accumulation_steps", "accum")):
+    for ds_key, name in (("train_micro_batch_size_per_gpu", "batch"), ("gradient_accumulation_steps", "accum")):
         given = value.get(ds_key)  # transformers' HfTrainerDeepSpeedConfig refuses a value that differs ("auto" fills)
-        if given not in (None, "auto") and field in t.values and given != t.values[field]:
-            raise r.error(key, f"{ds_key} {given!r} contradicts {t.sources.get(field, field)} {t.values[field]} "
+        if given not in (None, "auto") and name in t.values and given != t.values[name]:
+            raise r.error(key, f"{ds_key} {given!r} contradicts {t.sources.get(name, name)} {t.values[name]} "
                           "(transformers refuses the mismatch)", hint=f"{ds_key}: auto")
     if value.get("tensor_parallel"):  # LLaMA-Factory's ds_z2_autotp_config.json
         t.not_modelled.append((key, "tensor_parallel (DeepSpeed AutoTP splits each layer's weights over GPUs): not "
