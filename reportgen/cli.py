@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="estimate (and measure, if the sweep asks) every case of a sweep file")
     p.add_argument("file", type=Path)
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="results directory")
-    p.add_argument("--docs", type=Path, default=DEFAULT_DOCS, help="site source directory to render into")
+    p.add_argument("--docs", type=Path, default=None, help=f"site source directory to render into (default {DEFAULT_DOCS})")
     p.add_argument("--force", action="store_true", help="recompute cases whose inputs did not change")
     p.add_argument("--no-render", action="store_true", help="do not render the site pages afterwards")
     p.add_argument("--measure", action="store_true", help="also measure on this machine's GPU")
@@ -338,6 +338,9 @@ def _check_outputs(args: argparse.Namespace, measuring: bool) -> None:
         from reportgen.measure.runner import parse_shard
 
         parse_shard(args.shard)
+    if args.no_render and args.docs is not None:  # it would write nothing there: said, not ignored
+        raise UserError(f"--docs {args.docs}: --no-render renders no pages", hint="drop --docs or --no-render")
+    args.docs = args.docs or DEFAULT_DOCS
     folders = [("--results", args.results)] + ([] if args.no_render else [("--docs", args.docs)])
     for flag, folder in folders:
         if folder.exists() and not folder.is_dir():

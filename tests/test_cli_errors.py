@@ -326,3 +326,10 @@ def test_an_empty_name_is_refused_as_empty(capsys, flag):
     with pytest.raises(SystemExit) as exc:
         main(["estimate", *[x for kv in argv.items() for x in kv]])
     assert exc.value.code == 2 and f"argument {flag}: empty: give a name" in capsys.readouterr().err
+
+
+def test_docs_beside_no_render_is_refused(tmp_path, capsys):
+    """sweep --no-render --docs DIR wrote nothing to DIR without a word."""
+    code, out = run(capsys, "sweep", "sweeps/consumer.yaml", "--no-render", "--docs", str(tmp_path / "d"),
+                    "--results", str(tmp_path / "r"))
+    assert code == 2 and "--no-render renders no pages" in out and not (tmp_path / "r").exists()

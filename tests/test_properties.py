@@ -246,7 +246,7 @@ def _sweep(work: Path, content: bytes) -> None:
         p.unlink() if p.is_file() else p.rmdir()
     (cwd / "s.yaml").write_bytes(content)
     before = files_under(work.parent)
-    code, text = run(["sweep", "s.yaml", "--results", "results", "--docs", "docs", "--no-render"], cwd)
+    code, text = run(["sweep", "s.yaml", "--results", "results", "--no-render"], cwd)
     assert_clean(code, text)
     new = files_under(work.parent) - before
     outside = [p for p in new if not p.startswith(f"{work.name}/sweeps/results")]
