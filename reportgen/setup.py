@@ -466,6 +466,9 @@ class TrainingSetup:
                              + ", ".join(repr(m.value) for m in Sharding if m != Sharding.none) + " (got 'none')")
         if self.gpus == 1 and self.sharding != Sharding.none:
             raise SetupError("sharding", f"sharding {self.sharding.value!r} needs gpus > 1 (got gpus=1)")
+        if self.sharding == Sharding.hybrid_shard and self.gpus > NODE_GPUS and self.gpus % NODE_GPUS:
+            raise SetupError("gpus", f"{self.gpus} GPUs for hybrid-shard, which shards within nodes of {NODE_GPUS} and "
+                             f"replicates across them: a multiple of {NODE_GPUS} (or {NODE_GPUS} or fewer)")
         if self.offload == Offload.params and self.sharding in (Sharding.ddp, Sharding.zero1, Sharding.zero2):
             raise SetupError("offload", "offload 'params' is FSDP's CPU offload or ZeRO-3's offload_param: use "
                              f"sharding 'fsdp', 'shard-grad-op', 'hybrid-shard', 'no-shard', 'zero3' or 'none', "

@@ -135,6 +135,7 @@ def test_out_of_range_flags_exit_2(capsys, flag, value):
     (["--method", "full", "--quant", "nf4"], "with --method full it changes nothing"),
     (["--method", "lora", "--lora-alpha", "100000000000000000000"], "--lora-alpha: must be <= 65536"),
     (["--seq", "100000000"], "--seq: must be <= 1048576 (got 100000000)"),
+    (["--gpus", "9", "--sharding", "hybrid-shard"], "--gpus: 9 GPUs for hybrid-shard"),  # nodes of 8: was accepted
     (["--gpu-memory", "0GiB"], "GPU memory '0GiB': must be more than zero"),
     (["--gpu-memory", "5TiB"], "more than 4 TiB"),
 ])
