@@ -115,6 +115,8 @@ def test_the_distributed_recipe_shards_with_fsdp(tmp_path):
      r"enable_activation_offloading: needs enable_activation_checkpointing: true"),
     (("torchtune.modules.loss.CEWithChunkedOutputLoss", "torchtune.rlhf.loss.DPOLoss"),
      r"loss._component_: a preference or RL loss"),
+    (("loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n", ""),
+     r"tt.yaml: loss: no loss section: the recipe instantiates cfg.loss"),  # was "loss: None is not modelled"
     (("torch.optim.AdamW", "torch.optim.Adagrad"), r"optimizer._component_: 'torch.optim.Adagrad' is not modelled"),
     (("max_seq_len: 2048", "max_seq_len: ${seq}"), r"tokenizer.max_seq_len: '\$\{seq\}': an OmegaConf interpolation"),
     (("  lora_alpha: 16\n", ""), None),

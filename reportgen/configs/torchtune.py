@@ -353,6 +353,7 @@ def _loss(r: Reader, t: Translation) -> None:
     value = r.get(key)
     if not isinstance(value, str) or value not in LOSSES:
         what = ("a preference or RL loss (DPO, PPO)" if isinstance(value, str) and ".rlhf." in value
+                else "no loss section: the recipe instantiates cfg.loss, which the file must give" if value is None
                 else f"{value!r} is not modelled")
         raise r.error(key if key in r.doc else "loss", what, hint="torchtune.modules.loss.CEWithChunkedOutputLoss or "
                       "torch.nn.CrossEntropyLoss")
