@@ -280,3 +280,15 @@ def test_render_refuses_a_published_file_that_is_not_there(tmp_path, capsys):
     assert main(["render", "--results", str(tmp_path / "results"), "--docs", str(tmp_path / "docs"),
                  "--published", str(tmp_path / "nosuch.json")]) == 2
     assert "--published" in capsys.readouterr().err and not (tmp_path / "docs").exists()
+
+
+def test_a_repeated_id_is_compared_once_and_named(tmp_path, capsys):
+    """Two rows with one id were both compared (a pasted copy counted twice in every median)."""
+    text = CSV.read_text()
+    header, first = text.splitlines()[:2]
+    path = tmp_path / "dup.csv"
+    path.write_text(f"{header}\n{first}\n{first}\n")
+    assert main(["compare-published", "--csv", str(path), "--out", str(tmp_path / "c.json")]) == 0
+    out = json.loads((tmp_path / "c.json").read_text())
+    assert [r["id"] for r in out["rows"]] == ["R001"] and len(out["speed"]["rows"]) == 1
+    assert any(u["reason"] == "the id of row 1 again (row 2): an id names one row" for u in out["unmapped"])

@@ -91,11 +91,28 @@ def _median(values) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
+def _repeated_ids(rows: list[dict]) -> dict[int, str]:
+    """``{row number: why}`` of the rows whose id an earlier row already has (a pasted row, a copy left behind)."""
+    first: dict[str, int] = {}
+    again = {}
+    for n, row in enumerate(rows, 1):
+        rid = row.get("id")
+        if rid in first:
+            again[n] = f"the id of row {first[rid]} again (row {n}): an id names one row"
+        else:
+            first[rid] = n
+    return again
+
+
 def compare(csv_path: Path) -> dict:
     rows, unmapped = [], []
     mapped: list[tuple[dict, Mapped]] = []
     raw_rows = read_rows(csv_path)
-    for raw in raw_rows:
+    again = _repeated_ids(raw_rows)
+    for n, raw in enumerate(raw_rows, 1):
+        if n in again:  # every figure is compared once, under the id that names it first
+            unmapped.append({"id": raw.get("id"), "source": raw.get("source") or "", "reason": again[n]})
+            continue
         m = map_row(raw)
         if isinstance(m, Unmapped):
             unmapped.append({"id": m.row_id, "source": m.source, "reason": m.reason})
@@ -127,7 +144,7 @@ def compare(csv_path: Path) -> dict:
         "median_rel_error": round(statistics.median(r["rel_error"] for r in rows), 4) if rows else None,
         "by_source": {},
         # a damaged row (``mapping.row_problem``) is named once, among the unmapped rows above
-        "speed": compare_speed(clean := [r for r in raw_rows if not row_problem(r)],
+        "speed": compare_speed(clean := [r for n, r in enumerate(raw_rows, 1) if not row_problem(r) and n not in again],
                                consumer_speed_rows(Path(csv_path).parent)),
     }
     for r in summary["speed"]["rows"]:  # the document each row comes from: its name and its address
