@@ -292,3 +292,13 @@ def test_a_repeated_id_is_compared_once_and_named(tmp_path, capsys):
     out = json.loads((tmp_path / "c.json").read_text())
     assert [r["id"] for r in out["rows"]] == ["R001"] and len(out["speed"]["rows"]) == 1
     assert any(u["reason"] == "the id of row 1 again (row 2): an id names one row" for u in out["unmapped"])
+
+
+def test_a_quote_left_open_is_an_error_at_its_line(tmp_path, capsys):
+    """An unterminated quote made one cell of the rest of the file, reported as the row's id."""
+    header = CSV.read_text().splitlines()[0]
+    path = tmp_path / "open.csv"
+    path.write_text(f'{header}\n"R900,src\nR901,x\n')
+    assert main(["compare-published", "--csv", str(path), "--out", str(tmp_path / "c.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{path}:3: cannot be read as CSV" in err and "quotes doubled" in err

@@ -122,7 +122,8 @@ def read_rows(path: Path, columns: tuple[str, ...] = COLUMNS, noun: str = "publi
 
     try:
         text = userfile.read_bytes(path, MAX_CSV_BYTES).decode("utf-8")
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+        # strict: a quote left open is an error at its line, not a cell holding the rest of the file
+        reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
         rows = list(reader)
         header = reader.fieldnames or []
     except userfile.TooLarge as exc:
@@ -130,7 +131,10 @@ def read_rows(path: Path, columns: tuple[str, ...] = COLUMNS, noun: str = "publi
                         hint=f"{example} is well under that") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
-    except (OSError, csv.Error) as exc:
+    except csv.Error as exc:
+        raise UserError(f"{path}:{reader.reader.line_num}: cannot be read as CSV ({exc})",
+                        hint="a cell holding a comma, a quote or a line break is quoted, its quotes doubled") from None
+    except OSError as exc:
         raise UserError(f"{path}: cannot be read as CSV ({exc})") from None
     missing = [c for c in columns if c not in header]
     if missing:
