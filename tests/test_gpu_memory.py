@@ -17,9 +17,13 @@ def test_sizes_with_units(text, bytes_):
     assert catalog.parse_memory(text) == bytes_
 
 
-@pytest.mark.parametrize("text", ["48G", "48", "-1GiB", "lots"])
-def test_sizes_without_a_clear_unit_are_refused(text):
-    with pytest.raises(UserError, match="expected a size with its unit"):
+@pytest.mark.parametrize("text, says", [("48G", "'G' is not a unit reportgen reads"),
+                                        ("1KiB", "'KiB' is not a unit reportgen reads"),
+                                        ("1e3GiB", "write the number in digits"),  # was "expected a size with its unit"
+                                        ("48", "expected a size with its unit"), ("-1GiB", "expected a size with its unit"),
+                                        ("lots", "expected a size with its unit")])
+def test_sizes_without_a_clear_unit_are_refused(text, says):
+    with pytest.raises(UserError, match=says):
         catalog.parse_memory(text)
 
 

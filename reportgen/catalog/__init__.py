@@ -169,8 +169,12 @@ def parse_size(text: str, what: str, low: int, high: int) -> int:
     unit = m.group(2).lower() if m else None
     units = "units: GiB, GB, MiB, MB, TiB, TB (GiB = 2^30 bytes, GB = 10^9)"
     example = "e.g. 48GiB, 24GB or 23028MiB" if what == "GPU memory" else "e.g. 128GiB or 256GB"
-    if m is None or unit not in MEMORY_UNITS:
-        raise UserError(f"{what} {text!r}: expected a size with its unit, {example}", hint=units)
+    if m is not None and unit not in MEMORY_UNITS:
+        raise UserError(f"{what} {text!r}: {m.group(2)!r} is not a unit reportgen reads, {example}", hint=units)
+    if m is None:
+        said = ("write the number in digits" if re.fullmatch(r"\s*[0-9.]+[eE][0-9+-]+\s*[A-Za-z]+\s*", str(text))
+                else "expected a size with its unit")
+        raise UserError(f"{what} {text!r}: {said}, {example}", hint=units)
     size = int(float(m.group(1)) * MEMORY_UNITS[unit])
     if size <= 0:
         raise UserError(f"{what} {text!r}: must be more than zero", hint=example)
