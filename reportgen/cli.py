@@ -183,7 +183,6 @@ def _main(args: argparse.Namespace) -> int:
         except SetupError as exc:  # a flag's value a setup refuses, where a command did not check it first
             raise flag_error(exc) from None
     except UserError as exc:
-        from rich.console import Console
         from rich.markup import escape
 
         console = Console(stderr=True)
@@ -197,7 +196,6 @@ def _main(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush is no error
         return 141
     except OSError as exc:  # a path the user gave that cannot be read or written (--out, --results, ...)
-        from rich.console import Console
         from rich.markup import escape
 
         where = f" {exc.filename}" if exc.filename else ""
@@ -241,8 +239,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     from reportgen.setup import SetupError
 
-    if getattr(args, "lengths", None) is not None:
-        refuse_beside_lengths(args)
+    refuse_beside_lengths(args)
     setup = setup_from_args(args)
     lengths = None
     if getattr(args, "lengths", None) is not None:

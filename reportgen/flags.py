@@ -202,6 +202,8 @@ def checked_field(name: str, value):
 def refuse_beside_lengths(args: argparse.Namespace) -> None:
     """``--seq-mean``/``--seq-padded`` beside ``--lengths FILE``, which sets both from the samples
     (``estimate/lengths.apply_lengths``): one would silently replace the other, so neither is taken."""
+    if getattr(args, "lengths", None) is None:
+        return
     for field in ("seq_mean", "seq_padded"):
         if getattr(args, field, None) is not None:
             flag = "--" + field.replace("_", "-")

@@ -21,7 +21,6 @@ import difflib
 import itertools
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -541,8 +540,7 @@ def _valid_alone(field: str, value: Any) -> bool:
     if spec is None or value is None:
         return False
     try:
-        spec.check(field, spec.annotation(value) if isinstance(spec.annotation, type) and issubclass(
-            spec.annotation, Enum) else value)
+        spec.check(field, value)  # converts an Enum field's value itself
     except (SetupError, ValueError, TypeError):
         return False
     return True

@@ -182,17 +182,22 @@ def test_oom_classification():
     assert not is_oom(ValueError("out of memory"))
 
 
-def test_table_view_of_a_failed_measurement():
+def _printed(status: str, failed_in: str, error: str) -> str:
+    """What ``print_measurement`` shows of a failed run of the default setup, as text."""
     from rich.console import Console
 
     from reportgen.views.measurement import print_measurement
 
     req = MeasureRequest(model="llama-3.2-1b", gpu="rtx-4090", setup=TrainingSetup().model_dump(mode="json"))
-    result = answer(req, "oom", measurement=dict(empty_measurement(), failed_in="timed"),
-                    error="CUDA out of memory. Tried to allocate 3.91 GiB", environment=light_environment())
+    result = answer(req, status, measurement=dict(empty_measurement(), failed_in=failed_in), error=error,
+                    environment=light_environment())
     console = Console(record=True, width=160)
     print_measurement(result, None, console=console)
-    text = console.export_text()
+    return console.export_text()
+
+
+def test_table_view_of_a_failed_measurement():
+    text = _printed("oom", "timed", "CUDA out of memory. Tried to allocate 3.91 GiB")
     assert "status: oom (in timed)" in text and "Tried to allocate" in text
     assert "peak allocated" in text and "estimated (rtx-4090" in text
     # the parent's light environment names no device: the run is labelled, compared with nothing
@@ -201,16 +206,7 @@ def test_table_view_of_a_failed_measurement():
 
 def test_a_measurement_refused_in_setup_prints_no_empty_table():
     """``reportgen measure`` where no CUDA device is visible printed a table of dashes before its error."""
-    from rich.console import Console
-
-    from reportgen.views.measurement import print_measurement
-
-    req = MeasureRequest(model="llama-3.2-1b", gpu="rtx-4090", setup=TrainingSetup().model_dump(mode="json"))
-    result = answer(req, "error", measurement=dict(empty_measurement(), failed_in="setup"),
-                    error="--device cuda: no CUDA device is visible to PyTorch", environment=light_environment())
-    console = Console(record=True, width=160)
-    print_measurement(result, None, console=console)
-    text = console.export_text()
+    text = _printed("error", "setup", "--device cuda: no CUDA device is visible to PyTorch")
     assert "status: error (in setup)" in text and "no CUDA device is visible" in text
     assert "peak allocated" not in text and "compares with the estimate" not in text
 

@@ -101,8 +101,8 @@ def estimate(model: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, *, reverse: b
         notes.append(context_note(model, setup.seq))
     if model.vision is not None:
         notes.append(vision_note(model, setup))
-    if quantized_checkpoint_note(model, setup):
-        notes.append(quantized_checkpoint_note(model, setup))
+    if quantized := quantized_checkpoint_note(model, setup):
+        notes.append(quantized)
     if t.peak_dtype in gpu.derived:
         notes.append(f"{gpu.name}: {t.peak_dtype} peak FLOP/s derived by reportgen, not published (GPU catalog)")
     run = estimate_run(model, setup, gpu, dtypes_for(setup), mem)

@@ -186,8 +186,8 @@ def _gpu(text: str) -> str | None:
 
 def map_row(row: dict) -> Mapped | Unmapped:
     rid, src = row.get("id") or "?", row.get("source") or ""
-    if row_problem(row):
-        return Unmapped(rid, src, row_problem(row))
+    if problem := row_problem(row):
+        return Unmapped(rid, src, problem)
     if "fsdp_qlora" in src:
         return _fsdp_qlora(row)
     if "litgpt" in src:
@@ -217,9 +217,7 @@ def _fsdp_qlora(row: dict) -> Mapped | Unmapped:
 def fsdp_qlora_setup(row: dict) -> tuple[str, str, TrainingSetup, list[str]] | Unmapped:
     """(model, GPU, setup, assumptions) of an fsdp_qlora row, from train.py's defaults (above); shared
     by the memory comparison and the speed comparison (``speed.py``)."""
-    rid, src = row["id"], row["source"]
-    if _unreadable(row, ("batch", "seq_len", "gpus")):
-        return Unmapped(rid, src, _unreadable(row, ("batch", "seq_len", "gpus")))
+    rid, src = row["id"], row["source"]  # its count cells checked by row_problem (map_row, map_speed_row)
     gpu = _gpu(row["gpu_type"])
     if gpu is None:
         return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
@@ -314,8 +312,6 @@ def _litgpt(row: dict) -> Mapped | Unmapped:
     gpu = _gpu(row["gpu_type"])
     if gpu is None:
         return Unmapped(rid, src, f"GPU not in the catalog: {row['gpu_type']}")
-    if _unreadable(row, ("batch", "gpus", "lora_rank")):
-        return Unmapped(rid, src, _unreadable(row, ("batch", "gpus", "lora_rank")))
     technique = row["technique"]
     method = "qlora" if "QLoRA" in technique else "lora" if "LoRA" in technique else "full"
     gpus = _int(row["gpus"]) or 1

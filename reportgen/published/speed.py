@@ -114,8 +114,8 @@ def published_tokens_per_s(row: dict) -> tuple[float, str] | None:
 
 def map_speed_row(row: dict) -> SpeedRow | Unmapped:
     rid, src = row.get("id") or "?", row.get("source") or ""
-    if row_problem(row):
-        return Unmapped(rid, src, row_problem(row))
+    if problem := row_problem(row):
+        return Unmapped(rid, src, problem)
     if "fsdp_qlora" not in src:
         reason = ("litgpt states runtimes per epochs of Alpaca-2k, not tokens: compared as QLoRA/LoRA ratios"
                   if "litgpt" in src else

@@ -140,8 +140,6 @@ def cmd_validation(args: argparse.Namespace) -> int:
 def refuse_a_sweep_folder(results: Path) -> None:
     """``--results results/validation`` names one sweep's folder, not the folder of sweeps: its
     ``measured/`` or ``_advice/`` beside its case files would be read as sweeps and nothing found. Said, with the fix."""
-    from reportgen.errors import UserError
-
     inner = [p.name for p in results.iterdir() if p.is_dir() and p.name in ("measured", "_advice")]
     if inner and (any(results.glob("*.json")) or "_advice" in inner):  # a sweep named "measured" is a folder of sweeps
         raise UserError(f"--results {results}: holds {', '.join(n + '/' for n in sorted(inner))}, so it is one sweep's folder",

@@ -99,10 +99,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if torchtune:
         args.recipe = None  # the setup is the file's (recipe loop); the step is torchtune's recipe
         _check_torchtune_file(args)
-    if getattr(args, "lengths", None) is not None:
-        from reportgen.flags import refuse_beside_lengths
+    from reportgen.flags import refuse_beside_lengths
 
-        refuse_beside_lengths(args)
+    refuse_beside_lengths(args)
     setup = setup_from_args(args)
     lengths = _read_lengths(args)
     if lengths is not None:
